@@ -1,0 +1,35 @@
+"""PyTorch DistributedDataParallel."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ..config import TrainConfig
+from .base import OptimizerFactory
+from .torch_distributed import TorchDistributedBackend
+
+
+class DDPBackend(TorchDistributedBackend):
+    """Gradients are averaged by DDP's bucketed allreduce, overlapped with the backward pass."""
+
+    name = "ddp"
+
+    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig,
+             local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
+        self.grad_clip = config.grad_clip
+        device = next(model.parameters()).device
+        self.model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=config.ddp_bucket_cap_mb,
+            # Horovod and DeepSpeed do not broadcast buffers every step; neither does this.
+            broadcast_buffers=False,
+        )
+        self.optimizer = make_optimizer(self.model.parameters())
+        return self.model, self.optimizer
+
+    def module(self) -> nn.Module:
+        return self.model.module

@@ -1,0 +1,98 @@
+"""DeepSpeed: the engine owns model and optimizer; ZeRO stages 0-3."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Tuple
+
+import torch
+from torch import nn
+
+from ..cluster import ClusterEnv
+from ..config import TrainConfig
+from .base import OptimizerFactory
+from .torch_distributed import TorchDistributedBackend
+
+NO_PRINT = 1 << 30
+
+
+def deepspeed_config(config: TrainConfig, local_batch: int, world_size: int) -> Dict[str, Any]:
+    """The DeepSpeed config the harness passes, with every math-changing default set explicitly."""
+    return {
+        # DeepSpeed's batch is global; the harness's --batch-size is per worker.
+        "train_micro_batch_size_per_gpu": local_batch,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": local_batch * world_size,
+        # DeepSpeed clips at norm 1.0 unless told otherwise; DDP and Horovod do not clip.
+        "gradient_clipping": config.grad_clip,
+        "prescale_gradients": False,
+        "gradient_predivide_factor": 1.0,
+        "fp16": {"enabled": False},
+        "bf16": {"enabled": False},
+        "zero_optimization": {"stage": config.zero_stage},
+        # The harness passes a torch optimizer (DeepSpeed's own Adam JIT-compiles a C++ op on CPU).
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": NO_PRINT,
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedBackend(TorchDistributedBackend):
+    """deepspeed.initialize on a torch optimizer; the harness sets the LR, no DeepSpeed scheduler."""
+
+    name = "deepspeed"
+    local_launcher = "deepspeed"
+    library = "deepspeed"
+    install_hint = "pip install deepspeed (or run `make setup`)"
+
+    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
+        if device.type == "cpu":
+            # Must be set before DeepSpeed is imported: it picks its accelerator at import time.
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        super().init(cluster, device, config)
+        self.zero_stage = config.zero_stage
+
+    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig,
+             local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
+        import deepspeed
+        import torch.distributed as dist
+
+        engine, optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=make_optimizer(model.parameters()),
+            config=deepspeed_config(config, local_batch, dist.get_world_size()), dist_init_required=False)
+        self.engine = engine
+        self.optimizer = optimizer
+        return engine, optimizer
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self) -> None:
+        self.engine.step()  # applies clipping per the config, steps, and zeroes the gradients
+
+    def module(self) -> nn.Module:
+        return self.engine.module
+
+    def full_state_dict(self) -> Dict[str, torch.Tensor]:
+        if self.zero_stage < 3:
+            return super().full_state_dict()
+        import deepspeed
+
+        module = self.engine.module
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            return {key: value.detach().cpu().clone() for key, value in module.state_dict().items()}
+
+    def evaluation_model(self, make_model: Callable[[], nn.Module]) -> nn.Module:
+        if self.zero_stage < 3:
+            return self.module()
+        # ZeRO-3 gathers weights inside forward, a collective; ranks evaluate uneven shards, so
+        # each evaluates a plain copy instead.
+        device = next(self.engine.module.parameters()).device
+        model = make_model()
+        model.load_state_dict(self.full_state_dict())
+        return model.to(device)
+
+    def versions(self) -> Dict[str, str]:
+        import deepspeed
+
+        return {"deepspeed": deepspeed.__version__}

@@ -1,0 +1,99 @@
+"""Horovod: allreduce of gradients launched from backward hooks, tensor fusion, MPI or gloo."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Tuple
+
+import torch
+from torch import nn
+
+from ..cluster import MPI_LAUNCHERS, ClusterEnv
+from ..config import TrainConfig
+from ..errors import UsageError
+from .base import Backend, OptimizerFactory
+
+HOROVOD_LAUNCHERS = MPI_LAUNCHERS | {"horovodrun", "slurm", "none"}
+
+
+class HorovodBackend(Backend):
+    """hvd.DistributedOptimizer with explicit averaging; parameters broadcast from rank 0."""
+
+    name = "horovod"
+    local_launcher = "horovodrun"
+    library = "horovod"
+    install_hint = "run `make setup` (builds Horovod 0.28.1 against this torch) or load your site's module"
+
+    def check_available(self) -> None:
+        super().check_available()
+        try:
+            import horovod.torch  # noqa: F401  (fails if built for another torch or without PyTorch)
+        except (ImportError, OSError) as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"horovod.torch cannot be loaded ({first_line}); rebuild it against this torch "
+                             "with `make setup` (tools/build_horovod.sh)") from exc
+
+    def check_launch(self, config: TrainConfig, cluster: ClusterEnv) -> None:
+        if cluster.launcher not in HOROVOD_LAUNCHERS:
+            raise UsageError(f"Horovod cannot join a job started by {cluster.launcher}; launch it with horovodrun, "
+                             "mpirun/mpiexec or srun (e.g. `harness launch --backend horovod`)")
+
+    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
+        if config.hvd_fusion_threshold_mb is not None:  # read by hvd.init()
+            os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(config.hvd_fusion_threshold_mb * 1024 * 1024))
+        # Bound gloo's waits so a dead peer fails the job (MPI jobs are ended by mpirun itself).
+        os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(config.timeout)))
+        import horovod.torch as hvd
+
+        hvd.init()
+        if (hvd.rank(), hvd.size()) != (cluster.rank, cluster.world_size):
+            raise UsageError(f"Horovod sees rank {hvd.rank()} of {hvd.size()} but the launcher says "
+                             f"{cluster.rank} of {cluster.world_size}; launch with one launcher only")
+        self.hvd = hvd
+
+    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig,
+             local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
+        hvd = self.hvd
+        self.grad_clip = config.grad_clip
+        self.model = model
+        optimizer = make_optimizer(model.parameters())
+        # Start every rank from rank 0's weights and optimizer state.
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        compression = hvd.Compression.fp16 if config.hvd_fp16_compression else hvd.Compression.none
+        self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                                  compression=compression, op=hvd.Average,
+                                                  backward_passes_per_step=1)
+        return self.model, self.optimizer
+
+    def step(self) -> None:
+        if self.grad_clip > 0:
+            # Clip the averaged gradients: finish the allreduce first, then step without a second one.
+            self.optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            with self.optimizer.skip_synchronize():
+                self.optimizer.step()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.hvd.allreduce(tensor, op=self.hvd.Sum)
+
+    def barrier(self) -> None:
+        self.hvd.barrier()
+
+    def math_settings(self, config: TrainConfig) -> Dict[str, Any]:
+        settings = super().math_settings(config)
+        if config.hvd_fp16_compression:
+            settings["gradient_compression"] = "fp16"
+        return settings
+
+    def versions(self) -> Dict[str, str]:
+        import horovod
+
+        return {"horovod": horovod.__version__}
+
+    def shutdown(self) -> None:
+        if hasattr(self, "hvd"):
+            self.hvd.shutdown()

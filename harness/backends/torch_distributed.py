@@ -1,0 +1,44 @@
+"""torch.distributed plumbing shared by the DDP and DeepSpeed backends."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from ..cluster import ClusterEnv
+from ..config import TrainConfig
+from .base import Backend
+
+
+class TorchDistributedBackend(Backend):
+    """A backend whose ranks talk through a torch.distributed process group (gloo or NCCL)."""
+
+    local_launcher = "torchrun"
+
+    def check_launch(self, config: TrainConfig, cluster: ClusterEnv) -> None:
+        """Any launcher works: rank and size come from harness.cluster."""
+
+    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
+        # Export the discovered values under torchrun's names: libraries (DeepSpeed among them)
+        # read these, whichever launcher actually started the process.
+        os.environ.update(RANK=str(cluster.rank), WORLD_SIZE=str(cluster.world_size),
+                          LOCAL_RANK=str(cluster.local_rank), LOCAL_WORLD_SIZE=str(cluster.local_world_size),
+                          MASTER_ADDR=cluster.master_addr, MASTER_PORT=str(cluster.master_port))
+        # The timeout bounds every collective: a dead peer fails the job instead of hanging it.
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://",
+                                rank=cluster.rank, world_size=cluster.world_size,
+                                timeout=datetime.timedelta(seconds=config.timeout))
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,191 @@
+"""Where rank, local rank, world size and the rendezvous address come from.
+
+Every launcher exports the same four quantities under different names. Each quantity has one
+ordered list of variables; the first one set wins (the approach of accelerate and Lightning's
+cluster environments). The lists cover torchrun and the deepspeed launcher, horovodrun (gloo
+mode), OpenMPI's mpirun, MPICH Hydra and Cray PALS mpiexec (Polaris, Aurora) and Slurm's srun.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence, Tuple
+
+from .errors import UsageError
+
+# (variable, launcher that sets it), in priority order per quantity.
+RANK_VARIABLES: Tuple[Tuple[str, str], ...] = (
+    ("RANK", "torchrun"),
+    ("HOROVOD_RANK", "horovodrun"),
+    ("OMPI_COMM_WORLD_RANK", "openmpi"),
+    ("PMI_RANK", "mpich"),
+    ("PALS_RANKID", "pals"),
+    ("SLURM_PROCID", "slurm"),
+)
+WORLD_SIZE_VARIABLES: Tuple[str, ...] = (
+    "WORLD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
+)
+LOCAL_RANK_VARIABLES: Tuple[str, ...] = (
+    "LOCAL_RANK", "HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_LOCAL_RANK",
+    "PALS_LOCAL_RANKID", "MPI_LOCALRANKID", "SLURM_LOCALID",
+)
+LOCAL_WORLD_SIZE_VARIABLES: Tuple[str, ...] = (
+    "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE",
+    "PALS_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+)
+MPI_LAUNCHERS = frozenset({"openmpi", "mpich", "pals"})
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class ClusterEnv:
+    """The process's place in the job, as its launcher described it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    launcher: str  # which launcher's variables were found ("none" for a plain process)
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the rank that prints, writes results and saves models."""
+        return self.rank == 0
+
+
+def _first(environ: Mapping[str, str], names: Sequence[str]) -> Optional[Tuple[str, str]]:
+    for name in names:
+        value = environ.get(name)
+        if value not in (None, ""):
+            return name, value
+    return None
+
+
+def _as_int(name: str, value: str) -> int:
+    # Slurm writes per-node task counts as "4(x2),3": the first group is this job's layout.
+    match = re.match(r"^\s*(-?\d+)", value)
+    if not match:
+        raise UsageError(f"environment variable {name}={value!r} is not an integer; unset it or fix the launcher")
+    return int(match.group(1))
+
+
+def _slurm_first_host(nodelist: str) -> str:
+    """First hostname of a Slurm node list such as 'nid[001-004,010],login1'."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             timeout=20, check=True).stdout.split()
+        if out:
+            return out[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    match = re.match(r"^([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
+    if not match:
+        return nodelist
+    prefix, ranges = match.group(1), match.group(2)
+    return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
+
+
+def _mpi_rank0_hostname() -> str:
+    """Rank 0's hostname, broadcast over MPI (a collective: every rank must call it)."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise UsageError("MASTER_ADDR is not set and mpi4py is not installed to find rank 0's host; "
+                         "export MASTER_ADDR=<rank 0 hostname> or pip install mpi4py") from exc
+    return MPI.COMM_WORLD.bcast(socket.gethostname(), root=0)
+
+
+def _master_addr(environ: Mapping[str, str], launcher: str, world_size: int, local_world_size: int,
+                 mpi_hostname: Callable[[], str]) -> str:
+    if environ.get("MASTER_ADDR"):
+        return environ["MASTER_ADDR"]
+    if world_size == local_world_size:  # every rank is on this node
+        return "127.0.0.1"
+    if launcher in MPI_LAUNCHERS:
+        return mpi_hostname()
+    if environ.get("SLURM_JOB_NODELIST"):
+        return _slurm_first_host(environ["SLURM_JOB_NODELIST"])
+    if environ.get("PBS_NODEFILE") and os.path.exists(environ["PBS_NODEFILE"]):
+        with open(environ["PBS_NODEFILE"]) as handle:
+            return handle.readline().strip()
+    raise UsageError("cannot tell rank 0's host for a multi-node job; export MASTER_ADDR=<rank 0 hostname>")
+
+
+def _master_port(environ: Mapping[str, str]) -> int:
+    if environ.get("MASTER_PORT"):
+        return _as_int("MASTER_PORT", environ["MASTER_PORT"])
+    job_id = environ.get("SLURM_JOB_ID") or environ.get("PBS_JOBID")
+    if job_id:  # two jobs sharing a node must not collide on one port
+        return DEFAULT_MASTER_PORT + zlib.crc32(job_id.encode()) % 2000
+    return DEFAULT_MASTER_PORT
+
+
+def detect_cluster(environ: Optional[Mapping[str, str]] = None,
+                   mpi_hostname: Callable[[], str] = _mpi_rank0_hostname) -> ClusterEnv:
+    """Read rank, sizes and rendezvous address from whichever launcher started this process.
+
+    A process started without a launcher is rank 0 of 1. Inconsistent values (a rank outside the
+    world) raise UsageError naming the variables involved.
+    """
+    environ = os.environ if environ is None else environ
+    found_rank = None
+    for name, launcher in RANK_VARIABLES:
+        if environ.get(name) not in (None, ""):
+            found_rank = (name, launcher)
+            break
+    if found_rank is None:
+        return ClusterEnv(0, 1, 0, 1, environ.get("MASTER_ADDR") or "127.0.0.1", _master_port(environ), "none")
+    rank_name, launcher = found_rank
+    rank = _as_int(rank_name, environ[rank_name])
+    size_var = _first(environ, WORLD_SIZE_VARIABLES)
+    if size_var is None:
+        raise UsageError(f"{rank_name} is set but no world size variable is ({', '.join(WORLD_SIZE_VARIABLES)}); "
+                         "start the job with torchrun, mpirun, srun, horovodrun or deepspeed")
+    world_size = _as_int(*size_var)
+    local_var = _first(environ, LOCAL_RANK_VARIABLES)
+    local_rank = _as_int(*local_var) if local_var else (rank if world_size == 1 else 0)
+    local_size_var = _first(environ, LOCAL_WORLD_SIZE_VARIABLES)
+    local_world_size = _as_int(*local_size_var) if local_size_var else (1 if local_var is None else world_size)
+    if not 0 <= rank < world_size:
+        raise UsageError(f"{rank_name}={rank} is outside the world of size {world_size} ({size_var[0]}); "
+                         "check the launcher's variables")
+    if not (0 <= local_rank < local_world_size <= world_size):
+        raise UsageError(f"local rank {local_rank} of {local_world_size} per node does not fit a world of "
+                         f"{world_size} (from {local_var and local_var[0]}, {local_size_var and local_size_var[0]}); "
+                         "check the launcher's variables")
+    master_addr = _master_addr(environ, launcher, world_size, local_world_size, mpi_hostname)
+    return ClusterEnv(rank, world_size, local_rank, local_world_size, master_addr, _master_port(environ), launcher)
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on (respects cgroup/affinity limits, unlike os.cpu_count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_threads(cluster: ClusterEnv) -> int:
+    """Threads per rank on CPU: the node's cores shared evenly among its local ranks."""
+    return max(1, cpu_cores() // max(1, cluster.local_world_size))
+
+
+def select_device(requested: str, cluster: ClusterEnv) -> "torch.device":
+    """GPU `local_rank % gpus_per_node` when CUDA is available (or asked for), else the CPU."""
+    import torch
+
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for but CUDA is not available here; use --device cpu or auto")
+    device = torch.device("cuda", cluster.local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device

@@ -1,0 +1,41 @@
+"""Atomic file writes: a reader (or a resumed job) sees the old file or the new one, never half of one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from typing import Callable, Iterator, Optional
+
+
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """Yield a temporary path beside `path`; on success it is fsynced and renamed onto `path`."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        _fsync_directory(directory)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write(path: str, write: Callable[[str], None]) -> None:
+    """Call write(tmp_path), then move the finished file onto `path`."""
+    with atomic_path(path) as tmp:
+        write(tmp)
+
+
+def _fsync_directory(directory: str) -> None:
+    fd: Optional[int] = None
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        os.fsync(fd)
+    if fd is not None:
+        os.close(fd)

@@ -1,0 +1,95 @@
+"""`harness launch`: start N local processes with a real launcher (torchrun, mpirun, horovodrun, deepspeed)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from typing import Dict, List, Optional, Sequence
+
+from .backends import BACKENDS
+from .errors import UsageError
+
+LAUNCHERS = ("python", "torchrun", "mpirun", "horovodrun", "deepspeed")
+
+# OpenMPI refuses to start as root without these; containers often lack shared-memory single copy.
+OPENMPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+}
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now, for one job's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _tool(name: str) -> str:
+    # Prefer the tool installed beside this interpreter (the project's venv), then PATH.
+    beside = os.path.join(os.path.dirname(sys.executable), name)
+    found = beside if os.access(beside, os.X_OK) else shutil.which(name)
+    if not found:
+        raise UsageError(f"launcher {name!r} is not installed; run `make setup` or choose another with --launcher")
+    return found
+
+
+def launch_command(num_processes: int, backend: str, train_args: Sequence[str], launcher: Optional[str] = None,
+                   port: Optional[int] = None) -> List[str]:
+    """The exact command that starts `num_processes` ranks of `harness train` on this machine."""
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    launcher = launcher or BACKENDS[backend].local_launcher
+    if launcher not in LAUNCHERS:
+        raise UsageError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
+    if num_processes < 1:
+        raise UsageError(f"-n must be a positive number of processes, got {num_processes}")
+    if launcher == "python" and num_processes != 1:
+        raise UsageError(f"backend {backend!r} runs one process; use -n 1 or a distributed backend")
+    port = port or free_port()
+    program = ["-m", "harness", "train", "--backend", backend, *train_args]
+    if launcher == "python":
+        return [sys.executable, *program]
+    if launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+                str(num_processes), "--master-addr", "127.0.0.1", "--master-port", str(port), *program]
+    if launcher == "mpirun":
+        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        return [_tool("mpirun"), *root, "-np", str(num_processes), "--oversubscribe", "--bind-to", "none",
+                "-x", f"MASTER_PORT={port}", sys.executable, *program]
+    if launcher == "horovodrun":
+        return [_tool("horovodrun"), "--gloo", "-np", str(num_processes), "-H", f"localhost:{num_processes}",
+                "--gloo-timeout-seconds", "120", sys.executable, *program]
+    return [_tool("deepspeed"), "--num_gpus", str(num_processes), "--master_port", str(port),
+            "--module", *program[1:]]
+
+
+def launch_environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment launched ranks get: OpenMPI's root switches plus unbuffered output."""
+    env = dict(os.environ)
+    for key, value in OPENMPI_ENV.items():
+        env.setdefault(key, value)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env
+
+
+def run_launch(num_processes: int, backend: str, train_args: Sequence[str], launcher: Optional[str] = None,
+               dry_run: bool = False, timeout: Optional[float] = None) -> int:
+    """Run (or with dry_run print) the launch command; return its exit status."""
+    command = launch_command(num_processes, backend, train_args, launcher)
+    if dry_run:
+        print(" ".join(_quote(part) for part in command))
+        return 0
+    completed = subprocess.run(command, env=launch_environment(), timeout=timeout)
+    return completed.returncode
+
+
+def _quote(part: str) -> str:
+    import shlex
+
+    return shlex.quote(part)

@@ -1,0 +1,105 @@
+"""Rank, local rank, world size and rendezvous address from every launcher's variables."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from harness.cluster import ClusterEnv, detect_cluster
+from harness.errors import UsageError
+
+from .conftest import run
+
+LAUNCHER_TABLE = [
+    # (launcher, environment as that launcher sets it for rank 3 of 8, 4 per node)
+    ("torchrun", {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4",
+                  "MASTER_ADDR": "node0", "MASTER_PORT": "29400"}),
+    ("torchrun", {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "LOCAL_SIZE": "4",  # deepspeed launcher
+                  "MASTER_ADDR": "node0", "MASTER_PORT": "29400", "CROSS_RANK": "0"}),
+    ("horovodrun", {"HOROVOD_RANK": "3", "HOROVOD_SIZE": "8", "HOROVOD_LOCAL_RANK": "3", "HOROVOD_LOCAL_SIZE": "4",
+                    "MASTER_ADDR": "node0", "MASTER_PORT": "29400"}),
+    ("openmpi", {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+                 "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "MASTER_ADDR": "node0", "MASTER_PORT": "29400"}),
+    ("mpich", {"PMI_RANK": "3", "PMI_SIZE": "8", "MPI_LOCALRANKID": "3", "MPI_LOCALNRANKS": "4",
+               "MASTER_ADDR": "node0", "MASTER_PORT": "29400"}),
+    ("mpich", {"PMI_RANK": "3", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "3", "PMI_LOCAL_SIZE": "4",  # Cray PALS
+               "PALS_RANKID": "3", "PALS_LOCAL_RANKID": "3", "MASTER_ADDR": "node0", "MASTER_PORT": "29400"}),
+    ("pals", {"PALS_RANKID": "3", "PMI_SIZE": "8", "PALS_LOCAL_RANKID": "3", "PALS_LOCAL_SIZE": "4",
+              "MASTER_ADDR": "node0", "MASTER_PORT": "29400"}),
+    ("slurm", {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3", "SLURM_NTASKS_PER_NODE": "4",
+               "SLURM_STEP_NUM_TASKS": "8", "MASTER_ADDR": "node0", "MASTER_PORT": "29400"}),
+    ("slurm", {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3", "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+               "MASTER_ADDR": "node0", "MASTER_PORT": "29400"}),
+]
+
+
+@pytest.mark.parametrize("launcher, environ", LAUNCHER_TABLE, ids=[f"{row[0]}-{i}" for i, row in enumerate(LAUNCHER_TABLE)])
+def test_every_launcher_gives_rank_sizes_and_address(launcher, environ):
+    assert detect_cluster(environ) == ClusterEnv(rank=3, world_size=8, local_rank=3, local_world_size=4,
+                                                 master_addr="node0", master_port=29400, launcher=launcher)
+
+
+def test_plain_process_is_rank_zero_of_one():
+    assert detect_cluster({}) == ClusterEnv(0, 1, 0, 1, "127.0.0.1", 29500, "none")
+
+
+def test_single_node_jobs_rendezvous_on_loopback_without_mpi():
+    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    assert detect_cluster(env, mpi_hostname=lambda: pytest.fail("no MPI needed on one node")).master_addr == "127.0.0.1"
+
+
+def test_multi_node_mpi_job_broadcasts_rank0_hostname():
+    env = {"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "1", "PMI_LOCAL_SIZE": "4"}
+    assert detect_cluster(env, mpi_hostname=lambda: "x3004c0s7b0n0").master_addr == "x3004c0s7b0n0"
+
+
+def test_slurm_master_is_first_host_of_the_nodelist():
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "4",
+           "SLURM_JOB_NODELIST": "nid[001004-001005,002000]", "SLURM_JOB_ID": "123"}
+    cluster = detect_cluster(env)
+    assert cluster.master_addr == "nid001004"
+    assert 29500 <= cluster.master_port < 31500 and cluster.master_port == detect_cluster(env).master_port
+
+
+def test_pbs_master_is_first_line_of_the_nodefile(tmp_path):
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("x3001c0s1b0n0.hsn\nx3001c0s2b0n0.hsn\n")
+    env = {"PMI_RANK": "0", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "0", "PMI_LOCAL_SIZE": "4",
+           "PBS_NODEFILE": str(nodefile), "PBS_JOBID": "42.polaris"}
+    assert detect_cluster(env, mpi_hostname=lambda: "x3001c0s1b0n0.hsn").master_addr == "x3001c0s1b0n0.hsn"
+    # two jobs on one node get different default ports
+    other = {**env, "PBS_JOBID": "43.polaris"}
+    assert detect_cluster(env, lambda: "h").master_port != detect_cluster(other, lambda: "h").master_port
+
+
+@pytest.mark.parametrize("environ, fragment", [
+    ({"RANK": "0"}, "no world size variable"),
+    ({"RANK": "4", "WORLD_SIZE": "4"}, "outside the world"),
+    ({"RANK": "x", "WORLD_SIZE": "4"}, "not an integer"),
+    ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "2"}, "does not fit"),
+])
+def test_inconsistent_variables_are_refused_clearly(environ, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        detect_cluster(environ)
+
+
+def _discovered(stdout: str):
+    rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return sorted((r["rank"], r["world_size"], r["local_rank"], r["local_world_size"]) for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun", "horovodrun", "deepspeed"])
+def test_real_launchers_are_discovered(launcher):
+    from harness.launch import launch_command
+
+    command = launch_command(2, "ddp", [], launcher)
+    # Replace `harness train ...` with `harness env`, keeping the launcher's own arguments.
+    cut = command.index("train") if "train" in command else len(command)
+    command = [*command[:cut], "env"]
+    result = run(command, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _discovered(result.stdout) == [(0, 2, 0, 2), (1, 2, 1, 2)], result.stdout

@@ -1,0 +1,57 @@
+"""Bad input: one line that names the fix, exit status 2, before any process group starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import harness
+
+CASES = [
+    (["train", "--backend", "dpp"], "unknown backend 'dpp'; choose one of none, ddp, horovod, deepspeed"),
+    (["train", "--model", "vgg"], "unknown model 'vgg'; choose one of cnn, resnet18, resnet50"),
+    (["train", "--dataset", "imagenet21k"], "unknown dataset 'imagenet21k'; choose one of"),
+    (["train", "--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
+    (["train", "--epochs", "-1"], "--epochs must be a positive integer"),
+    (["train", "--max-steps", "0"], "--max-steps must be a positive integer"),
+    (["train", "--lr", "0"], "--lr must be positive"),
+    (["train", "--batch-size", "many"], "invalid int value: 'many'"),
+    (["train", "--optimizer", "lamb"], "unknown optimizer 'lamb'; choose one of sgd, adam"),
+    (["train", "--zero-stage", "4"], "--zero-stage must be 0, 1, 2 or 3"),
+    (["train", "--batch-size", "4096"], "fewer than one global batch"),
+    (["launch", "-n", "2", "--backend", "deepspeed", "--", "--global-batch", "63"],
+     "--global-batch 63 does not split evenly over 2 workers; use a multiple of 2"),
+    (["launch", "-n", "2", "--backend", "none"], "runs one process; use -n 1"),
+    (["launch", "-n", "2", "--backend", "ddp", "--launcher", "srun"], "unknown launcher 'srun'"),
+]
+
+
+@pytest.mark.parametrize("args, message", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_is_one_line_with_status_2(args, message, tmp_path):
+    results = tmp_path / "results.jsonl"
+    is_train = args[0] == "train"
+    result = harness(*args, *(["--results", str(results)] if is_train else []), timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not results.exists()
+
+
+def test_broken_horovod_build_is_reported_before_launch(tmp_path):
+    # A Horovod built for another torch fails at import; simulate that import failure.
+    fake = tmp_path / "site" / "horovod" / "torch"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("raise ImportError('Extension horovod.torch has not been built')\n")
+    result = harness("launch", "-n", "2", "--backend", "horovod", "--", "--max-steps", "1",
+                     env={"PYTHONPATH": str(tmp_path / "site")}, timeout=120)
+    assert result.returncode == 2
+    line, = result.stderr.strip().splitlines()
+    assert "horovod.torch cannot be loaded (Extension horovod.torch has not been built)" in line
+    assert "make setup" in line
+
+
+def test_rank_count_mismatch_for_single_process_backend():
+    result = harness("train", "--backend", "none", env={"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                                                        "LOCAL_WORLD_SIZE": "2"}, timeout=120)
+    assert result.returncode == 2
+    assert "backend 'none' runs one process but the launcher started 2" in result.stderr

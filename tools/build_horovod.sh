@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Build Horovod 0.28.1 (the last release, 2023) from PyPI's sdist against the installed torch,
+# cache the wheel keyed by torch and Python version, and install it. Usage: build_horovod.sh PYTHON
+#
+# Horovod records the torch it was built for and refuses to load under another one, hence the key.
+# Patches (see shared/REFERENCE.md section 3):
+#   * torch >= 2.13 headers need C++20; Horovod's torch extension asks for C++14. The rest of
+#     Horovod and its gloo then need C++17, else gloo's static constexpr Store::kDefaultTimeout
+#     is defined twice (strong in C++14 objects, inline in C++20 ones) and the link fails.
+#   * A CUDA build of torch on a machine with nvcc but no GPU makes FindPytorch pick the CUDA
+#     extension and fail looking for cudart; HOROVOD_TORCH_CPU_ONLY=1 forces the CPU extension.
+#   * cmake >= 4 rejects third_party/gloo's old minimum; CMAKE_POLICY_VERSION_MINIMUM fixes it.
+set -euo pipefail
+PY="${1:?usage: build_horovod.sh PYTHON}"
+VERSION=0.28.1
+say() { printf '[horovod] %s\n' "$*"; }
+
+key=$("$PY" -c 'import sys, torch; print(f"torch-{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}")')
+cache="${HARNESS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/harness}/horovod-$VERSION/$key"
+wheel=$(ls "$cache"/horovod-*.whl 2>/dev/null | head -n1 || true)
+
+if [ -z "$wheel" ]; then
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  say "building Horovod $VERSION for $key (about 2-5 minutes)"
+  "$PY" -m pip download -q --no-deps --no-binary :all: -d "$work" "horovod==$VERSION"
+  tar -xzf "$work"/horovod-$VERSION.tar.gz -C "$work"
+  src="$work/horovod-$VERSION"
+  "$PY" - "$src" <<'EOF'
+import pathlib, sys
+src = pathlib.Path(sys.argv[1])
+torch_cmake = src / "horovod/torch/CMakeLists.txt"
+text = torch_cmake.read_text()
+assert "set(CMAKE_CXX_STANDARD 14)" in text, "unexpected horovod/torch/CMakeLists.txt"
+torch_cmake.write_text(text.replace("set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 20)"))
+root_cmake = src / "CMakeLists.txt"
+text = root_cmake.read_text()
+assert "set(CMAKE_CXX_STANDARD 14)" in text, "unexpected CMakeLists.txt"
+root_cmake.write_text(text.replace("set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)", 1))
+find_torch = src / "cmake/Modules/FindPytorch.cmake"
+text = find_torch.read_text()
+old = "print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else False)"
+assert old in text, "unexpected FindPytorch.cmake"
+new = ("import os; print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None) "
+       "and os.environ.get('HOROVOD_TORCH_CPU_ONLY') != '1') else False)")
+find_torch.write_text(text.replace(old, new))
+EOF
+  gpu_present=0
+  command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && gpu_present=1
+  if [ "$gpu_present" = 0 ] && [ -z "${HOROVOD_GPU_OPERATIONS:-}" ]; then
+    export HOROVOD_TORCH_CPU_ONLY=1
+  fi
+  "$PY" -m pip install -q packaging wheel cffi cloudpickle psutil pyyaml
+  mkdir -p "$cache"
+  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+  HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+  CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
+    "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$work/dist" "$src"
+  # Publish the wheel into the cache atomically so an interrupted build never looks finished.
+  built=$(ls "$work"/dist/horovod-*.whl)
+  cp "$built" "$cache/.partial.whl"
+  mv "$cache/.partial.whl" "$cache/$(basename "$built")"
+  wheel="$cache/$(basename "$built")"
+else
+  say "using cached wheel $wheel"
+fi
+"$PY" -m pip install -q --force-reinstall --no-deps "$wheel"
+"$PY" -m pip install -q cloudpickle psutil pyyaml packaging cffi

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh machine: system MPI, a virtual environment with torch,
+# DeepSpeed and the harness, and Horovod 0.28.1 built from source against that torch.
+# Each step is skipped when its result is already there. Run through `make setup`.
+set -euo pipefail
+
+VENV="${VENV:-.venv}"
+PYTHON="${PYTHON:-python3}"
+# PyPI's torch is the CUDA build; it runs on CPU too, and torchvision's compiled ops load only
+# against it (a CPU-only torch wheel makes `import torchvision` fail). Override both together,
+# e.g. to match a site's CUDA.
+TORCH_SPEC="${TORCH_SPEC:-torch==2.14.1}"
+TORCHVISION_SPEC="${TORCHVISION_SPEC:-torchvision==0.29.2}"
+SKIP_HOROVOD="${SKIP_HOROVOD:-0}"
+
+say() { printf '[setup] %s\n' "$*"; }
+
+# --- 1. system packages: OpenMPI (Horovod's MPI controller, mpi4py, mpirun tests) and cmake ---
+missing=()
+command -v mpirun >/dev/null || missing+=(openmpi-bin)
+[ -e /usr/include/x86_64-linux-gnu/mpi/mpi.h ] || [ -e /usr/include/mpi.h ] || command -v mpicc >/dev/null \
+  || missing+=(libopenmpi-dev)
+command -v cmake >/dev/null || missing+=(cmake)
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing ${missing[*]} from Debian"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    say "missing system packages: ${missing[*]}"
+    say "install them first, e.g.: sudo apt-get install ${missing[*]}  (or 'module load' your site's MPI)"
+    exit 2
+  fi
+fi
+
+# --- 2. virtual environment with torch and the harness ---
+[ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip install -q --disable-pip-version-check)
+"$PY" -c "import torch, torchvision" 2>/dev/null || {
+  say "installing $TORCH_SPEC $TORCHVISION_SPEC"
+  "${PIP[@]}" --upgrade pip wheel setuptools
+  "${PIP[@]}" "$TORCH_SPEC" "$TORCHVISION_SPEC"
+}
+stamp="$VENV/.harness-installed"
+if [ ! -e "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  say "installing the harness with its extras"
+  "${PIP[@]}" -e ".[all]"
+  touch "$stamp"
+fi
+
+# --- 3. Horovod, built from its sdist against this torch and cached by torch version ---
+if [ "$SKIP_HOROVOD" = 1 ]; then
+  say "SKIP_HOROVOD=1: not building Horovod"
+elif "$PY" -c "import horovod.torch" 2>/dev/null; then
+  say "Horovod already importable"
+else
+  PATH="$PWD/$VENV/bin:$PATH" bash tools/build_horovod.sh "$PY"
+fi
+
+if [ "$SKIP_HOROVOD" != 1 ]; then
+  "$VENV/bin/horovodrun" --check-build | sed 's/^/[setup] /'
+fi
+say "ready: $("$PY" -c 'import torch, deepspeed; print("torch", torch.__version__, "| deepspeed", deepspeed.__version__)' 2>/dev/null)"
