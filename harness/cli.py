@@ -1,14 +1,18 @@
-"""Command line: `harness train | launch | env | demo`. A thin layer over the Python API."""
+"""Command line: `harness train | launch | env | demo | evaluate | data | sweep | plot | report`.
+
+A thin layer over the Python API.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from .config import TrainConfig
-from .errors import EXIT_USAGE, UsageError
+from .errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, PeerFailure, Preempted, UsageError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -18,13 +22,30 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
-def add_train_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per TrainConfig field, named --field-name, typed and documented from the dataclass."""
+class KeyValueAction(argparse.Action):
+    """Collect repeated KEY=VALUE flags into one dict (a later KEY replaces an earlier one)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        key, separator, value = str(values).partition("=")
+        if not separator or not key:
+            parser.error(f"{option_string} takes KEY=VALUE, got {values!r}")
+        setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}), key: value})
+
+
+def add_train_flags(parser: argparse.ArgumentParser, only: Optional[Sequence[str]] = None) -> None:
+    """One flag per TrainConfig field (or per field named in `only`), typed and documented from the dataclass."""
     for field in dataclasses.fields(TrainConfig):
-        flag = "--" + field.name.replace("_", "-")
+        if only is not None and field.name not in only:
+            continue
+        flag = field.metadata.get("flag") or "--" + field.name.replace("_", "-")
         help_text = field.metadata["help"]
         if field.type in ("bool", bool):
             parser.add_argument(flag, action="store_true", help=help_text)
+            continue
+        if field.type in ("Dict[str, str]", Dict[str, str]):
+            parser.add_argument(flag, dest=field.name, action=KeyValueAction, default={}, metavar="KEY=VALUE",
+                                help=help_text)
             continue
         kind = field.metadata.get("type") or (str if field.default is None else type(field.default))
         parser.add_argument(flag, type=kind, default=field.default, metavar=field.name.upper(),
@@ -32,8 +53,9 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The TrainConfig described by parsed train flags."""
-    return TrainConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(TrainConfig)})
+    """The TrainConfig described by parsed train flags (defaults for fields the parser did not have)."""
+    return TrainConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(TrainConfig)
+                          if hasattr(args, field.name)})
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -78,6 +100,66 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.results, args.epochs)
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from .evaluate import evaluate_model_file
+
+    evaluate_model_file(config_from_args(args), args.model_file)
+    return 0
+
+
+def _data_download(args: argparse.Namespace) -> int:
+    from .data.download import download
+
+    print(f"{args.name} is in {download(args.name, args.data_dir)}; next: `harness data prepare {args.name} "
+          f"--data-dir {args.data_dir}`")
+    return 0
+
+
+def _data_prepare(args: argparse.Namespace) -> int:
+    from .data import prepare_dataset
+
+    directory, prepared_now = prepare_dataset(args.name, args.data_dir, args.image_size, args.timeout)
+    print(f"{args.name} {'prepared in' if prepared_now else 'was already prepared in'} {directory}")
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from .sweep import SweepSettings, parse_list, parse_ranks, run_sweep
+
+    settings = SweepSettings(
+        backends=parse_list(args.backends, "backends"), ranks=parse_ranks(args.ranks), scaling=args.scaling,
+        results=args.results, train_args=list(args.pass_through), repeats=args.repeats,
+        launch_template=args.launch_template, launcher=args.launcher, ppn=args.ppn, sweep_id=args.sweep_id,
+        run_timeout=args.run_timeout, dry_run=args.dry_run)
+    return run_sweep(settings)
+
+
+def _read_results(paths: Sequence[str]) -> List[Dict[str, Any]]:
+    import os
+
+    from .results import read_records
+
+    missing = [path for path in paths if not os.path.isfile(path)]
+    if missing:
+        raise UsageError(f"results file {missing[0]} does not exist; run `harness sweep --results FILE` first")
+    return read_records(paths)
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from .plot import write_figures
+
+    for path in write_figures(_read_results(args.results), args.output):
+        print(path)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import scaling_report
+
+    print(scaling_report(_read_results(args.results)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `harness` parser with all subcommands."""
     parser = OneLineParser(prog="harness", description="Data-parallel training harness: DDP, Horovod, DeepSpeed.")
@@ -103,15 +185,92 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--results", default=None, help="JSONL file for the records (default: runs/demo-<time>.jsonl)")
     demo.add_argument("--epochs", type=int, default=3, help="epochs per run (default: 3)")
     demo.set_defaults(run=_demo)
+
+    evaluate = commands.add_parser(
+        "evaluate", help="score a saved model on the test set, split over the ranks that launched it",
+        description="Every rank scores a disjoint block of the test set; sums are reduced, so accuracy and "
+                    "eval_samples do not depend on the world size. Launch like `harness train`, e.g. `torchrun "
+                    "--nproc-per-node 4 -m harness evaluate --backend ddp --model-file m.pt`. --model, --dataset, "
+                    "--data-dir and --image-size must match the training run.")
+    evaluate.add_argument("--model-file", required=True, help="state_dict written by `harness train --save-model`")
+    add_train_flags(evaluate, only=("backend", "model", "dataset", "data_dir", "image_size", "device", "threads",
+                                    "timeout"))
+    evaluate.set_defaults(run=_evaluate)
+
+    data = commands.add_parser("data", help="fetch (online) or prepare (once) a dataset read from --data-dir")
+    data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=OneLineParser)
+    download = data_commands.add_parser("download", help="fetch a dataset with torchvision (needs internet access; "
+                                                         "run it on a login node, never in a training job)")
+    prepare = data_commands.add_parser("prepare", help="convert a dataset once to memory-mapped uint8 arrays in "
+                                                       "DATA_DIR/prepared/ (training also does this on first use)")
+    for command in (download, prepare):
+        command.add_argument("name", help="mnist, fashion-mnist, cifar10 or imagefolder")
+        command.add_argument("--data-dir", default=TrainConfig.data_dir,
+                             help="dataset directory (default: %(default)s)")
+    prepare.add_argument("--image-size", type=int, default=TrainConfig.image_size,
+                         help="imagefolder: side in pixels to resize and centre-crop to (default: %(default)s)")
+    prepare.add_argument("--timeout", type=float, default=3600.0,
+                         help="seconds to wait for another process preparing the same dataset (default: %(default)s)")
+    download.set_defaults(run=_data_download)
+    prepare.set_defaults(run=_data_prepare)
+
+    sweep = commands.add_parser(
+        "sweep", allow_abbrev=False, help="run a scaling study: every backend x rank count, records in one file",
+        description="Run `harness train` for every backend x rank count x repeat and append every record to "
+                    "--results. Any other flag is a `harness train` flag shared by all runs (see `harness train "
+                    "--help`). Inside a PBS/Slurm allocation (or with --launch-template) runs start through the "
+                    "site launcher; the template's placeholders are {ranks} {ppn} {nodes} {python} {backend} {args}.")
+    sweep.add_argument("--backends", required=True,
+                       help="comma-separated, e.g. ddp,horovod,deepspeed (none runs at 1 rank only)")
+    sweep.add_argument("--ranks", required=True, help="comma-separated rank counts, e.g. 1,2,4")
+    sweep.add_argument("--scaling", required=True, choices=("weak", "strong"),
+                       help="weak: --batch-size per worker fixed; strong: --global-batch (default --batch-size) fixed")
+    sweep.add_argument("--results", required=True, help="JSONL file every run appends its record to")
+    sweep.add_argument("--repeats", type=int, default=1, help="runs per configuration, interleaved (default: 1)")
+    sweep.add_argument("--launch-template", default=None,
+                       help="site launch command, e.g. 'mpiexec -n {ranks} --ppn {ppn} {python} -m harness train "
+                            "{args}' (default inside PBS: that one; inside Slurm: srun ...)")
+    sweep.add_argument("--ppn", type=int, default=None,
+                       help="ranks per node for the launch template (default: GPUs per node, or 1)")
+    sweep.add_argument("--launcher", default=None, help="local runs: one launcher for all backends "
+                                                        "(default: each backend's own)")
+    sweep.add_argument("--sweep-id", default=None, help="tag for this sweep's records (default: random)")
+    sweep.add_argument("--run-timeout", type=float, default=3600.0,
+                       help="seconds before a run is killed (default: 3600)")
+    sweep.add_argument("--dry-run", action="store_true", help="print every run's command instead of running it")
+    sweep.set_defaults(run=_sweep, accepts_train_flags=True)
+
+    plot = commands.add_parser("plot", help="scaling figures (PNG + SVG) from results files")
+    plot.add_argument("results", nargs="+", help="JSONL results file(s)")
+    plot.add_argument("-o", "--output", required=True, help="prefix of the figure files, e.g. figures/weak")
+    plot.set_defaults(run=_plot)
+
+    report = commands.add_parser("report", help="Markdown table of a scaling study: throughput, efficiency, POP")
+    report.add_argument("results", nargs="+", help="JSONL results file(s)")
+    report.set_defaults(run=_report)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the `harness` console script."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # `harness sweep` passes flags it does not know on to `harness train`; all others reject them.
+    args, pass_through = parser.parse_known_args(argv)
+    if pass_through and not getattr(args, "accepts_train_flags", False):
+        parser.error(f"unrecognized arguments: {' '.join(pass_through)}")
+    args.pass_through = pass_through
     try:
         return args.run(args)
     except UsageError as exc:
         print(f"harness {args.command}: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    except Preempted as exc:
+        if exc.is_main:
+            print(f"harness {args.command}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED
+    except PeerFailure as exc:
+        print(f"harness {args.command}: error: {exc}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Exit now: interpreter shutdown runs library exit hooks (Horovod's, the process group's)
+        # that could wait on the dead peer.
+        os._exit(EXIT_PEER_FAILURE)

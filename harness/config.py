@@ -29,6 +29,9 @@ class TrainConfig:
     model: str = _opt("cnn", "cnn (workshop CNN), resnet18 or resnet50")
     dataset: str = _opt("digits", "digits (embedded, offline), synthetic, mnist, fashion-mnist, cifar10, imagefolder")
     data_dir: str = _opt("data", "directory holding on-disk datasets (see `harness data`)")
+    image_size: int = _opt(64, "imagefolder: side in pixels images are resized and centre-cropped to when prepared")
+    augment: bool = _opt(False, "random crop (4-pixel padding) and horizontal flip of training batches, "
+                                "the CIFAR recipe; drawn from (seed, epoch, step)")
     dropout: Optional[float] = _opt(None, "set both CNN dropout rates (0 turns dropout off; default 0.25 and 0.5)",
                                     type=float)
     batch_size: int = _opt(64, "samples per worker per step")
@@ -50,11 +53,25 @@ class TrainConfig:
     device: str = _opt("auto", "auto (GPU local_rank %% gpus_per_node if CUDA is available), cpu or cuda")
     threads: Optional[int] = _opt(None, "CPU threads per rank (default: cores / local ranks)", type=int)
     num_workers: int = _opt(0, "data-loader worker processes per rank (0 = load in the training process)")
+    prefetch: int = _opt(4, "batches each data-loader worker keeps ready ahead of training (with --num-workers > 0)")
     eval_every: int = _opt(1, "evaluate every N epochs (the last epoch is always evaluated; 0 = only the last)")
     timing_warmup_steps: int = _opt(5, "steps left out of the timed window (start-up, first allocations)")
+    calibration_steps: int = _opt(10, "forward+backward steps timed after training on a plain copy of the model, "
+                                     "to split step time into compute and communication (0 = no split)")
+    profile: bool = _opt(False, "on GPUs, synchronise the device around each step phase so the per-step time "
+                                "breakdown is exact (costs some overlap; CPU timings are exact without it)")
+    tags: Dict[str, str] = field(default_factory=dict, metadata={
+        "help": "label the run's record: KEY=VALUE, repeatable (sweeps record scaling mode, repeat, sweep id)",
+        "flag": "--tag"})
     results: Optional[str] = _opt(None, "append one JSON record for this run to this JSONL file")
     save_model: Optional[str] = _opt(None, "rank 0 writes the final model state_dict here")
     timeout: float = _opt(120.0, "seconds a collective may wait for a peer before the job fails")
+    checkpoint_dir: Optional[str] = _opt(None, "write checkpoints here: at every epoch end, every --checkpoint-every "
+                                               "steps and on SIGTERM/SIGUSR1 (see harness/checkpoint.py)")
+    checkpoint_every: int = _opt(0, "also checkpoint every N optimizer steps (0 = at epoch ends only)")
+    keep_checkpoints: int = _opt(3, "how many of the newest checkpoints --checkpoint-dir keeps")
+    resume: Optional[str] = _opt(None, "auto: continue from the newest valid checkpoint in --checkpoint-dir (start "
+                                       "fresh if there is none); or a checkpoint directory DIR/step-N")
     # Framework knobs. None of them changes the math except fp16 compression (off by default).
     ddp_bucket_cap_mb: float = _opt(25.0, "DDP gradient bucket size in MB")
     hvd_fusion_threshold_mb: Optional[float] = _opt(None, "Horovod tensor-fusion buffer in MB "
@@ -74,7 +91,8 @@ class TrainConfig:
                                    ("device", self.device, DEVICES)):
             if value not in known:
                 raise UsageError(f"unknown {name} {value!r}; choose one of {', '.join(known)}")
-        for name in ("batch_size", "global_batch", "epochs", "max_steps", "base_batch", "threads"):
+        for name in ("batch_size", "global_batch", "epochs", "max_steps", "base_batch", "threads", "image_size",
+                     "prefetch"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
@@ -83,13 +101,16 @@ class TrainConfig:
             if value is not None and not value > 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
         for name in ("momentum", "weight_decay", "warmup_epochs", "grad_clip", "num_workers", "eval_every",
-                     "timing_warmup_steps"):
+                     "timing_warmup_steps", "calibration_steps"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name.replace('_', '-')} must not be negative, got {getattr(self, name)}")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise UsageError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        from .checkpoint import check_checkpoint_flags
+
+        check_checkpoint_flags(self)
 
     def local_batch(self, world_size: int) -> int:
         """Samples per worker per step; a global batch must split evenly over the workers."""

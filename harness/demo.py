@@ -39,6 +39,9 @@ def run_demo(results: Optional[str] = None, epochs: int = 3) -> int:
     records = read_records([results]) if os.path.exists(results) else []
     print(f"\nCNN on digits, global batch 64, {epochs} epochs (records: {results})\n")
     print(markdown_table(records, RUN_COLUMNS))
+    print("\nThe 2-rank rows train the same model (same global batches, averaged gradients, no clipping), so their"
+          "\nlosses agree; `none` differs only through dropout's random masks, which are drawn per rank"
+          "\n(with --dropout 0 every row agrees to rounding: see tests/test_equivalence.py).")
     if failed:
         print(f"\nfailed or skipped: {', '.join(failed)}")
     return 1 if failed else 0

@@ -11,3 +11,24 @@ class UsageError(Exception):
 
     Messages say what is wrong and name the fix, e.g. "unknown backend 'dpp'; choose one of ...".
     """
+
+
+class Preempted(Exception):
+    """A preemption signal stopped the run after its checkpoint was written; exit status 3.
+
+    Resubmitting the job with `--resume auto` continues it (see harness.preemption).
+    """
+
+    def __init__(self, message: str, is_main: bool) -> None:
+        super().__init__(message)
+        self.is_main = is_main  # the CLI prints the message once, on rank 0
+
+
+class PeerFailure(Exception):
+    """Another rank died or stopped answering, so this rank cannot go on; exit status 4."""
+
+
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (its type name if it has none), for one-line errors."""
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:limit]

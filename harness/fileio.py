@@ -20,7 +20,7 @@ def atomic_path(path: str) -> Iterator[str]:
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-        _fsync_directory(directory)
+        fsync_directory(directory)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -32,7 +32,8 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
         write(tmp)
 
 
-def _fsync_directory(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
+    """Make a rename or removal inside `directory` durable (best effort: some filesystems refuse)."""
     fd: Optional[int] = None
     with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)

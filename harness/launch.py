@@ -39,8 +39,8 @@ def _tool(name: str) -> str:
 
 
 def launch_command(num_processes: int, backend: str, train_args: Sequence[str], launcher: Optional[str] = None,
-                   port: Optional[int] = None) -> List[str]:
-    """The exact command that starts `num_processes` ranks of `harness train` on this machine."""
+                   port: Optional[int] = None, subcommand: str = "train") -> List[str]:
+    """The exact command that starts `num_processes` ranks of `harness train` (or `subcommand`) on this machine."""
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     launcher = launcher or BACKENDS[backend].local_launcher
@@ -51,7 +51,7 @@ def launch_command(num_processes: int, backend: str, train_args: Sequence[str], 
     if launcher == "python" and num_processes != 1:
         raise UsageError(f"backend {backend!r} runs one process; use -n 1 or a distributed backend")
     port = port or free_port()
-    program = ["-m", "harness", "train", "--backend", backend, *train_args]
+    program = ["-m", "harness", subcommand, "--backend", backend, *train_args]  # subcommand: train or evaluate
     if launcher == "python":
         return [sys.executable, *program]
     if launcher == "torchrun":
@@ -64,8 +64,9 @@ def launch_command(num_processes: int, backend: str, train_args: Sequence[str], 
     if launcher == "horovodrun":
         return [_tool("horovodrun"), "--gloo", "-np", str(num_processes), "-H", f"localhost:{num_processes}",
                 "--gloo-timeout-seconds", "120", sys.executable, *program]
+    # Rank comes from the environment like every launcher; no --local_rank argument.
     return [_tool("deepspeed"), "--num_gpus", str(num_processes), "--master_port", str(port),
-            "--module", *program[1:]]
+            "--no_local_rank", "--module", *program[1:]]
 
 
 def launch_environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
@@ -74,6 +75,9 @@ def launch_environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]
     for key, value in OPENMPI_ENV.items():
         env.setdefault(key, value)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # harness.train sets each rank's threads itself (cores / local ranks); this only keeps
+    # torchrun from printing its OMP_NUM_THREADS banner.
+    env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra or {})
     return env
 

@@ -87,7 +87,8 @@ def test_inconsistent_variables_are_refused_clearly(environ, fragment):
 
 
 def _discovered(stdout: str):
-    rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    # horovodrun prefixes each line with "[rank]<stdout>:"
+    rows = [json.loads(line[line.index("{"):]) for line in stdout.splitlines() if "{" in line]
     return sorted((r["rank"], r["world_size"], r["local_rank"], r["local_world_size"]) for r in rows)
 
 

@@ -11,6 +11,7 @@ optimizer and returns both.
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import Any, Callable, ClassVar, Dict, Iterable, Optional, Tuple
 
 import torch
@@ -18,13 +19,14 @@ from torch import nn
 
 from ..cluster import ClusterEnv
 from ..config import TrainConfig
-from ..errors import UsageError
+from ..errors import UsageError, first_line
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 # How gradients of the ranks are combined, for every backend: the mean, so that N ranks with
 # batch b take the same step as one process with batch N*b.
 GRADIENT_AVERAGING = "mean over ranks"
+MODEL_FILE = "model.pt"  # the default checkpoint's model and optimizer state
 
 
 class Backend:
@@ -34,6 +36,8 @@ class Backend:
     local_launcher: ClassVar[str] = "python"  # what `harness launch` uses on one machine
     library: ClassVar[Optional[str]] = None  # importable module this backend needs
     install_hint: ClassVar[str] = ""
+    # Which files save_checkpoint writes; a checkpoint loads only into a backend of the same format.
+    checkpoint_format: ClassVar[str] = "torch"
 
     def __init__(self) -> None:
         self.model: nn.Module
@@ -69,6 +73,13 @@ class Backend:
         """Gradients of `loss`, averaged over ranks by the time `step` applies them."""
         loss.backward()
 
+    def finish_gradient_sync(self) -> None:
+        """Block until this step's gradients are averaged over ranks.
+
+        The training loop times backward + this call as one phase, the same way for every backend.
+        Backends whose `backward` returns with averaged gradients (DDP, DeepSpeed) need nothing here.
+        """
+
     def step(self) -> None:
         """Apply (and clear) the gradients, clipping their global norm when --grad-clip is set."""
         if self.grad_clip > 0:
@@ -96,6 +107,34 @@ class Backend:
     def full_state_dict(self) -> Dict[str, torch.Tensor]:
         """The whole model's weights as plain CPU tensors (collective where weights are sharded)."""
         return {key: value.detach().cpu().clone() for key, value in self.module().state_dict().items()}
+
+    # -- checkpoints and failures --------------------------------------------------------------
+    def save_checkpoint(self, directory: str, rank: int) -> None:
+        """Write model and optimizer state into `directory`; every rank calls it.
+
+        Here rank 0 writes one file: every rank holds identical weights and optimizer state (the
+        ranks apply the same averaged gradients). harness.checkpoint makes the directory atomic.
+        """
+        if rank == 0:
+            torch.save({"model": self.module().state_dict(), "optimizer": self.optimizer.state_dict()},
+                       os.path.join(directory, MODEL_FILE))
+
+    def load_checkpoint(self, directory: str, device: torch.device) -> None:
+        """Load what save_checkpoint wrote into the wrapped model and optimizer, on every rank."""
+        from ..checkpoint import load_tensors
+
+        path = os.path.join(directory, MODEL_FILE)
+        state = load_tensors(path, device)
+        try:
+            self.module().load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise UsageError(f"checkpoint {directory} does not fit this model and optimizer ({first_line(exc)}); "
+                             "resume with the run's own settings, or use another --checkpoint-dir") from None
+
+    def is_peer_failure(self, error: BaseException) -> bool:
+        """True if `error` says a collective failed because another rank died or stopped answering."""
+        return False
 
     def math_settings(self, config: TrainConfig) -> Dict[str, Any]:
         """Every setting that changes the math, as applied; identical across backends by design."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Tuple
 
 import torch
@@ -11,6 +12,8 @@ from torch.nn.parallel import DistributedDataParallel
 from ..config import TrainConfig
 from .base import OptimizerFactory
 from .torch_distributed import TorchDistributedBackend
+
+_DDP_PARAMETERS = inspect.signature(DistributedDataParallel.__init__).parameters
 
 
 class DDPBackend(TorchDistributedBackend):
@@ -22,12 +25,13 @@ class DDPBackend(TorchDistributedBackend):
              local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
         self.grad_clip = config.grad_clip
         device = next(model.parameters()).device
+        # Horovod and DeepSpeed do not broadcast buffers every step; neither does this. (torch >= 2.14
+        # renamed the switch; the initial broadcast it keeps is harmless, every rank starts equal.)
+        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_PARAMETERS
+                          else {"broadcast_buffers": False})
         self.model = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=config.ddp_bucket_cap_mb,
-            # Horovod and DeepSpeed do not broadcast buffers every step; neither does this.
-            broadcast_buffers=False,
-        )
+            bucket_cap_mb=config.ddp_bucket_cap_mb, **no_buffer_sync)
         self.optimizer = make_optimizer(self.model.parameters())
         return self.model, self.optimizer
 

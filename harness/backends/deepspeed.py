@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 from typing import Any, Callable, Dict, Tuple
 
 import torch
@@ -10,6 +11,7 @@ from torch import nn
 
 from ..cluster import ClusterEnv
 from ..config import TrainConfig
+from ..errors import UsageError, first_line
 from .base import OptimizerFactory
 from .torch_distributed import TorchDistributedBackend
 
@@ -37,6 +39,26 @@ def deepspeed_config(config: TrainConfig, local_batch: int, world_size: int) -> 
     }
 
 
+def weights_only_checkpoint_engine():
+    """DeepSpeed's torch checkpoint engine, loading with weights_only=True.
+
+    DeepSpeed 0.19 loads its files with weights_only=False, which runs any pickled code. Its ZeRO
+    files hold three of its own plain data classes besides tensors; those, and nothing else, are
+    allowed.
+    """
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    class WeightsOnlyCheckpointEngine(TorchCheckpointEngine):
+        def load(self, path: str, map_location=None):
+            with torch.serialization.safe_globals([LossScaler, ZeroStageEnum, fragment_address]):
+                return torch.load(path, map_location=map_location, weights_only=True)
+
+    return WeightsOnlyCheckpointEngine()
+
+
 class DeepSpeedBackend(TorchDistributedBackend):
     """deepspeed.initialize on a torch optimizer; the harness sets the LR, no DeepSpeed scheduler."""
 
@@ -44,6 +66,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
     local_launcher = "deepspeed"
     library = "deepspeed"
     install_hint = "pip install deepspeed (or run `make setup`)"
+    checkpoint_format = "deepspeed"
 
     def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
         if device.type == "cpu":
@@ -72,6 +95,26 @@ class DeepSpeedBackend(TorchDistributedBackend):
 
     def module(self) -> nn.Module:
         return self.engine.module
+
+    def save_checkpoint(self, directory: str, rank: int) -> None:
+        # ZeRO partitions the optimizer state (stage 3 the weights too): every rank writes its own
+        # part through DeepSpeed. The harness's own state is in files beside them, not client_state.
+        parent, tag = os.path.split(os.path.abspath(directory))
+        self.engine.save_checkpoint(parent, tag=tag, save_latest=False)
+
+    def load_checkpoint(self, directory: str, device: torch.device) -> None:
+        parent, tag = os.path.split(os.path.abspath(directory))
+        self.engine.checkpoint_engine = weights_only_checkpoint_engine()
+        try:
+            loaded, _ = self.engine.load_checkpoint(parent, tag=tag, load_optimizer_states=True,
+                                                    load_lr_scheduler_states=False)
+        except (pickle.UnpicklingError, RuntimeError, KeyError, ValueError, AssertionError, OSError) as exc:
+            if self.is_peer_failure(exc):
+                raise
+            raise UsageError(f"DeepSpeed cannot load checkpoint {directory} ({first_line(exc)}); resume with the run's "
+                             "own settings, or use another --checkpoint-dir") from None
+        if loaded is None:
+            raise UsageError(f"DeepSpeed found no checkpoint in {directory}; resume from another one")
 
     def full_state_dict(self) -> Dict[str, torch.Tensor]:
         if self.zero_stage < 3:

@@ -64,24 +64,38 @@ class HorovodBackend(Backend):
         self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                                   compression=compression, op=hvd.Average,
                                                   backward_passes_per_step=1)
+        self.gradients_synced = False
         return self.model, self.optimizer
 
+    def finish_gradient_sync(self) -> None:
+        # backward only *starts* Horovod's allreduces (from gradient hooks); wait for them here so
+        # the loop's gradient phase includes them, as it does for DDP and DeepSpeed.
+        self.optimizer.synchronize()
+        self.gradients_synced = True
+
     def step(self) -> None:
+        if not self.gradients_synced:
+            self.finish_gradient_sync()
         if self.grad_clip > 0:
-            # Clip the averaged gradients: finish the allreduce first, then step without a second one.
-            self.optimizer.synchronize()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-            with self.optimizer.skip_synchronize():
-                self.optimizer.step()
-        else:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)  # the averaged gradients
+        # synchronize() again would allreduce the already averaged gradients a second time.
+        with self.optimizer.skip_synchronize():
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.gradients_synced = False
+        self.optimizer.zero_grad()  # Horovod's takes no arguments; torch's default sets gradients to None
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.hvd.allreduce(tensor, op=self.hvd.Sum)
 
     def barrier(self) -> None:
         self.hvd.barrier()
+
+    def is_peer_failure(self, error: BaseException) -> bool:
+        # When a peer's gloo or MPI connection fails (or HOROVOD_GLOO_TIMEOUT_SECONDS runs out),
+        # Horovod shuts down and every pending and later operation raises HorovodInternalError.
+        from horovod.common.exceptions import HorovodInternalError
+
+        return isinstance(error, HorovodInternalError)
 
     def math_settings(self, config: TrainConfig) -> Dict[str, Any]:
         settings = super().math_settings(config)

@@ -12,6 +12,10 @@ from ..cluster import ClusterEnv
 from ..config import TrainConfig
 from .base import Backend
 
+# Substrings of the errors gloo raises when a peer is gone: "Connection closed by peer", "Read error
+# ...: Connection reset by peer", "Timed out waiting 20000ms for recv operation to complete".
+GLOO_FAILURE_MARKERS = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "Timed out waiting")
+
 
 class TorchDistributedBackend(Backend):
     """A backend whose ranks talk through a torch.distributed process group (gloo or NCCL)."""
@@ -38,6 +42,12 @@ class TorchDistributedBackend(Backend):
 
     def barrier(self) -> None:
         dist.barrier()
+
+    def is_peer_failure(self, error: BaseException) -> bool:
+        # NCCL and the rendezvous store raise DistError subclasses; gloo raises a plain RuntimeError
+        # whose message comes from its TCP transport (a reset connection, or --timeout running out).
+        return isinstance(error, dist.DistError) or (
+            isinstance(error, RuntimeError) and any(marker in str(error) for marker in GLOO_FAILURE_MARKERS))
 
     def shutdown(self) -> None:
         if dist.is_initialized():

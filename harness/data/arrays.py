@@ -7,7 +7,7 @@ index into the array and one vectorised normalisation on the device, never a per
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -43,9 +43,34 @@ class ImageArrays:
             rows = rows % len(self.images)
         return torch.from_numpy(np.ascontiguousarray(self.images[rows])), torch.from_numpy(self.labels[rows])
 
+    def __getstate__(self) -> Dict[str, Any]:
+        # Loader workers started by spawn or forkserver (the default from Python 3.14) get the dataset
+        # pickled: a memory-mapped array travels as its file and reopens there, not as a full copy.
+        state = dict(self.__dict__)
+        if isinstance(self.images, np.memmap) and self.images.filename:
+            state["images"] = _MappedFile(str(self.images.filename), self.images.offset, self.images.dtype.str,
+                                          tuple(self.images.shape))
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        if isinstance(state["images"], _MappedFile):
+            state["images"] = state["images"].open()
+        self.__dict__.update(state)
+
     def normaliser(self, device: torch.device) -> "Normaliser":
         """The uint8 -> float transform of this dataset, placed on `device`."""
         return Normaliser(self.mean, self.std, device)
+
+
+@dataclass(frozen=True)
+class _MappedFile:
+    path: str
+    offset: int
+    dtype: str
+    shape: Tuple[int, ...]
+
+    def open(self) -> np.memmap:
+        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
 
 
 class Normaliser:

@@ -15,7 +15,7 @@ from .arrays import ImageArrays
 DIGITS_TEST_SIZE = 297  # of 1,797: leaves 1,500 training images; 297 is odd so eval shards are uneven
 DIGITS_SPLIT_SEED = 1797
 SYNTHETIC_POOL = 512  # distinct random images; indices beyond wrap around
-SYNTHETIC_LENGTH = {"train": 60_000, "test": 10_000}
+SYNTHETIC_LENGTH = {"train": 60_000, "test": 2_000}
 
 
 def _read_digits_csv() -> np.ndarray:

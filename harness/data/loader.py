@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, List, Tuple
+from typing import Iterator, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -14,7 +14,7 @@ from .arrays import ImageArrays
 class _IndexBatches(Dataset):
     """Item i is the whole batch i: workers fetch batches, not samples, so nothing is done per sample."""
 
-    def __init__(self, arrays: ImageArrays, batches: List[np.ndarray]) -> None:
+    def __init__(self, arrays: ImageArrays, batches: Sequence[np.ndarray]) -> None:
         self.arrays, self.batches = arrays, batches
 
     def __len__(self) -> int:
@@ -24,14 +24,22 @@ class _IndexBatches(Dataset):
         return self.arrays.fetch(self.batches[i])
 
 
-def iterate_batches(arrays: ImageArrays, batches: List[np.ndarray], num_workers: int = 0,
+def iterate_batches(arrays: ImageArrays, batches: Sequence[np.ndarray], num_workers: int = 0,
                     pin_memory: bool = False, prefetch_factor: int = 4) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-    """Yield (uint8 images, labels) for `batches` in order; workers prefetch ahead when num_workers > 0."""
+    """Yield (uint8 images, labels) for `batches` in order.
+
+    With num_workers > 0, worker processes fetch batches in turn and keep `prefetch_factor` batches
+    each ready ahead of the training loop; pin_memory puts them in page-locked memory for fast
+    asynchronous copies to a GPU. `batches` may be a lazy sequence (sharding.RankSchedule) spanning
+    the whole run, so the workers start once. Close the iterator to stop them early.
+    """
     if num_workers == 0:
         for indices in batches:
             images, labels = arrays.fetch(indices)
             yield (images.pin_memory(), labels.pin_memory()) if pin_memory else (images, labels)
         return
+    # The loader seeds its workers from its own generator: drawing from torch's global one would
+    # shift the dropout masks, and the run would depend on --num-workers.
     loader = DataLoader(_IndexBatches(arrays, batches), batch_size=None, shuffle=False, num_workers=num_workers,
-                        pin_memory=pin_memory, prefetch_factor=prefetch_factor, persistent_workers=False)
+                        pin_memory=pin_memory, prefetch_factor=prefetch_factor, generator=torch.Generator())
     yield from loader

@@ -17,7 +17,7 @@ with no padding, so every sample is scored exactly once.
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
@@ -32,13 +32,47 @@ def steps_per_epoch(num_samples: int, world_size: int, local_batch: int) -> int:
     return num_samples // (world_size * local_batch)
 
 
+def rank_slice(order: np.ndarray, step: int, world_size: int, rank: int, local_batch: int) -> np.ndarray:
+    """This rank's part of global batch `step` (counted within the epoch) of the epoch order `order`."""
+    start = (step * world_size + rank) * local_batch
+    return order[start:start + local_batch]
+
+
 def train_batches(num_samples: int, world_size: int, rank: int, local_batch: int, seed: int,
                   epoch: int) -> List[np.ndarray]:
     """This rank's index batches for `epoch`, in step order."""
     order = epoch_permutation(num_samples, seed, epoch)
-    global_batch = world_size * local_batch
-    return [order[step * global_batch + rank * local_batch: step * global_batch + (rank + 1) * local_batch]
+    return [rank_slice(order, step, world_size, rank, local_batch)
             for step in range(steps_per_epoch(num_samples, world_size, local_batch))]
+
+
+class RankSchedule(Sequence[np.ndarray]):
+    """This rank's index batches for global steps first_step..total_steps-1, across epochs, built on demand.
+
+    Item i is the batch of global step s = first_step + i: train_batches(..., epoch)[s mod
+    steps_per_epoch] for epoch s // steps_per_epoch. A loader iterates it once for the whole run,
+    so its worker processes start once, not per epoch; a resumed run starts at its checkpoint's step.
+    """
+
+    def __init__(self, num_samples: int, world_size: int, rank: int, local_batch: int, seed: int,
+                 total_steps: int, first_step: int = 0) -> None:
+        self.num_samples, self.world_size, self.rank = num_samples, world_size, rank
+        self.local_batch, self.seed, self.total_steps = local_batch, seed, total_steps
+        self.first_step = first_step
+        self.epoch_steps = steps_per_epoch(num_samples, world_size, local_batch)
+        self._order: Tuple[int, np.ndarray] = (-1, np.empty(0, dtype=np.int64))  # (epoch, permutation) cache
+
+    def __len__(self) -> int:
+        return self.total_steps - self.first_step
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        step = self.first_step + index
+        epoch, within = divmod(step, self.epoch_steps)
+        if self._order[0] != epoch:
+            self._order = (epoch, epoch_permutation(self.num_samples, self.seed, epoch))
+        return rank_slice(self._order[1], within, self.world_size, self.rank, self.local_batch)
 
 
 def dropped_tail(num_samples: int, world_size: int, local_batch: int, seed: int, epoch: int) -> np.ndarray:

@@ -1,0 +1,62 @@
+"""The reference the harness is measured against: a bare PyTorch (or bare DDP) training loop.
+
+Same CNN, synthetic uint8 batches normalised the same way, SGD, batch 64 per process; timed
+between barriers after the same number of warmup steps as the harness. Prints one JSON line:
+{"throughput": samples/s over all processes}. Run under torchrun for the DDP variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from harness.models import WorkshopCNN
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")
+    world = dist.get_world_size() if distributed else 1
+    torch.manual_seed(0)
+    model = WorkshopCNN()
+    if distributed:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    images = torch.randint(0, 256, (8, args.batch, 1, 28, 28), dtype=torch.uint8)
+    labels = torch.randint(0, 10, (8, args.batch))
+    start = time.perf_counter()
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            if distributed:
+                dist.barrier()
+            start = time.perf_counter()
+        x = (images[step % 8].float() / 255 - 0.5) / 0.29
+        loss = F.cross_entropy(model(x), labels[step % 8])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    if distributed:
+        dist.barrier()
+    elapsed = time.perf_counter() - start
+    if not distributed or dist.get_rank() == 0:
+        print(json.dumps({"throughput": args.steps * args.batch * world / elapsed}), flush=True)
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

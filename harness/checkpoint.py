@@ -1,0 +1,429 @@
+"""Checkpoints that lose nothing: atomic, verified, and resumable to the bit, for every backend.
+
+Layout of `--checkpoint-dir D`::
+
+    D/step-00000120/          one complete checkpoint, named by the global steps done before it
+        manifest.json         written last: run facts, sampler position, progress, config, and the
+                              size and sha256 of every other file
+        model.pt              model + optimizer state (none, ddp, horovod: rank 0 writes it), or
+        mp_rank_00_model_states.pt, zero_pp_rank_*_optim_states.pt, ...   DeepSpeed's own files
+                              (every rank writes its ZeRO partition; engine.save_checkpoint)
+        rank-00000.pt ...     one per rank: torch (and CUDA), numpy and python RNG states and the
+                              rank's running loss sums of the unfinished epoch
+    D/.partial-step-...       a checkpoint being written: never read, removed by the next save
+
+What a checkpoint holds: model and optimizer state; the global step, which fixes the LR (a pure
+function of the step, harness.lr) and the sampler position (epoch = step // steps_per_epoch, step
+within the epoch = step % steps_per_epoch: the data order is a pure function of seed and epoch,
+harness.data.sharding); every rank's RNG states; the run config; the progress the results record
+needs (train loss per finished epoch, the last evaluation, how many segments the run took).
+
+Atomic: every rank writes into D/.partial-step-N and fsyncs; after a barrier rank 0 hashes the
+files, writes manifest.json, renames the directory to D/step-N (one atomic rename) and fsyncs D.
+So a reader, and a job killed at any instant, sees a whole checkpoint or none. The newest
+`--keep-checkpoints` are kept. A save also removes checkpoints of later steps than its own: they
+belong to an abandoned future of the run (it was resumed from an earlier checkpoint) or are damaged.
+
+Valid: manifest.json parses and every file it lists has the recorded size and sha256.
+`--resume auto` takes the newest valid checkpoint and warns about each newer damaged one it skips
+(a damaged checkpoint is never loaded). Every rank chooses independently, reading the same files,
+so all choose the same one before any process group exists.
+
+Loading: torch.load(weights_only=True) for every file, DeepSpeed's included (its engine is given a
+loader that allows three of DeepSpeed's plain data classes and nothing else). A checkpoint of
+another model, dataset, world size, global batch, optimizer or LR setting is refused with a
+UsageError that names the difference and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from .config import TrainConfig
+from .errors import UsageError, first_line
+from .fileio import atomic_write, fsync_directory
+
+if TYPE_CHECKING:
+    from .backends import Backend
+    from .cluster import ClusterEnv
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+NAME_PATTERN = re.compile(r"^step-(\d+)$")
+PARTIAL_PREFIX = ".partial-"
+RESUME_AUTO = "auto"
+HASH_CHUNK = 1 << 20
+
+# Config fields the saved state depends on. A different value would continue another experiment
+# (other weights, data order, optimizer state layout or LR curve), so resuming refuses it.
+# --epochs and --max-steps may grow: they only extend the run.
+MUST_MATCH = ("model", "dataset", "image_size", "augment", "seed", "dropout", "optimizer", "lr", "lr_scaling",
+              "base_batch", "momentum", "weight_decay", "warmup_epochs", "schedule", "grad_clip",
+              "hvd_fp16_compression", "zero_stage")
+
+
+def checkpoint_name(step: int) -> str:
+    """Directory name of the checkpoint taken after `step` optimizer steps."""
+    return f"step-{step:08d}"
+
+
+class DamagedCheckpoint(Exception):
+    """A checkpoint directory that fails verification; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Facts of a run that a checkpoint's sampler position and optimizer state depend on."""
+
+    world_size: int
+    global_batch: int
+    train_set_size: int
+    steps_per_epoch: int
+    total_steps: int
+
+
+@dataclass
+class Progress:
+    """What the results record needs from earlier segments of a run, kept in the manifest."""
+
+    train_losses: List[float] = field(default_factory=list)  # one per finished epoch
+    evaluation: Dict[str, Any] = field(default_factory=dict)  # the latest evaluation
+    segments: int = 1  # processes that have worked on the run: 1 + resumes
+
+
+@dataclass
+class Checkpoint:
+    """A verified checkpoint directory and its manifest."""
+
+    path: str
+    manifest: Dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.manifest["step"])
+
+
+@dataclass
+class ResumeState:
+    """Where a resumed run continues: its global step, progress and this rank's epoch loss sums."""
+
+    step: int
+    progress: Progress
+    epoch_loss_sums: torch.Tensor  # [summed loss, samples] of the unfinished epoch on this rank
+
+
+# -- checks that run before any process group starts -------------------------------------------
+
+def check_checkpoint_flags(config: TrainConfig) -> None:
+    """Raise UsageError for checkpoint flags that cannot work, naming the fix."""
+    if config.checkpoint_every < 0:
+        raise UsageError(f"--checkpoint-every must not be negative, got {config.checkpoint_every} "
+                         "(0 checkpoints at epoch ends only)")
+    if config.keep_checkpoints < 1:
+        raise UsageError(f"--keep-checkpoints must be at least 1, got {config.keep_checkpoints}")
+    if config.checkpoint_every and not config.checkpoint_dir:
+        raise UsageError("--checkpoint-every needs --checkpoint-dir DIR to write the checkpoints to")
+    directory = config.checkpoint_dir
+    if directory is not None:
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise UsageError(f"--checkpoint-dir {directory} is a file; give a directory")
+        existing = _parent_that_exists(directory)
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UsageError(f"--checkpoint-dir {directory} is not writable ({existing} denies it); "
+                             "choose a directory you can write to")
+    if config.resume is None:
+        found = list_checkpoints(directory) if directory else []
+        if found:
+            raise UsageError(f"--checkpoint-dir {directory} already holds checkpoints (newest {found[-1][1]}); "
+                             "add --resume auto to continue that run, or choose an empty directory")
+    elif config.resume == RESUME_AUTO:
+        if not directory:
+            raise UsageError("--resume auto needs --checkpoint-dir DIR, the directory to look for checkpoints in")
+    elif not os.path.isfile(os.path.join(config.resume, MANIFEST)):
+        raise UsageError(f"--resume {config.resume} is not a checkpoint (no {MANIFEST} in it); give a "
+                         "checkpoint directory such as DIR/step-00000100, or --resume auto with --checkpoint-dir DIR")
+
+
+def _parent_that_exists(path: str) -> str:
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def list_checkpoints(directory: Optional[str]) -> List[Tuple[int, str]]:
+    """(step, name) of the complete-looking checkpoint directories in `directory`, oldest first."""
+    if not directory or not os.path.isdir(directory):
+        return []
+    found = []
+    for name in os.listdir(directory):
+        match = NAME_PATTERN.match(name)
+        if match and os.path.isdir(os.path.join(directory, name)):
+            found.append((int(match.group(1)), name))
+    return sorted(found)
+
+
+def verify_checkpoint(path: str) -> Checkpoint:
+    """The checkpoint at `path` if its manifest parses and every listed file matches; else DamagedCheckpoint."""
+    try:
+        with open(os.path.join(path, MANIFEST)) as handle:
+            manifest = json.load(handle)
+    except FileNotFoundError:
+        raise DamagedCheckpoint(f"{MANIFEST} is missing") from None
+    except (OSError, ValueError) as exc:
+        raise DamagedCheckpoint(f"{MANIFEST} is unreadable ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        raise DamagedCheckpoint(f"{MANIFEST} is not a harness checkpoint manifest of format {FORMAT_VERSION}")
+    try:
+        files = dict(manifest["files"])
+        int(manifest["step"])
+    except (KeyError, TypeError, ValueError):
+        raise DamagedCheckpoint(f"{MANIFEST} lacks its file list or step") from None
+    for relative, expected in sorted(files.items()):
+        file_path = os.path.join(path, relative)
+        if not os.path.isfile(file_path):
+            raise DamagedCheckpoint(f"{relative} is missing")
+        size = os.path.getsize(file_path)
+        if size != expected["bytes"]:
+            raise DamagedCheckpoint(f"{relative} has {size} bytes, {expected['bytes']} were written")
+        if _sha256(file_path) != expected["sha256"]:
+            raise DamagedCheckpoint(f"{relative} does not match its checksum")
+    return Checkpoint(path, manifest)
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(HASH_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def find_resume_checkpoint(config: TrainConfig, layout: RunLayout, checkpoint_format: str,
+                           warn: bool) -> Optional[Checkpoint]:
+    """The checkpoint this run continues from (None: start at step 0), checked against the run.
+
+    `--resume auto` takes the newest valid checkpoint in --checkpoint-dir, printing a warning
+    (when `warn`) for each newer damaged one it skips, and starts fresh if there is none.
+    `--resume PATH` must name a valid checkpoint. Raises UsageError for an incompatible one.
+    """
+    if config.resume is None:
+        return None
+    if config.resume != RESUME_AUTO:
+        try:
+            checkpoint = verify_checkpoint(config.resume)
+        except DamagedCheckpoint as exc:
+            raise UsageError(f"checkpoint {config.resume} is damaged ({exc}); resume from another one, or use "
+                             "--resume auto to take the newest valid checkpoint") from None
+    else:
+        checkpoint = None
+        for _, name in reversed(list_checkpoints(config.checkpoint_dir)):
+            path = os.path.join(config.checkpoint_dir, name)
+            try:
+                checkpoint = verify_checkpoint(path)
+                break
+            except DamagedCheckpoint as exc:
+                if warn:
+                    print(f"harness train: warning: skipping damaged checkpoint {path} ({exc})",
+                          file=sys.stderr, flush=True)
+        if checkpoint is None:
+            return None
+    check_compatible(checkpoint, config, layout, checkpoint_format)
+    return checkpoint
+
+
+def check_compatible(checkpoint: Checkpoint, config: TrainConfig, layout: RunLayout, checkpoint_format: str) -> None:
+    """Raise UsageError unless `checkpoint` can continue this run (same model, data, math, world)."""
+    manifest, where = checkpoint.manifest, checkpoint.path
+    fix = "use the checkpoint's settings, or start a new run with another --checkpoint-dir"
+    saved_config = manifest.get("config", {})
+    if saved_config.get("model") != config.model:
+        raise UsageError(f"checkpoint {where} holds a {saved_config.get('model')} model but this run trains "
+                         f"{config.model}; {fix}")
+    if manifest.get("checkpoint_format") != checkpoint_format:
+        raise UsageError(f"checkpoint {where} was written by backend {saved_config.get('backend')} "
+                         f"({manifest.get('checkpoint_format')} format) and cannot be loaded by {config.backend}; "
+                         f"resume with --backend {saved_config.get('backend')}, or {fix}")
+    for name in MUST_MATCH:
+        if saved_config.get(name) != getattr(config, name):
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"checkpoint {where} was written with {flag} {saved_config.get(name)} but this run has "
+                             f"{flag} {getattr(config, name)}; {fix}")
+    saved = manifest.get("run", {})
+    if saved.get("world_size") != layout.world_size:
+        raise UsageError(f"checkpoint {where} was written by {saved.get('world_size')} ranks but this job has "
+                         f"{layout.world_size} (data order and optimizer state depend on it); resume with "
+                         f"{saved.get('world_size')} ranks, or {fix}")
+    for name, label in (("global_batch", "global batch"), ("train_set_size", "training set size")):
+        if saved.get(name) != getattr(layout, name):
+            raise UsageError(f"checkpoint {where} was written with a {label} of {saved.get(name)} but this run has "
+                             f"{getattr(layout, name)}; {fix}")
+    if checkpoint.step >= layout.total_steps:
+        raise UsageError(f"checkpoint {where} is at step {checkpoint.step}, the end of this run's "
+                         f"{layout.total_steps} steps; nothing is left to train (raise --epochs or --max-steps to "
+                         "train further, or use another --checkpoint-dir)")
+
+
+# -- per-rank state: RNGs as tensors and plain values, loadable with weights_only=True ---------
+
+def capture_rng_state() -> Dict[str, Any]:
+    """torch (and CUDA), numpy and python RNG states of this process."""
+    _, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state: Dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64),
+                   "gauss_next": gauss_next},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: Dict[str, Any]) -> None:
+    """Inverse of capture_rng_state."""
+    torch.set_rng_state(state["torch"])
+    saved = state["numpy"]
+    np.random.set_state(("MT19937", saved["keys"].numpy().astype(np.uint32), saved["position"],
+                         saved["has_gauss"], saved["cached_gaussian"]))
+    python = state["python"]
+    random.setstate((python["version"], tuple(python["internal"].tolist()), python["gauss_next"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def rank_file(rank: int) -> str:
+    """Name of rank `rank`'s own state file inside a checkpoint."""
+    return f"rank-{rank:05d}.pt"
+
+
+def load_tensors(path: str, device: Optional[torch.device] = None) -> Any:
+    """torch.load with weights_only=True; a file that is not plain tensors and containers is refused."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise UsageError(f"checkpoint file {path} cannot be loaded as plain tensors ({first_line(exc)}); "
+                         "resume from another checkpoint, or start a new run with another --checkpoint-dir") from None
+
+
+# -- writing and restoring -------------------------------------------------------------------
+
+class Checkpointer:
+    """Writes the checkpoints of one run into --checkpoint-dir; every rank makes the same calls."""
+
+    def __init__(self, config: TrainConfig, cluster: "ClusterEnv", backend: "Backend", layout: RunLayout) -> None:
+        assert config.checkpoint_dir, "Checkpointer needs --checkpoint-dir"
+        self.directory = os.path.abspath(config.checkpoint_dir)
+        self.config, self.cluster, self.backend, self.layout = config, cluster, backend, layout
+        self.seconds = 0.0  # time spent writing checkpoints, kept out of the throughput windows
+        self.last_path: Optional[str] = None
+
+    def due(self, step: int) -> bool:
+        """True after the steps where --checkpoint-every asks for a checkpoint."""
+        return bool(self.config.checkpoint_every) and step % self.config.checkpoint_every == 0
+
+    def save(self, step: int, progress: Progress, epoch_loss_sums: torch.Tensor, reason: str) -> float:
+        """Write the checkpoint after `step` steps (a collective); return the seconds it took."""
+        started = time.perf_counter()
+        name = checkpoint_name(step)
+        partial = os.path.join(self.directory, PARTIAL_PREFIX + name)
+        if self.cluster.is_main:
+            shutil.rmtree(partial, ignore_errors=True)
+            os.makedirs(partial)
+        self.backend.barrier()  # the directory exists before any rank writes into it
+        self.backend.save_checkpoint(partial, self.cluster.rank)
+        torch.save({"rng": capture_rng_state(), "epoch_loss_sums": epoch_loss_sums.detach().cpu()},
+                   os.path.join(partial, rank_file(self.cluster.rank)))
+        _fsync_tree(partial)
+        self.backend.barrier()  # every rank's files are on disk before the manifest vouches for them
+        final = os.path.join(self.directory, name)
+        if self.cluster.is_main:
+            manifest = self._manifest(step, progress, partial, reason)
+            atomic_write(os.path.join(partial, MANIFEST),
+                         lambda tmp: _write_json(tmp, manifest))
+            self._remove_from(step)  # a stale or damaged checkpoint from a later step than this one
+            os.replace(partial, final)
+            fsync_directory(self.directory)
+            self._prune()
+        self.backend.barrier()  # the checkpoint is complete before any rank moves on or exits
+        self.last_path = final
+        elapsed = time.perf_counter() - started
+        self.seconds += elapsed
+        return elapsed
+
+    def _manifest(self, step: int, progress: Progress, partial: str, reason: str) -> Dict[str, Any]:
+        from . import __version__
+
+        files = {}
+        for root, _, names in os.walk(partial):
+            for file_name in names:
+                file_path = os.path.join(root, file_name)
+                relative = os.path.relpath(file_path, partial)
+                files[relative] = {"bytes": os.path.getsize(file_path), "sha256": _sha256(file_path)}
+        epoch, step_in_epoch = divmod(step, self.layout.steps_per_epoch)
+        return {
+            "format_version": FORMAT_VERSION, "harness_version": __version__, "written": time.time(),
+            "reason": reason, "checkpoint_format": self.backend.checkpoint_format,
+            "step": step, "epoch": epoch, "step_in_epoch": step_in_epoch,
+            "run": vars(self.layout).copy(), "progress": vars(progress).copy(),
+            "config": self.config.to_dict(), "files": files,
+        }
+
+    def _remove_from(self, step: int) -> None:
+        for other_step, other in list_checkpoints(self.directory):
+            if other_step >= step:
+                shutil.rmtree(os.path.join(self.directory, other))
+
+    def _prune(self) -> None:
+        for _, name in list_checkpoints(self.directory)[:-self.config.keep_checkpoints]:
+            shutil.rmtree(os.path.join(self.directory, name))
+        for name in os.listdir(self.directory):  # left by a job killed while writing
+            if name.startswith(PARTIAL_PREFIX):
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+
+
+def restore(checkpoint: Checkpoint, backend: "Backend", cluster: "ClusterEnv", device: torch.device) -> ResumeState:
+    """Load `checkpoint` into the wrapped model and optimizer and this rank's RNGs (every rank calls it)."""
+    backend.load_checkpoint(checkpoint.path, device)
+    rank_state = load_tensors(os.path.join(checkpoint.path, rank_file(cluster.rank)))
+    try:
+        restore_rng_state(rank_state["rng"])
+        loss_sums = rank_state["epoch_loss_sums"].to(device)
+        progress = Progress(**checkpoint.manifest["progress"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UsageError(f"checkpoint {checkpoint.path} lacks part of the training state ({exc!r}); resume from "
+                         "another checkpoint, or start a new run with another --checkpoint-dir") from None
+    progress.segments += 1
+    return ResumeState(checkpoint.step, progress, loss_sums)
+
+
+def _write_json(path: str, value: Dict[str, Any]) -> None:
+    with open(path, "w") as handle:
+        json.dump(value, handle, indent=1, sort_keys=True)  # a diverged run's NaN loss must not stop the save
+
+
+def _fsync_tree(directory: str) -> None:
+    # Every rank fsyncs what it can see; on one node one fsync per file would do, but on a shared
+    # filesystem each client must flush what it wrote itself.
+    for root, _, names in os.walk(directory):
+        for file_name in names:
+            fd = os.open(os.path.join(root, file_name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)

@@ -1,0 +1,79 @@
+"""`harness evaluate`: score a saved model on a test set, spread over however many ranks launched it.
+
+The testing phase was the scaling bottleneck of the workshop case study (one process scored the
+whole set). Here every rank scores its own block of the test set and the sums are reduced, with
+exactly the code the training loop evaluates with (`train.evaluate`), so the accuracy and
+`eval_samples` are the same at any world size. The backend is used only to join the job and to
+reduce; no model wrapper, no optimizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+from typing import Any, Dict
+
+import torch
+
+from .backends import get_backend
+from .cluster import default_threads, detect_cluster, select_device
+from .config import TrainConfig
+from .data import DataOptions, load_split
+from .errors import UsageError
+from .models import build_model
+from .train import evaluate
+
+
+def load_model_file(path: str, config: TrainConfig, channels: int, size: int, num_classes: int) -> torch.nn.Module:
+    """The model `config.model` for these inputs, with the weights `harness train --save-model` wrote."""
+    if not os.path.isfile(path):
+        raise UsageError(f"model file {path} does not exist; write one with `harness train --save-model {path}`")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as exc:
+        raise UsageError(f"model file {path} is not a saved state_dict ({type(exc).__name__}); "
+                         "write one with `harness train --save-model`") from exc
+    model = build_model(config.model, channels, size, num_classes)
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        raise UsageError(f"model file {path} does not fit --model {config.model} on --dataset {config.dataset} "
+                         f"({channels}x{size}x{size}, {num_classes} classes); pass the flags it was trained "
+                         "with") from exc
+    return model
+
+
+def evaluate_model_file(config: TrainConfig, model_file: str) -> Dict[str, Any]:
+    """Evaluate `model_file` on the test split of `config.dataset` under the launching job's ranks.
+
+    Every rank returns the same record; rank 0 also prints it as one JSON line.
+    """
+    started = time.time()
+    config.validate()
+    backend = get_backend(config.backend)
+    backend.check_available()
+    cluster = detect_cluster()
+    backend.check_launch(config, cluster)
+    device = select_device(config.device, cluster)
+    if device.type == "cpu":
+        torch.set_num_threads(config.threads or default_threads(cluster))
+    test_set = load_split(config.dataset, "test",
+                          DataOptions(config.data_dir, config.model, config.image_size, config.timeout))
+    channels, size, _ = test_set.shape
+    model = load_model_file(model_file, config, channels, size, test_set.num_classes).to(device)
+
+    backend.init(cluster, device, config)
+    try:
+        record = {
+            **evaluate(model, test_set, backend, cluster, device),
+            "model_file": os.path.abspath(model_file), "model": config.model, "dataset": config.dataset,
+            "backend": config.backend, "launcher": cluster.launcher, "world_size": cluster.world_size,
+            "device": device.type, "wall_time": time.time() - started,
+        }
+    finally:
+        backend.shutdown()
+    if cluster.is_main:
+        print(json.dumps(record, sort_keys=True), flush=True)
+    return record

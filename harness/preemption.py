@@ -1,0 +1,118 @@
+"""Stopping cleanly: preemption signals, and failing fast when a peer rank dies.
+
+Preemption. Batch systems warn a job before they end it: Slurm sends the signal asked for with
+`#SBATCH --signal=USR1@120` (or `scancel --signal=TERM`), PBS sends SIGTERM at the walltime and
+SIGKILL `kill_delay` seconds later, and torchrun and the deepspeed launcher pass a SIGTERM they get
+on to their ranks. On SIGTERM or SIGUSR1 the handler only records the signal. After every step the
+ranks sum their flags in one allreduce of a single number, so all of them stop after the same step
+even when the signal reached only some ranks, or reached them during different steps. Then a
+checkpoint is written and the run exits with EXIT_PREEMPTED (3). The allreduce costs one tiny
+collective per step (measured by benchmarks/checkpoint.py).
+
+Peer failure. When a rank dies, the others find out in their next collective: at once when its
+sockets are closed (a killed process), after --timeout seconds when it stops answering (a lost node,
+a hung process): gloo and NCCL collectives, Horovod's gloo controller and DeepSpeed's process group
+all take the timeout. The surviving ranks then print one line naming the problem and exit with
+EXIT_PEER_FAILURE (4) at once, skipping the orderly shutdown, which would wait on the dead peer.
+
+Testing hook (documented, real signals): HARNESS_TEST_SIGNAL=SIGNAL@STEP[:RANK] makes rank RANK
+(default 0) send itself SIGNAL (TERM, USR1, KILL, ...) with os.kill right after global step STEP.
+The tests use it to preempt or kill a rank at an exact step; the process really receives the
+signal, so with KILL it dies as it would under the OOM killer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from types import FrameType
+from typing import Dict, Mapping, Optional
+
+import torch
+
+from .errors import PeerFailure, UsageError, first_line
+
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+TEST_SIGNAL_VARIABLE = "HARNESS_TEST_SIGNAL"
+
+
+class PreemptionWatcher:
+    """Records SIGTERM/SIGUSR1 while installed; `stop_agreed` turns the records into one decision."""
+
+    def __init__(self, test_signal: Optional["TestSignal"] = None) -> None:
+        self.received: Optional[int] = None
+        self.test_signal = test_signal
+        self._previous: Dict[int, object] = {}
+
+    def install(self) -> None:
+        """Handle the preemption signals from now on (main thread only: Python delivers them there)."""
+        if threading.current_thread() is threading.main_thread():
+            for signum in PREEMPTION_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._record)
+
+    def uninstall(self) -> None:
+        """Give the signals back to the handlers they had before install."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _record(self, signum: int, frame: Optional[FrameType]) -> None:
+        # Only set a flag: the rank finishes its step, and stops where every rank agrees to.
+        if self.received is None:
+            self.received = signum
+
+    def stop_agreed(self, step: int, rank: int, backend, device: torch.device) -> bool:
+        """After global step `step`: True on every rank if any rank has received a preemption signal.
+
+        A collective: every rank calls it after every step.
+        """
+        if self.test_signal is not None:
+            self.test_signal.fire(step, rank)
+        flag = torch.tensor([0.0 if self.received is None else 1.0], device=device)
+        return backend.all_reduce_sum(flag).item() > 0
+
+    def signal_name(self) -> str:
+        """The signal this rank received, or a note that another rank received it."""
+        return signal.Signals(self.received).name if self.received else "a signal another rank received"
+
+
+@dataclass(frozen=True)
+class TestSignal:
+    """HARNESS_TEST_SIGNAL: rank `rank` sends itself `signum` right after global step `step`."""
+
+    signum: int
+    step: int
+    rank: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> Optional["TestSignal"]:
+        value = environ.get(TEST_SIGNAL_VARIABLE)
+        if not value:
+            return None
+        name, _, rest = value.partition("@")
+        step, _, rank = rest.partition(":")
+        name = name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()
+        try:
+            return cls(int(signal.Signals[name]), int(step), int(rank or 0))
+        except (KeyError, ValueError):
+            raise UsageError(f"{TEST_SIGNAL_VARIABLE}={value!r} is not SIGNAL@STEP[:RANK] (e.g. TERM@5:1); "
+                             f"fix it or unset it") from None
+
+    def fire(self, step: int, rank: int) -> None:
+        """Send the signal if this is the chosen rank and step."""
+        if (step, rank) == (self.step, self.rank):
+            print(f"rank {rank}: {TEST_SIGNAL_VARIABLE}: sending {signal.Signals(self.signum).name} to itself "
+                  f"after step {step}", flush=True)
+            os.kill(os.getpid(), self.signum)
+
+
+def peer_failure(error: BaseException, rank: int, timeout: float) -> PeerFailure:
+    """The one-line PeerFailure for a collective that failed with `error`."""
+    first = first_line(error, limit=400)
+    # gloo prefixes its messages with the source location: "[.../pair.cc:545] Read error ..."
+    first = first.split("] ", 1)[1] if first.startswith("[") and "] " in first else first
+    reason = first.split(". ")[0][:160]
+    return PeerFailure(f"rank {rank} lost contact with a peer ({reason}); another rank died or stopped answering "
+                       f"(collectives wait at most --timeout {timeout:g} s), so the job stops here")

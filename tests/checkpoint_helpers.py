@@ -1,0 +1,134 @@
+"""Helpers shared by the checkpoint, preemption and failure tests: real launches that may fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from typing import Dict, List, NamedTuple, Optional
+
+import torch
+
+from harness.launch import launch_command, launch_environment
+
+from .conftest import REPO, run
+
+RANKS = 2
+# 2 ranks x 64 on the 1,500 digits: 11 steps per epoch, 33 in three epochs. Dropout stays on, so a
+# resumed run must also restore every rank's RNG to match.
+COMMON = ["--model", "cnn", "--dataset", "digits", "--batch-size", "64", "--epochs", "3", "--lr", "0.02",
+          "--dropout", "0.25", "--seed", "7", "--threads", "1", "--eval-every", "0", "--calibration-steps", "0",
+          "--timing-warmup-steps", "2"]
+STEPS_PER_EPOCH = 11
+TOTAL_STEPS = 33
+
+
+def launch_may_fail(backend: str, args: List[str], env: Optional[Dict[str, str]] = None,
+                    launcher: Optional[str] = None, ranks: int = RANKS, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`harness train` on `ranks` local ranks through a real launcher; the caller checks the status."""
+    return run(launch_command(ranks, backend, args, launcher), timeout=timeout, env=env)
+
+
+def weights(path) -> Dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)
+
+
+def max_abs_difference(first: Dict[str, torch.Tensor], second: Dict[str, torch.Tensor]) -> float:
+    assert first.keys() == second.keys()
+    return max((first[key] - second[key]).abs().max().item() for key in first)
+
+
+def records(path) -> List[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def checkpoint_steps(directory) -> List[int]:
+    return sorted(int(name.split("-")[1]) for name in os.listdir(directory) if name.startswith("step-"))
+
+
+def output(result: subprocess.CompletedProcess) -> str:
+    return f"exit {result.returncode}\n--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-6000:]}"
+
+
+def rank_processes(launcher_pid: int) -> List[int]:
+    """PIDs of the training ranks under a launcher: its descendants that run `harness train` and
+    have no children of their own (launchers and their helpers have the ranks as children)."""
+    children: Dict[int, List[int]] = {}
+    commands: Dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                commands[int(entry)] = handle.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, stack = [], list(children.get(launcher_pid, []))
+    while stack:
+        pid = stack.pop()
+        stack.extend(children.get(pid, []))
+        if not children.get(pid) and "harness train" in commands.get(pid, ""):
+            found.append(pid)
+    return sorted(found)
+
+
+def signal_all(pids: List[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+
+class TimedJob(NamedTuple):
+    returncode: Optional[int]  # None: still running at the limit (then killed)
+    output: str  # stdout and stderr together
+    seconds_after_marker: Optional[float]  # from the first line containing the marker to the job's exit
+
+
+def time_job_after_marker(command: List[str], env: Dict[str, str], marker: str, limit: float) -> TimedJob:
+    """Run a launcher command; time its exit from the moment a line with `marker` is printed."""
+    job = subprocess.Popen(command, cwd=REPO, env=launch_environment(env), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    lines: List[str] = []
+    marked: List[float] = []
+
+    def read() -> None:
+        for line in job.stdout:
+            lines.append(line)
+            if not marked and marker in line:
+                marked.append(time.monotonic())
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        job.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.wait()
+        reader.join(timeout=10)
+        return TimedJob(None, "".join(lines), None)
+    ended = time.monotonic()
+    reader.join(timeout=10)
+    return TimedJob(job.returncode, "".join(lines), ended - marked[0] if marked else None)
+
+
+def processes_mentioning(marker: str) -> List[int]:
+    """PIDs of processes whose command line contains `marker` (to find ranks left behind)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                if marker.encode() in handle.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found

@@ -1,0 +1,38 @@
+"""Results records written by hand, shaped like `harness train`'s, for arithmetic and plotting tests."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Sequence
+
+
+def record(backend: str, workers: int, throughput: float, *, scaling: str = "weak", local_batch: int = 64,
+           useful: Optional[Sequence[float]] = None, runtime: float = 1.0, au: float = 0.95,
+           repeat: int = 0, model: str = "cnn", dataset: str = "synthetic") -> Dict[str, Any]:
+    """One run's record; POP metrics follow from `useful` (per-rank seconds) and `runtime`."""
+    from harness.pop import pop_metrics
+
+    useful = list(useful) if useful is not None else [0.8 * runtime] * workers
+    steps = 10
+    global_batch = local_batch * workers
+    return {
+        "backend": backend, "world_size": workers, "local_batch": local_batch, "global_batch": global_batch,
+        "model": model, "dataset": dataset, "device": "cpu", "throughput": throughput, "throughput_ci95": None,
+        "au": au, **pop_metrics(useful, runtime),
+        "config": {"global_batch": global_batch if scaling == "strong" else None},
+        "tags": {"scaling": scaling, "repeat": str(repeat), "sweep_id": "handmade"},
+        "step_breakdown": {"seconds_per_step": {
+            "data_wait": 0.05 * runtime / steps, "forward_backward": 0.6 * runtime / steps,
+            "communication": 0.2 * runtime / steps, "optimizer": 0.1 * runtime / steps,
+            "other": 0.05 * runtime / steps, "runtime": runtime / steps, "useful": 0.7 * runtime / steps}},
+    }
+
+
+def weak_study() -> list:
+    """Three backends at 1 and 2 workers (ddp with two repeats at 2 workers), plus `none` at 1."""
+    return [
+        record("none", 1, 1000.0),
+        record("ddp", 1, 950.0), record("ddp", 2, 1710.0, useful=[0.8, 0.8]),
+        record("ddp", 2, 1690.0, useful=[0.8, 0.8], repeat=1),
+        record("horovod", 1, 900.0), record("horovod", 2, 1440.0, useful=[0.6, 0.8]),
+        record("deepspeed", 1, 800.0), record("deepspeed", 2, 1200.0, useful=[0.4, 0.8]),
+    ]

@@ -1,0 +1,96 @@
+"""Preemption and exact resume, for every backend under its own launcher.
+
+A SIGTERM reaches one rank mid-epoch (HARNESS_TEST_SIGNAL: a real os.kill at an exact step, see
+harness.preemption). Every rank finishes that step, a checkpoint is written, the ranks exit with
+status 3 and nothing is appended to --results. `--resume auto` then finishes the run: its weights
+equal an uninterrupted run's to 1e-6 and its record counts every sample once.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from harness.launch import launch_command, launch_environment
+
+from .checkpoint_helpers import (COMMON, RANKS, STEPS_PER_EPOCH, TOTAL_STEPS, checkpoint_steps, launch_may_fail,
+                                 max_abs_difference, output, rank_processes, records, signal_all, weights)
+from .conftest import REPO, launch
+
+# DeepSpeed at ZeRO-2: its optimizer state is partitioned, one file per rank.
+BACKENDS = [("ddp", []), ("horovod", []), ("deepspeed", ["--zero-stage", "2"])]
+STOP_AFTER = 16  # epoch 1, step 5 of 11: mid-epoch, after the epoch-0 checkpoint
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Weights and record of the uninterrupted run, per (backend, flags), computed once."""
+    cache = {}
+
+    def get(backend, flags):
+        key = (backend, *flags)
+        if key not in cache:
+            out = tmp_path_factory.mktemp("reference")
+            launch(RANKS, backend, [*COMMON, *flags, "--save-model", str(out / "model.pt"),
+                                    "--results", str(out / "results.jsonl")])
+            cache[key] = weights(out / "model.pt"), records(out / "results.jsonl")[0]
+        return cache[key]
+    return get
+
+
+def _assert_resumes_exactly(tmp_path, backend, flags, checkpoints, results, reference, stopped_after):
+    model = tmp_path / "resumed.pt"
+    launch(RANKS, backend, [*COMMON, *flags, "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "4",
+                            "--resume", "auto", "--save-model", str(model), "--results", str(results)])
+    reference_weights, reference_record = reference
+    difference = max_abs_difference(weights(model), reference_weights)
+    assert difference <= 1e-6, f"{backend}: resumed weights differ by {difference:.3g} from the uninterrupted run"
+    record, = records(results)  # the preempted segment appended nothing
+    assert record["steps"] == TOTAL_STEPS and record["samples_seen"] == TOTAL_STEPS * 128
+    assert record["resumed_from_step"] == stopped_after and record["segments"] == 2
+    assert record["train_losses"] == pytest.approx(reference_record["train_losses"], rel=1e-6)
+    assert record["eval_accuracy"] == reference_record["eval_accuracy"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend, flags", BACKENDS, ids=["ddp", "horovod", "deepspeed-zero2"])
+def test_sigterm_on_one_rank_checkpoints_and_the_run_resumes_exactly(tmp_path, uninterrupted, backend, flags):
+    checkpoints, results = tmp_path / "checkpoints", tmp_path / "results.jsonl"
+    stopped = launch_may_fail(backend, [*COMMON, *flags, "--checkpoint-dir", str(checkpoints), "--checkpoint-every",
+                                        "4", "--results", str(results)],
+                              env={"HARNESS_TEST_SIGNAL": f"TERM@{STOP_AFTER}:1"})
+    assert stopped.returncode != 0, output(stopped)
+    message = (f"stopped by a signal another rank received after step {STOP_AFTER} of {TOTAL_STEPS}; checkpoint "
+               f"{checkpoints}/step-{STOP_AFTER:08d} is written; resubmit with --resume auto")
+    assert message in stopped.stderr + stopped.stdout, output(stopped)
+    # Every 4 steps and at the epoch end (11), the newest 3 kept; the last one where the ranks stopped.
+    assert checkpoint_steps(checkpoints) == [STEPS_PER_EPOCH, 12, STOP_AFTER]
+    assert records(results) == []
+    _assert_resumes_exactly(tmp_path, backend, flags, checkpoints, results, uninterrupted(backend, flags), STOP_AFTER)
+
+
+@pytest.mark.slow
+def test_sigterm_from_outside_to_every_rank_under_mpirun(tmp_path, uninterrupted):
+    """As Slurm or PBS do it: every rank gets SIGTERM at some moment; mpirun passes status 3 on."""
+    checkpoints, results = tmp_path / "checkpoints", tmp_path / "results.jsonl"
+    command = launch_command(RANKS, "ddp", [*COMMON, "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "4",
+                                            "--results", str(results)], launcher="mpirun")
+    job = subprocess.Popen(command, cwd=REPO, env=launch_environment(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (checkpoints.is_dir() and checkpoint_steps(checkpoints)):  # training is under way
+            assert job.poll() is None and time.monotonic() < deadline, "the job ended before its first checkpoint"
+            time.sleep(0.05)
+        signal_all(rank_processes(job.pid), 15)
+        stdout, stderr = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    result = subprocess.CompletedProcess(command, job.returncode, stdout, stderr)
+    assert job.returncode == 3, output(result)
+    stopped_after = checkpoint_steps(checkpoints)[-1]
+    assert 4 <= stopped_after < TOTAL_STEPS and f"after step {stopped_after} of {TOTAL_STEPS}" in stderr
+    assert records(results) == []
+    _assert_resumes_exactly(tmp_path, "ddp", [], checkpoints, results, uninterrupted("ddp", []), stopped_after)

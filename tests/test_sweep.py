@@ -1,0 +1,161 @@
+"""`harness sweep`: the runs it plans, the launch commands it builds, and a real sweep end to end."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import pytest
+
+from harness.errors import UsageError
+from harness.results import read_records
+from harness.sweep import PBS_TEMPLATE, SweepSettings, plan_sweep
+
+from .conftest import harness
+
+BACKENDS = ["ddp", "horovod", "deepspeed"]
+
+
+def _settings(tmp_path, **overrides) -> SweepSettings:
+    values = dict(backends=["none", *BACKENDS], ranks=[1, 2], scaling="weak", results=str(tmp_path / "r.jsonl"),
+                  train_args=["--model", "cnn", "--dataset", "synthetic", "--batch-size", "32"], sweep_id="s1")
+    values.update(overrides)
+    return SweepSettings(**values)
+
+
+def _train_flags(command) -> list:
+    return list(command[list(command).index("train") + 1:])
+
+
+def test_weak_sweep_runs_every_combination_with_the_backends_own_launchers(tmp_path):
+    runs = plan_sweep(_settings(tmp_path, repeats=2), environ={})
+    # Repeats are interleaved; the single-process baseline runs at one rank only.
+    assert [(r.repeat, r.ranks, r.backend) for r in runs] == [
+        (repeat, ranks, backend) for repeat in (0, 1) for ranks in (1, 2)
+        for backend in ["none", *BACKENDS] if backend != "none" or ranks == 1]
+    launchers = {(r.backend, r.ranks): " ".join(r.command[:3]) for r in runs}
+    assert launchers["none", 1] == f"{sys.executable} -m harness"
+    assert launchers["ddp", 2] == f"{sys.executable} -m torch.distributed.run"
+    assert launchers["horovod", 2].split()[0].endswith("horovodrun")
+    assert launchers["deepspeed", 2].split()[0].endswith("deepspeed")
+    ddp2 = next(r for r in runs if (r.backend, r.ranks, r.repeat) == ("ddp", 2, 1))
+    assert ddp2.command[ddp2.command.index("--nproc-per-node") + 1] == "2"
+    flags = " ".join(_train_flags(ddp2.command))
+    assert "--batch-size 32" in flags and "--global-batch" not in flags
+    for tag in ("scaling=weak", "sweep_id=s1", "repeat=1"):
+        assert f"--tag {tag}" in flags
+    assert f"--results {tmp_path / 'r.jsonl'}" in flags
+
+
+def test_strong_sweep_fixes_the_global_batch(tmp_path):
+    runs = plan_sweep(_settings(tmp_path, scaling="strong", ranks=[1, 2, 4], backends=["ddp"]), environ={})
+    for run in runs:
+        flags = _train_flags(run.command)
+        assert flags[flags.index("--global-batch") + 1] == "32"  # --batch-size 32 became the global batch
+    with pytest.raises(UsageError, match="does not divide by \\[4\\]"):
+        plan_sweep(_settings(tmp_path, scaling="strong", ranks=[1, 4], backends=["ddp"],
+                             train_args=["--global-batch", "6"]), environ={})
+
+
+def test_inside_an_allocation_runs_start_through_the_site_launcher(tmp_path):
+    pbs = plan_sweep(_settings(tmp_path, backends=["horovod"], ranks=[1, 8], ppn=4), environ={"PBS_NODEFILE": "n"})
+    assert [run.command[:6] for run in pbs] == [("mpiexec", "-n", "1", "--ppn", "1", sys.executable),
+                                                ("mpiexec", "-n", "8", "--ppn", "4", sys.executable)]
+    assert _train_flags(pbs[1].command)[:2] == ["--backend", "horovod"]
+    slurm = plan_sweep(_settings(tmp_path, backends=["ddp"], ranks=[8], ppn=4), environ={"SLURM_JOB_ID": "7"})
+    assert slurm[0].command[:8] == ("srun", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4",
+                                    sys.executable)
+    custom = plan_sweep(_settings(tmp_path, backends=["ddp"], ranks=[2], launch_template=(
+        "aprun -n {ranks} -N {ppn} env B={backend} {python} -m harness train {args}"), ppn=2), environ={})
+    assert custom[0].command[:6] == ("aprun", "-n", "2", "-N", "2", "env")
+    assert "B=ddp" in custom[0].command
+    assert PBS_TEMPLATE.startswith("mpiexec -n {ranks} --ppn {ppn}")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(launch_template="srun -n {rank} {args}"), "unknown placeholders \\['rank'\\]"),
+    (dict(launch_template="srun -n {ranks} python"), "must contain \\{args\\}"),
+    (dict(backends=["dpp"]), "unknown backends \\['dpp'\\]"),
+    (dict(backends=["none"], ranks=[2]), "nothing to run"),
+    (dict(train_args=["--backend", "ddp"]), "drop --backend"),
+    (dict(train_args=["--global-batch", "64"]), "--scaling weak keeps --batch-size per worker fixed"),
+])
+def test_bad_sweeps_fail_before_anything_runs(tmp_path, overrides, message):
+    with pytest.raises(UsageError, match=message):
+        plan_sweep(_settings(tmp_path, **overrides), environ={})
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_sweep_cli_dry_run_and_one_line_errors(tmp_path):
+    results = str(tmp_path / "r.jsonl")
+    dry = harness("sweep", "--backends", "none,ddp", "--ranks", "1,2", "--scaling", "weak", "--model", "cnn",
+                  "--max-steps", "5", "--results", results, "--dry-run", timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    commands = [shlex.split(line) for line in dry.stdout.splitlines()]
+    assert len(commands) == 3 and all("--max-steps" in c and "--model" in c for c in commands)
+    bad = harness("sweep", "--backends", "ddp", "--ranks", "1,two", "--scaling", "weak", "--results", results,
+                  timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == ["harness sweep: error: --ranks takes positive integers separated "
+                                               "by commas, got 'two'"]
+    unknown = harness("sweep", "--backends", "ddp", "--ranks", "1", "--scaling", "weak", "--results", results,
+                      "--modell", "cnn", timeout=120)
+    assert unknown.returncode == 2 and "unrecognized arguments: --modell cnn" in unknown.stderr
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """A real weak-scaling sweep: ddp, horovod and deepspeed on 1 and 2 ranks, 10 short steps each."""
+    out = tmp_path_factory.mktemp("sweep")
+    results = out / "weak.jsonl"
+    result = harness("sweep", "--backends", ",".join(BACKENDS), "--ranks", "1,2", "--scaling", "weak",
+                     "--model", "cnn", "--dataset", "synthetic", "--batch-size", "16", "--max-steps", "10",
+                     "--timing-warmup-steps", "3", "--calibration-steps", "3", "--threads", "1",
+                     "--eval-every", "0", "--results", str(results), "--sweep-id", "e2e", timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out, results, result.stdout
+
+
+@pytest.mark.slow
+def test_sweep_records_are_complete(swept):
+    _, results, stdout = swept
+    records = read_records([str(results)])
+    assert sorted((r["backend"], r["world_size"]) for r in records) == sorted(
+        (backend, ranks) for backend in BACKENDS for ranks in (1, 2))
+    for record in records:
+        assert record["tags"] == {"scaling": "weak", "sweep_id": "e2e", "repeat": "0"}
+        assert record["local_batch"] == 16 and record["global_batch"] == 16 * record["world_size"]
+        assert record["timed_steps"] == 7 and record["throughput"] > 0
+        assert 0 < record["au"] <= 1
+        for metric in ("load_balance", "communication_efficiency", "parallel_efficiency"):
+            assert 0 < record[metric] <= 1, (record["backend"], metric, record[metric])
+        breakdown = record["step_breakdown"]
+        assert all(len(values) == record["world_size"] for values in breakdown["per_rank_seconds"].values())
+        per_step = breakdown["seconds_per_step"]
+        parts = sum(per_step[k] for k in ("data_wait", "forward_backward", "communication", "optimizer", "other"))
+        assert parts == pytest.approx(per_step["runtime"])
+    assert "sweep e2e: 6 record(s)" in stdout
+
+
+@pytest.mark.slow
+def test_plot_and_report_of_the_sweep(swept):
+    out, results, _ = swept
+    plotted = harness("plot", str(results), "-o", str(out / "fig"), timeout=300)
+    assert plotted.returncode == 0, plotted.stderr
+    for kind in ("throughput", "efficiency", "breakdown"):
+        for ext in ("png", "svg", "json"):
+            assert (out / f"fig-{kind}.{ext}").stat().st_size > 0
+    metadata = json.loads((out / "fig-throughput.json").read_text())
+    assert [series["backend"] for series in metadata["series"]] == BACKENDS
+    assert all(series["workers"] == [1, 2] for series in metadata["series"])
+    assert "Weak scaling: cnn on synthetic, 16 samples per worker" in metadata["title"]
+
+    report = harness("report", str(results), timeout=300)
+    assert report.returncode == 0, report.stderr
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in report.stdout.splitlines()
+            if line.startswith("|")][2:]
+    assert sorted((row[0], row[1]) for row in rows) == sorted(
+        (backend, str(ranks)) for backend in BACKENDS for ranks in (1, 2))
+    assert all(row[5] != "-" for row in rows)  # every configuration has an efficiency
