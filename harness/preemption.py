@@ -4,16 +4,17 @@ Preemption. Batch systems warn a job before they end it: Slurm sends the signal 
 `#SBATCH --signal=USR1@120` (or `scancel --signal=TERM`), PBS sends SIGTERM at the walltime and
 SIGKILL `kill_delay` seconds later, and torchrun and the deepspeed launcher pass a SIGTERM they get
 on to their ranks. On SIGTERM or SIGUSR1 the handler only records the signal. After every step the
-ranks sum their flags in one allreduce of a single number, so all of them stop after the same step
+ranks sum their flags in an allreduce of a single number, so all of them stop after the same step
 even when the signal reached only some ranks, or reached them during different steps. Then a
-checkpoint is written and the run exits with EXIT_PREEMPTED (3). The allreduce costs one tiny
-collective per step (measured by benchmarks/checkpoint.py).
+checkpoint is written and the run exits with EXIT_PREEMPTED (3). The allreduce of a step's flags
+runs in the background during the next step and is read after it, so the check adds no round trip
+to a step (benchmarks/checkpoint.py measures it) and the ranks stop one step after the signal.
 
 Peer failure. When a rank dies, the others find out in their next collective: at once when its
 sockets are closed (a killed process), after --timeout seconds when it stops answering (a lost node,
 a hung process): gloo and NCCL collectives, Horovod's gloo controller and DeepSpeed's process group
 all take the timeout. The surviving ranks then print one line naming the problem and exit with
-EXIT_PEER_FAILURE (4) at once, skipping the orderly shutdown, which would wait on the dead peer.
+EXIT_PEER_FAILURE (4) at once, without the libraries' exit hooks, which could wait on the dead peer.
 
 Testing hook (documented, real signals): HARNESS_TEST_SIGNAL=SIGNAL@STEP[:RANK] makes rank RANK
 (default 0) send itself SIGNAL (TERM, USR1, KILL, ...) with os.kill right after global step STEP.
@@ -28,7 +29,7 @@ import signal
 import threading
 from dataclasses import dataclass
 from types import FrameType
-from typing import Dict, Mapping, Optional
+from typing import Callable, Dict, Mapping, Optional
 
 import torch
 
@@ -45,6 +46,7 @@ class PreemptionWatcher:
         self.received: Optional[int] = None
         self.test_signal = test_signal
         self._previous: Dict[int, object] = {}
+        self._vote: Optional[Callable[[], torch.Tensor]] = None  # the allreduce of the last step's flags
 
     def install(self) -> None:
         """Handle the preemption signals from now on (main thread only: Python delivers them there)."""
@@ -64,14 +66,28 @@ class PreemptionWatcher:
             self.received = signum
 
     def stop_agreed(self, step: int, rank: int, backend, device: torch.device) -> bool:
-        """After global step `step`: True on every rank if any rank has received a preemption signal.
+        """After global step `step`: True on every rank if any rank had a preemption signal by the
+        end of the previous step. A collective: every rank calls it after every step.
 
-        A collective: every rank calls it after every step.
+        The vote on this step's flags is only started here, and read after the next step: the
+        allreduce overlaps that step's computation instead of adding a round trip to every step
+        (Horovod's takes milliseconds). So the ranks stop one step after the signal.
         """
         if self.test_signal is not None:
             self.test_signal.fire(step, rank)
-        flag = torch.tensor([0.0 if self.received is None else 1.0], device=device)
-        return backend.all_reduce_sum(flag).item() > 0
+        previous = self._vote
+        self._vote = backend.start_all_reduce_sum(
+            torch.tensor([0.0 if self.received is None else 1.0], device=device))
+        stop = previous is not None and previous().item() > 0
+        if stop:
+            self.settle()
+        return stop
+
+    def settle(self) -> None:
+        """Wait for the vote in flight, so that no collective is left pending (end of training)."""
+        if self._vote is not None:
+            self._vote()
+            self._vote = None
 
     def signal_name(self) -> str:
         """The signal this rank received, or a note that another rank received it."""

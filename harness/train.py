@@ -355,6 +355,7 @@ def _run_epochs(config: TrainConfig, backend: Backend, cluster: ClusterEnv, devi
             checkpointer.save(step, run_progress, torch.zeros_like(loss_sum), "epoch end")
         if preempted and not last:
             raise _preempted(checkpointer, preemption, step, total_steps, cluster.is_main)
+    preemption.settle()
     stream.close()
     if progress is not None:
         progress.close()

@@ -35,9 +35,12 @@ def reference(tmp_path_factory):
     return weights(out / "model.pt"), record
 
 
-def _preempt(config: TrainConfig, monkeypatch, step: int = STOP_AFTER) -> str:
-    """Run `config` until a real SIGTERM after `step`; return the one-line message."""
-    monkeypatch.setenv("HARNESS_TEST_SIGNAL", f"TERM@{step}")
+def _preempt(config: TrainConfig, monkeypatch, stop_after: int = STOP_AFTER) -> str:
+    """Run `config` with a real SIGTERM after step `stop_after - 1`; return the one-line message.
+
+    The ranks vote on the signal during the next step, so they stop after `stop_after`.
+    """
+    monkeypatch.setenv("HARNESS_TEST_SIGNAL", f"TERM@{stop_after - 1}")
     with pytest.raises(Preempted) as stopped:
         train(config)
     monkeypatch.delenv("HARNESS_TEST_SIGNAL")
@@ -92,7 +95,7 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, mo
 
 def test_checkpoint_holds_everything_in_plain_files(tmp_path, monkeypatch):
     checkpoints = tmp_path / "checkpoints"
-    _preempt(dataclasses.replace(CONFIG, checkpoint_dir=str(checkpoints)), monkeypatch, step=13)
+    _preempt(dataclasses.replace(CONFIG, checkpoint_dir=str(checkpoints)), monkeypatch, stop_after=13)
     newest = checkpoints / "step-00000013"
     manifest = json.loads((newest / "manifest.json").read_text())
     assert (manifest["step"], manifest["epoch"], manifest["step_in_epoch"]) == (13, 1, 2)

@@ -18,7 +18,8 @@ COMMON = ["--model", "cnn", "--dataset", "digits", "--dropout", "0", "--seed", "
           "--max-steps", str(STEPS), "--threads", "1", "--eval-every", "0"]
 OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"],
               "adam": ["--optimizer", "adam", "--lr", "0.001"]}
-DISTRIBUTED = [("ddp", []), ("horovod", []), ("deepspeed", []), ("deepspeed", ["--zero-stage", "2"])]
+DISTRIBUTED = [("ddp", []), ("horovod", []), ("deepspeed", []), ("deepspeed", ["--zero-stage", "2"]),
+               ("deepspeed", ["--zero-stage", "3"])]
 
 
 def _weights(path) -> dict:
@@ -44,7 +45,7 @@ def _train_two_ranks(tmp_path, backend, extra):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend, backend_flags", DISTRIBUTED, ids=["ddp", "horovod", "deepspeed", "deepspeed-zero2"])
+@pytest.mark.parametrize("backend, backend_flags", DISTRIBUTED, ids=["ddp", "horovod", "deepspeed", "deepspeed-zero2", "deepspeed-zero3"])
 def test_sgd_momentum_weights_match_single_process(tmp_path, single_process, backend, backend_flags):
     weights = _train_two_ranks(tmp_path, backend, OPTIMIZERS["sgd"] + backend_flags)
     reference = single_process["sgd"]

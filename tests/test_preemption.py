@@ -21,7 +21,8 @@ from .conftest import REPO, launch
 
 # DeepSpeed at ZeRO-2: its optimizer state is partitioned, one file per rank.
 BACKENDS = [("ddp", []), ("horovod", []), ("deepspeed", ["--zero-stage", "2"])]
-STOP_AFTER = 16  # epoch 1, step 5 of 11: mid-epoch, after the epoch-0 checkpoint
+SIGNAL_AFTER = 15
+STOP_AFTER = 16  # the ranks vote during the next step: epoch 1, step 5 of 11, after the epoch-0 checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_sigterm_on_one_rank_checkpoints_and_the_run_resumes_exactly(tmp_path, u
     checkpoints, results = tmp_path / "checkpoints", tmp_path / "results.jsonl"
     stopped = launch_may_fail(backend, [*COMMON, *flags, "--checkpoint-dir", str(checkpoints), "--checkpoint-every",
                                         "4", "--results", str(results)],
-                              env={"HARNESS_TEST_SIGNAL": f"TERM@{STOP_AFTER}:1"})
+                              env={"HARNESS_TEST_SIGNAL": f"TERM@{SIGNAL_AFTER}:1"})
     assert stopped.returncode != 0, output(stopped)
     message = (f"stopped by a signal another rank received after step {STOP_AFTER} of {TOTAL_STEPS}; checkpoint "
                f"{checkpoints}/step-{STOP_AFTER:08d} is written; resubmit with --resume auto")

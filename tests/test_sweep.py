@@ -159,3 +159,13 @@ def test_plot_and_report_of_the_sweep(swept):
     assert sorted((row[0], row[1]) for row in rows) == sorted(
         (backend, str(ranks)) for backend in BACKENDS for ranks in (1, 2))
     assert all(row[5] != "-" for row in rows)  # every configuration has an efficiency
+
+
+def test_tags_are_key_value_pairs_collected_into_the_config():
+    from harness.cli import build_parser, config_from_args
+
+    args = build_parser().parse_args(["train", "--tag", "nodes=4", "--tag", "note=a=b", "--tag", "nodes=8"])
+    assert config_from_args(args).tags == {"nodes": "8", "note": "a=b"}
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["train", "--tag", "nodes"])
+    assert exited.value.code == 2

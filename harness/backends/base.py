@@ -92,6 +92,15 @@ class Backend:
         """Elementwise sum of `tensor` over ranks (returned; the input may be reused)."""
         return tensor
 
+    def start_all_reduce_sum(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Start all_reduce_sum(tensor) in the background; the returned function waits for the sum.
+
+        The collective overlaps whatever the rank computes meanwhile. Every rank must start its
+        collectives in the same order, as with the blocking ones.
+        """
+        total = self.all_reduce_sum(tensor)
+        return lambda: total
+
     def barrier(self) -> None:
         """Wait until every rank gets here."""
 

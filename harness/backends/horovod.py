@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 from torch import nn
@@ -86,6 +86,10 @@ class HorovodBackend(Backend):
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.hvd.allreduce(tensor, op=self.hvd.Sum)
+
+    def start_all_reduce_sum(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        handle = self.hvd.allreduce_async(tensor, op=self.hvd.Sum)
+        return lambda: self.hvd.synchronize(handle)
 
     def barrier(self) -> None:
         self.hvd.barrier()

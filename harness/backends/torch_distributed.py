@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,14 @@ class TorchDistributedBackend(Backend):
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
+
+    def start_all_reduce_sum(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
+
+        def wait() -> torch.Tensor:
+            work.wait()
+            return tensor
+        return wait
 
     def barrier(self) -> None:
         dist.barrier()
