@@ -155,6 +155,11 @@ def check_checkpoint_flags(config: TrainConfig) -> None:
     elif not os.path.isfile(os.path.join(config.resume, MANIFEST)):
         raise UsageError(f"--resume {config.resume} is not a checkpoint (no {MANIFEST} in it); give a "
                          "checkpoint directory such as DIR/step-00000100, or --resume auto with --checkpoint-dir DIR")
+    elif directory and list_checkpoints(directory) and (
+            os.path.dirname(os.path.abspath(config.resume)) != os.path.abspath(directory)):
+        # Saving prunes and replaces the checkpoints in --checkpoint-dir: they must be this run's.
+        raise UsageError(f"--checkpoint-dir {directory} holds checkpoints of another run than --resume "
+                         f"{config.resume}; resume from one of its own checkpoints, or choose an empty directory")
 
 
 def _parent_that_exists(path: str) -> str:
@@ -188,18 +193,20 @@ def verify_checkpoint(path: str) -> Checkpoint:
     if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
         raise DamagedCheckpoint(f"{MANIFEST} is not a harness checkpoint manifest of format {FORMAT_VERSION}")
     try:
-        files = dict(manifest["files"])
         int(manifest["step"])
-    except (KeyError, TypeError, ValueError):
-        raise DamagedCheckpoint(f"{MANIFEST} lacks its file list or step") from None
-    for relative, expected in sorted(files.items()):
+        if not all(isinstance(manifest[key], dict) for key in ("config", "run", "progress")):
+            raise TypeError("not a dict")
+        files = {str(name): (int(entry["bytes"]), str(entry["sha256"])) for name, entry in manifest["files"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise DamagedCheckpoint(f"{MANIFEST} lacks its step, run facts or a well-formed file list") from None
+    for relative, (expected_bytes, expected_sha256) in sorted(files.items()):
         file_path = os.path.join(path, relative)
         if not os.path.isfile(file_path):
             raise DamagedCheckpoint(f"{relative} is missing")
         size = os.path.getsize(file_path)
-        if size != expected["bytes"]:
-            raise DamagedCheckpoint(f"{relative} has {size} bytes, {expected['bytes']} were written")
-        if _sha256(file_path) != expected["sha256"]:
+        if size != expected_bytes:
+            raise DamagedCheckpoint(f"{relative} has {size} bytes, {expected_bytes} were written")
+        if _sha256(file_path) != expected_sha256:
             raise DamagedCheckpoint(f"{relative} does not match its checksum")
     return Checkpoint(path, manifest)
 

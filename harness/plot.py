@@ -60,6 +60,11 @@ def _workers_axis(ax: Any, rows: Sequence[ScalingRow]) -> None:
     ax.set_xlabel("workers (processes)")
 
 
+def _dodged(workers: Sequence[int], index: int, count: int) -> List[float]:
+    """x positions nudged apart per backend (log axis), so error bars at one worker count do not overlap."""
+    return [w * 2 ** (0.04 * (index - (count - 1) / 2)) for w in workers]
+
+
 def _title(ax: Any, what: str, study: Study) -> str:
     title = f"{what}\n{study.title()}"
     ax.set_title(title)
@@ -81,16 +86,17 @@ def throughput_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
     ax = fig.add_subplot()
     order = _backends(rows)
     series, ideals = [], []
-    for backend in order:
+    for index, backend in enumerate(order):
         entry = _series(rows, backend, lambda row: row.throughput)
         entry["ci95"] = [row.throughput_ci95 for row in rows if row.backend == backend]
         colour = _colour(backend, order)
-        ax.errorbar(entry["workers"], entry["values"], yerr=[c or 0.0 for c in entry["ci95"]], label=backend,
+        xs = _dodged(entry["workers"], index, len(order))
+        ax.errorbar(xs, entry["values"], yerr=[c or 0.0 for c in entry["ci95"]], label=backend,
                     color=colour, marker="o", capsize=5)
         base = next(row for row in rows if row.backend == backend)
         ideal = [base.throughput * w / base.workers for w in entry["workers"]]
         if len(ideal) > 1:
-            ax.plot(entry["workers"], ideal, linestyle="--", linewidth=1.6, color=colour, label="_ideal")
+            ax.plot(xs, ideal, linestyle="--", linewidth=1.6, color=colour, label="_ideal")
             ideals.append({"backend": backend, "workers": entry["workers"], "values": ideal})
         series.append(entry)
     handles, labels = ax.get_legend_handles_labels()
@@ -115,9 +121,10 @@ def efficiency_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
     ax = fig.add_subplot()
     order = _backends(rows)
     series = []
-    for backend in order:
+    for index, backend in enumerate(order):
         entry = _series(rows, backend, lambda row: row.efficiency)
-        ax.plot(entry["workers"], entry["values"], label=backend, color=_colour(backend, order), marker="o")
+        ax.plot(_dodged(entry["workers"], index, len(order)), entry["values"], label=backend,
+                color=_colour(backend, order), marker="o")
         series.append(entry)
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1.6, label="ideal (1.0)")
     _workers_axis(ax, rows)

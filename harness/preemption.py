@@ -36,6 +36,7 @@ import torch
 from .errors import PeerFailure, UsageError, first_line
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+VOTE_NAME = "harness.preemption_vote"
 TEST_SIGNAL_VARIABLE = "HARNESS_TEST_SIGNAL"
 
 
@@ -75,13 +76,12 @@ class PreemptionWatcher:
         """
         if self.test_signal is not None:
             self.test_signal.fire(step, rank)
-        previous = self._vote
-        self._vote = backend.start_all_reduce_sum(
-            torch.tensor([0.0 if self.received is None else 1.0], device=device))
-        stop = previous is not None and previous().item() > 0
-        if stop:
-            self.settle()
-        return stop
+        previous, self._vote = self._vote, None
+        if previous is not None and previous().item() > 0:
+            return True
+        self._vote = backend.start_all_reduce_sum(torch.tensor([0.0 if self.received is None else 1.0], device=device),
+                                                  name=VOTE_NAME)
+        return False
 
     def settle(self) -> None:
         """Wait for the vote in flight, so that no collective is left pending (end of training)."""
@@ -92,6 +92,12 @@ class PreemptionWatcher:
     def signal_name(self) -> str:
         """The signal this rank received, or a note that another rank received it."""
         return signal.Signals(self.received).name if self.received else "a signal another rank received"
+
+
+def ignore_preemption_signals(worker_id: int = 0) -> None:
+    """For helper processes (data-loader workers): leave preemption to the training process."""
+    for signum in PREEMPTION_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 @dataclass(frozen=True)

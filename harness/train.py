@@ -262,7 +262,7 @@ def _run_epochs(config: TrainConfig, backend: Backend, cluster: ClusterEnv, devi
                              config.num_workers, device.type == "cuda", config.prefetch)
     timing_warmup = min(config.timing_warmup_steps, (total_steps - start) // 2)
     global_batch = local_batch * cluster.world_size
-    progress = _progress(total_steps, cluster.is_main and sys.stderr.isatty())
+    progress = _progress(total_steps - start, cluster.is_main and sys.stderr.isatty())
     epoch_times: List[float] = []
     epoch_throughputs: List[float] = []
     train_losses: List[float] = run_progress.train_losses  # of the whole run, earlier segments included

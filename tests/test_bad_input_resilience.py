@@ -87,6 +87,25 @@ def _pickled_code(tmp: Path, checkpoints: Path) -> List[str]:
     return ["--resume", str(checkpoint)]
 
 
+def _flipped_byte(tmp: Path, checkpoints: Path) -> List[str]:
+    model = _step(checkpoints, 2) / "model.pt"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # bit rot: same size, other content
+    model.write_bytes(bytes(data))
+    return ["--resume", str(_step(checkpoints, 2))]
+
+
+def _no_file_list(tmp: Path, checkpoints: Path) -> List[str]:
+    _edit_manifest(_step(checkpoints, 2), lambda manifest: manifest.pop("files"))
+    return ["--resume", str(_step(checkpoints, 2))]
+
+
+def _checkpoint_of_another_directory(tmp: Path, checkpoints: Path) -> List[str]:
+    elsewhere = tmp / "elsewhere"
+    shutil.copytree(checkpoints, elsewhere)
+    return ["--checkpoint-dir", str(checkpoints), "--resume", str(_step(elsewhere, 2))]
+
+
 def _missing_rank_file(tmp: Path, checkpoints: Path) -> List[str]:
     (_step(checkpoints, 2) / "rank-00000.pt").unlink()
     return ["--resume", str(_step(checkpoints, 2))]
@@ -134,6 +153,11 @@ CASES = [
     Case("manifest of another format", "is damaged (manifest.json is not a harness checkpoint manifest of format 1)",
          _other_format_version),
     Case("checkpoint without this rank's state", "is damaged (rank-00000.pt is missing)", _missing_rank_file),
+    Case("flipped byte", "is damaged (model.pt does not match its checksum)", _flipped_byte),
+    Case("manifest without file list", "is damaged (manifest.json lacks its step, run facts or a well-formed file "
+         "list)", _no_file_list),
+    Case("resume into another run's directory", "holds checkpoints of another run than --resume",
+         _checkpoint_of_another_directory),
     # checkpoint contents
     Case("another model", "holds a cnn model but this run trains resnet18; use the checkpoint's settings, or start "
          "a new run with another --checkpoint-dir", _resume(2, "--model", "resnet18")),

@@ -34,7 +34,8 @@ def test_imbalanced_ranks():
     assert metrics["communication_efficiency"] == pytest.approx(0.75)  # max 3 / runtime 4
     # The model is multiplicative: the product is mean(useful) / runtime.
     assert metrics["parallel_efficiency"] == pytest.approx(0.5)
-    assert metrics["parallel_efficiency"] == pytest.approx(metrics["load_balance"] * metrics["communication_efficiency"])
+    product = metrics["load_balance"] * metrics["communication_efficiency"]
+    assert metrics["parallel_efficiency"] == pytest.approx(product)
 
 
 def test_pop_metrics_of_nothing_are_unknown_not_zero():

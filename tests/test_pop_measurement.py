@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -29,12 +30,21 @@ SYNC_SLEEP_S = 0.08
 SHORT_RUN = dict(model="cnn", batch_size=8, max_steps=25, timing_warmup_steps=5, threads=1, eval_every=0)
 
 
-def test_throughput_agrees_with_samples_over_outside_wall_time(monkeypatch):
+@pytest.fixture
+def no_gc_pauses():
+    """Python's cyclic GC can pause a big process for ~100 ms; in the sub-millisecond gap between a
+    window boundary and the dataset's clock that would be an error of the test, not of the harness."""
+    gc.disable()
+    yield
+    gc.enable()
+
+
+def test_throughput_agrees_with_samples_over_outside_wall_time(monkeypatch, no_gc_pauses):
     stamps: list = []
     monkeypatch.setitem(DATASETS, "sleepy", sleepy_loader(FETCH_SLEEP_S, stamps))
-    record = train(TrainConfig(dataset="sleepy", **SHORT_RUN))
+    record = train(TrainConfig(dataset="sleepy", **{**SHORT_RUN, "max_steps": 45}))
     outside = outside_window_seconds(stamps, record["timing_warmup_steps"])
-    assert record["timed_steps"] == 20
+    assert record["timed_steps"] == 40
     assert record["throughput"] == pytest.approx(record["timed_steps"] * record["global_batch"] / outside, rel=0.02)
     # Sleeping in the fetch is waiting for data: at least the sleep per step, and little more.
     data_wait = record["step_breakdown"]["seconds_per_step"]["data_wait"]

@@ -1,14 +1,17 @@
 """Preemption and exact resume, for every backend under its own launcher.
 
 A SIGTERM reaches one rank mid-epoch (HARNESS_TEST_SIGNAL: a real os.kill at an exact step, see
-harness.preemption). Every rank finishes that step, a checkpoint is written, the ranks exit with
-status 3 and nothing is appended to --results. `--resume auto` then finishes the run: its weights
+harness.preemption). The ranks finish their step and the next (they vote on the signal during it),
+a checkpoint is written, the ranks exit with status 3 and nothing is appended to --results. `--resume auto` then finishes the run: its weights
 equal an uninterrupted run's to 1e-6 and its record counts every sample once.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -17,7 +20,7 @@ from harness.launch import launch_command, launch_environment
 
 from .checkpoint_helpers import (COMMON, RANKS, STEPS_PER_EPOCH, TOTAL_STEPS, checkpoint_steps, launch_may_fail,
                                  max_abs_difference, output, rank_processes, records, signal_all, weights)
-from .conftest import REPO, launch
+from .conftest import REPO, launch, run
 
 # DeepSpeed at ZeRO-2: its optimizer state is partitioned, one file per rank.
 BACKENDS = [("ddp", []), ("horovod", []), ("deepspeed", ["--zero-stage", "2"])]
@@ -85,7 +88,7 @@ def test_sigterm_from_outside_to_every_rank_under_mpirun(tmp_path, uninterrupted
         while not (checkpoints.is_dir() and checkpoint_steps(checkpoints)):  # training is under way
             assert job.poll() is None and time.monotonic() < deadline, "the job ended before its first checkpoint"
             time.sleep(0.05)
-        signal_all(rank_processes(job.pid), 15)
+        signal_all(rank_processes(job.pid), signal.SIGTERM)
         stdout, stderr = job.communicate(timeout=120)
     finally:
         job.kill()
@@ -95,3 +98,32 @@ def test_sigterm_from_outside_to_every_rank_under_mpirun(tmp_path, uninterrupted
     assert 4 <= stopped_after < TOTAL_STEPS and f"after step {stopped_after} of {TOTAL_STEPS}" in stderr
     assert records(results) == []
     _assert_resumes_exactly(tmp_path, "ddp", [], checkpoints, results, uninterrupted("ddp", []), stopped_after)
+
+
+@pytest.mark.slow
+def test_sigterm_to_every_process_of_the_job_with_data_loader_workers(tmp_path):
+    """As PBS does at the walltime: the training process and its data-loader workers all get SIGTERM."""
+    checkpoints, model = tmp_path / "checkpoints", tmp_path / "model.pt"
+    args = [sys.executable, "-m", "harness", "train", *COMMON, "--batch-size", "128", "--checkpoint-dir",
+            str(checkpoints), "--checkpoint-every", "3", "--num-workers", "2"]
+    job = subprocess.Popen(args, cwd=REPO, env=launch_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (checkpoints.is_dir() and checkpoint_steps(checkpoints)):
+            assert job.poll() is None and time.monotonic() < deadline, "the job ended before its first checkpoint"
+            time.sleep(0.05)
+        os.killpg(job.pid, signal.SIGTERM)
+        stdout, stderr = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 3, stderr[-3000:]
+    stopped_after = checkpoint_steps(checkpoints)[-1]
+    line, = [line for line in stderr.splitlines() if "stopped by" in line]
+    assert line.startswith(f"harness train: stopped by SIGTERM after step {stopped_after} of {TOTAL_STEPS}")
+    resumed = run([*args, "--resume", "auto", "--save-model", str(model)], timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference = tmp_path / "reference.pt"  # uninterrupted, loading in the training process
+    finished = run([*args[:args.index("--checkpoint-dir")], "--save-model", str(reference)], timeout=240)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert max_abs_difference(weights(model), weights(reference)) <= 1e-6

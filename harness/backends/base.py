@@ -92,11 +92,12 @@ class Backend:
         """Elementwise sum of `tensor` over ranks (returned; the input may be reused)."""
         return tensor
 
-    def start_all_reduce_sum(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def start_all_reduce_sum(self, tensor: torch.Tensor, name: str) -> Callable[[], torch.Tensor]:
         """Start all_reduce_sum(tensor) in the background; the returned function waits for the sum.
 
         The collective overlaps whatever the rank computes meanwhile. Every rank must start its
-        collectives in the same order, as with the blocking ones.
+        collectives in the same order, as with the blocking ones. `name` is the same for every
+        call from one place (Horovod then negotiates it once); at most one per name is in flight.
         """
         total = self.all_reduce_sum(tensor)
         return lambda: total

@@ -87,8 +87,9 @@ class HorovodBackend(Backend):
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.hvd.allreduce(tensor, op=self.hvd.Sum)
 
-    def start_all_reduce_sum(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
-        handle = self.hvd.allreduce_async(tensor, op=self.hvd.Sum)
+    def start_all_reduce_sum(self, tensor: torch.Tensor, name: str) -> Callable[[], torch.Tensor]:
+        # A fixed name hits Horovod's response cache; a fresh one would cost a negotiation round.
+        handle = self.hvd.allreduce_async(tensor, op=self.hvd.Sum, name=name)
         return lambda: self.hvd.synchronize(handle)
 
     def barrier(self) -> None:

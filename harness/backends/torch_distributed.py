@@ -41,7 +41,7 @@ class TorchDistributedBackend(Backend):
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
-    def start_all_reduce_sum(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def start_all_reduce_sum(self, tensor: torch.Tensor, name: str) -> Callable[[], torch.Tensor]:
         work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
 
         def wait() -> torch.Tensor:

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..preemption import ignore_preemption_signals
 from .arrays import ImageArrays
 
 
@@ -40,6 +41,9 @@ def iterate_batches(arrays: ImageArrays, batches: Sequence[np.ndarray], num_work
         return
     # The loader seeds its workers from its own generator: drawing from torch's global one would
     # shift the dropout masks, and the run would depend on --num-workers.
+    # Workers ignore preemption signals: Slurm and PBS signal every process of the job, and the
+    # training process must outlive its workers' deaths to finish the step and checkpoint.
     loader = DataLoader(_IndexBatches(arrays, batches), batch_size=None, shuffle=False, num_workers=num_workers,
-                        pin_memory=pin_memory, prefetch_factor=prefetch_factor, generator=torch.Generator())
+                        pin_memory=pin_memory, prefetch_factor=prefetch_factor, generator=torch.Generator(),
+                        worker_init_fn=ignore_preemption_signals)
     yield from loader
