@@ -9,7 +9,7 @@ Python API (what notebooks, exercises and job templates use):
 __version__ = "0.1.0"
 
 from .config import TrainConfig  # noqa: E402
-from .errors import UsageError  # noqa: E402
+from .errors import PeerFailure, Preempted, UsageError  # noqa: E402
 
 
 def train(config: "TrainConfig") -> dict:
@@ -19,4 +19,4 @@ def train(config: "TrainConfig") -> dict:
     return run(config)
 
 
-__all__ = ["TrainConfig", "UsageError", "train", "__version__"]
+__all__ = ["PeerFailure", "Preempted", "TrainConfig", "UsageError", "train", "__version__"]

@@ -17,13 +17,11 @@ from typing import Any, Dict
 
 import torch
 
-from .backends import get_backend
-from .cluster import default_threads, detect_cluster, select_device
 from .config import TrainConfig
 from .data import DataOptions, load_split
 from .errors import UsageError
 from .models import build_model
-from .train import evaluate
+from .train import evaluate, place_process
 
 
 def load_model_file(path: str, config: TrainConfig, channels: int, size: int, num_classes: int) -> torch.nn.Module:
@@ -51,14 +49,7 @@ def evaluate_model_file(config: TrainConfig, model_file: str) -> Dict[str, Any]:
     Every rank returns the same record; rank 0 also prints it as one JSON line.
     """
     started = time.time()
-    config.validate()
-    backend = get_backend(config.backend)
-    backend.check_available()
-    cluster = detect_cluster()
-    backend.check_launch(config, cluster)
-    device = select_device(config.device, cluster)
-    if device.type == "cpu":
-        torch.set_num_threads(config.threads or default_threads(cluster))
+    backend, cluster, device, _ = place_process(config)
     test_set = load_split(config.dataset, "test",
                           DataOptions(config.data_dir, config.model, config.image_size, config.timeout))
     channels, size, _ = test_set.shape

@@ -7,7 +7,7 @@ import math
 import sys
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -87,7 +87,10 @@ def calibrated_compute_per_step(make_model: Callable[[], nn.Module], data: Image
     the timed window, with every rank calibrating at once as they trained at once. The loop then
     takes communication = phase - steps x this estimate. It includes the time compute lost to
     communication running beside it, a real cost of communicating. Weight values do not change
-    the cost of dense layers, so the fresh weights time like the trained ones.
+    the cost of dense layers, so the fresh weights time like the trained ones. Not counted as
+    communication: DeepSpeed ZeRO >= 1 all-gathers updated parameters inside engine.step, which
+    shows as optimizer time. The estimate is taken after the window, not during it, so on a machine
+    shared with other jobs the split moves with their load (the phase total does not).
     """
     chosen = batches[-(steps + 1):] if steps else []
     if len(chosen) < 2:
@@ -146,6 +149,20 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, unit="step", leave=False, dynamic_ncols=True)
 
 
+def place_process(config: TrainConfig) -> Tuple[Backend, ClusterEnv, torch.device, int]:
+    """Check the config, backend and launch (no process group yet); pick this rank's device and threads."""
+    config.validate()
+    backend = get_backend(config.backend)
+    backend.check_available()
+    cluster = detect_cluster()
+    backend.check_launch(config, cluster)
+    device = select_device(config.device, cluster)
+    threads = config.threads or default_threads(cluster)
+    if device.type == "cpu":
+        torch.set_num_threads(threads)
+    return backend, cluster, device, threads
+
+
 def train(config: TrainConfig) -> Dict[str, Any]:
     """Train under whatever launcher started this process; return the run's results record.
 
@@ -154,17 +171,9 @@ def train(config: TrainConfig) -> Dict[str, Any]:
     process group starts.
     """
     started = time.time()
-    config.validate()
-    backend = get_backend(config.backend)
-    backend.check_available()
-    cluster = detect_cluster()
-    backend.check_launch(config, cluster)
+    backend, cluster, device, threads = place_process(config)
     local_batch = config.local_batch(cluster.world_size)
     global_batch = local_batch * cluster.world_size
-    device = select_device(config.device, cluster)
-    threads = config.threads or default_threads(cluster)
-    if device.type == "cpu":
-        torch.set_num_threads(threads)
 
     # Before any process group exists: an on-disk dataset is prepared here by one process per
     # filesystem while the others wait on its lock (see harness.data.prepare).

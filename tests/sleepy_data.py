@@ -9,6 +9,7 @@ its record and fetch timestamps.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -68,6 +69,7 @@ def main(argv: List[str]) -> None:
     DATASETS["sleepy"] = sleepy_loader(delays[rank], stamps)
     parser = OneLineParser(prog="sleepy_data")
     add_train_flags(parser)
+    gc.disable()  # a GC pause between a window boundary and the dataset's clock would be the test's error
     record = train(config_from_args(parser.parse_args(["--dataset", "sleepy", *train_args])))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump({"record": record, "stamps": stamps, "delay": delays[rank]}, handle)
