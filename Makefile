@@ -14,8 +14,12 @@ test: setup
 test-fast: setup
 	@$(PY) -m pytest -q -ra -m "not slow" tests
 
+# Benchmarks print ratios measured side by side in one run; run them on a quiet machine.
 bench: setup
 	@$(PY) benchmarks/throughput.py
+	@$(PY) benchmarks/scaling.py
+	@$(PY) benchmarks/data_path.py
+	@$(PY) benchmarks/checkpoint.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

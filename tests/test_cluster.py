@@ -87,8 +87,8 @@ def test_inconsistent_variables_are_refused_clearly(environ, fragment):
 
 
 def _discovered(stdout: str):
-    # horovodrun prefixes each line with "[rank]<stdout>:"
-    rows = [json.loads(line[line.index("{"):]) for line in stdout.splitlines() if "{" in line]
+    # horovodrun prefixes each line with "[rank]<stdout>:"; launchers log dicts of their own.
+    rows = [json.loads(line[line.index('{"'):]) for line in stdout.splitlines() if '{"default_threads"' in line]
     return sorted((r["rank"], r["world_size"], r["local_rank"], r["local_world_size"]) for r in rows)
 
 

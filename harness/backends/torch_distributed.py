@@ -14,8 +14,10 @@ from ..config import TrainConfig
 from .base import Backend
 
 # Substrings of the errors gloo raises when a peer is gone: "Connection closed by peer", "Read error
-# ...: Connection reset by peer", "Timed out waiting 20000ms for recv operation to complete".
-GLOO_FAILURE_MARKERS = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "Timed out waiting")
+# ...: Connection reset by peer", "Timed out waiting 20000ms for recv operation to complete", and
+# "Application timeout caused pair closure" (a later collective on a connection that timed out).
+GLOO_FAILURE_MARKERS = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "Timed out waiting",
+                        "Application timeout caused pair closure")
 
 
 class TorchDistributedBackend(Backend):
