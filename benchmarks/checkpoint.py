@@ -58,7 +58,7 @@ def resnet18_checkpoint(repeats: int, directory: str) -> Dict[str, float]:
     F.cross_entropy(model(torch.randn(2, 3, 64, 64)), torch.tensor([1, 2])).backward()
     optimizer.step()  # the momentum buffers exist, as in any checkpoint after step 1
     cluster = ClusterEnv(0, 1, 0, 1, "127.0.0.1", 29500, "none")
-    layout = RunLayout(1, 64, 1_281_167, 20_018, 20_018 * 90)
+    layout = RunLayout(1, 64, 1_281_167, 20_018, 20_018 * 90)  # ImageNet-sized run facts, for the manifest
     checkpointer = Checkpointer(config, cluster, backend, layout)
     times: Dict[str, List[float]] = {"write_s": [], "verify_s": [], "load_s": []}
     size = 0
@@ -138,18 +138,23 @@ def preemption_check_cost(blocks: int, steps: int) -> Dict[str, Dict[str, float]
 
 
 def kill_to_exit(backend: str, signal_name: str, workdir: str) -> Dict[str, object]:
-    """Seconds from rank 1 sending itself `signal_name` after step 5 to the exit of the job."""
-    from tests.checkpoint_helpers import processes_mentioning, time_job_after_marker
+    """Seconds from rank 1 sending itself `signal_name` after step 5 to the survivor's message and
+    to the exit of the job."""
+    from tests.checkpoint_helpers import processes_mentioning, time_job
 
     marker_dir = tempfile.mkdtemp(dir=workdir)  # in every rank's command line, to find leftovers
     command = launch_command(2, backend, [*FAILURE_ARGS, "--results", os.path.join(marker_dir, "r.jsonl")])
-    job = time_job_after_marker(command, {"HARNESS_TEST_SIGNAL": f"{signal_name}@5:1"},
-                                f"sending SIG{signal_name} to itself", limit=600)
+    signalled, lost = f"sending SIG{signal_name} to itself", "lost contact with a peer"
+    job = time_job(command, {"HARNESS_TEST_SIGNAL": f"{signal_name}@5:1"}, [signalled, lost], limit=600)
     leftovers = processes_mentioning(marker_dir)
     for pid in leftovers:  # a stopped rank the launcher did not end
         os.kill(pid, signal.SIGKILL)
-    return {"seconds": job.seconds_after_marker, "status": job.returncode, "ranks_left_running": len(leftovers),
-            "message": "lost contact with a peer" in job.output}
+    return {"exit_s": job.seconds(signalled), "message_s": job.seconds(signalled, lost), "status": job.returncode,
+            "ranks_left_running": len(leftovers)}
+
+
+def _seconds(value) -> str:
+    return "-" if value is None else f"{value:.1f} s"
 
 
 def main() -> None:
@@ -183,10 +188,9 @@ def main() -> None:
         for signal_name in ("KILL", "STOP") if args.hung else ("KILL",):
             for backend in ("ddp", "horovod", "deepspeed"):
                 result = kill_to_exit(backend, signal_name, workdir)
-                seconds = "did not end" if result["seconds"] is None else f"{result['seconds']:.1f} s"
-                print(f"SIG{signal_name} of rank 1, {backend}: job exited after {seconds} (status {result['status']}, "
-                      f"survivor named the problem: {result['message']}, ranks left running: "
-                      f"{result['ranks_left_running']}; --timeout {TIMEOUT_S})", flush=True)
+                print(f"SIG{signal_name} of rank 1, {backend}: survivor's message after {_seconds(result['message_s'])}, "
+                      f"job exited after {_seconds(result['exit_s'])} (status {result['status']}, ranks left "
+                      f"running: {result['ranks_left_running']}; --timeout {TIMEOUT_S})", flush=True)
 
 
 if __name__ == "__main__":

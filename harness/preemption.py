@@ -12,8 +12,8 @@ to a step (benchmarks/checkpoint.py measures it) and the ranks stop one step aft
 
 Peer failure. When a rank dies, the others find out in their next collective: at once when its
 sockets are closed (a killed process), after --timeout seconds when it stops answering (a lost node,
-a hung process): gloo and NCCL collectives, Horovod's gloo controller and DeepSpeed's process group
-all take the timeout. The surviving ranks then print one line naming the problem and exit with
+a hung process): gloo and NCCL process groups (DeepSpeed's own groups included) and Horovod's gloo
+controller all take the timeout (see the backends' init). The surviving ranks then print one line naming the problem and exit with
 EXIT_PEER_FAILURE (4) at once, without the libraries' exit hooks, which could wait on the dead peer.
 
 Testing hook (documented, real signals): HARNESS_TEST_SIGNAL=SIGNAL@STEP[:RANK] makes rank RANK

@@ -92,33 +92,40 @@ def signal_all(pids: List[int], signum: int) -> None:
 class TimedJob(NamedTuple):
     returncode: Optional[int]  # None: still running at the limit (then killed)
     output: str  # stdout and stderr together
-    seconds_after_marker: Optional[float]  # from the first line containing the marker to the job's exit
+    seen: Dict[str, float]  # seconds from the start to the first line containing each marker seen
+    ended: Optional[float]  # seconds from the start to the job's exit
+
+    def seconds(self, first: str, then: Optional[str] = None) -> Optional[float]:
+        """Seconds from the line with marker `first` to the line with `then` (default: the exit)."""
+        end = self.ended if then is None else self.seen.get(then)
+        return None if first not in self.seen or end is None else end - self.seen[first]
 
 
-def time_job_after_marker(command: List[str], env: Dict[str, str], marker: str, limit: float) -> TimedJob:
-    """Run a launcher command; time its exit from the moment a line with `marker` is printed."""
+def time_job(command: List[str], env: Dict[str, str], markers: List[str], limit: float) -> TimedJob:
+    """Run a launcher command to its end (killing it at `limit` s); time its marker lines and exit."""
+    started = time.monotonic()
     job = subprocess.Popen(command, cwd=REPO, env=launch_environment(env), stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
     lines: List[str] = []
-    marked: List[float] = []
+    seen: Dict[str, float] = {}
 
     def read() -> None:
         for line in job.stdout:
             lines.append(line)
-            if not marked and marker in line:
-                marked.append(time.monotonic())
+            for marker in markers:
+                if marker in line and marker not in seen:
+                    seen[marker] = time.monotonic() - started
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
         job.wait(timeout=limit)
+        ended: Optional[float] = time.monotonic() - started
     except subprocess.TimeoutExpired:
         job.kill()
         job.wait()
-        reader.join(timeout=10)
-        return TimedJob(None, "".join(lines), None)
-    ended = time.monotonic()
+        ended = None
     reader.join(timeout=10)
-    return TimedJob(job.returncode, "".join(lines), ended - marked[0] if marked else None)
+    return TimedJob(job.returncode if ended is not None else None, "".join(lines), seen, ended)
 
 
 def processes_mentioning(marker: str) -> List[int]:

@@ -42,7 +42,9 @@ class HorovodBackend(Backend):
         if config.hvd_fusion_threshold_mb is not None:  # read by hvd.init()
             os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(config.hvd_fusion_threshold_mb * 1024 * 1024))
         # Bound gloo's waits so a dead peer fails the job (MPI jobs are ended by mpirun itself).
-        os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(config.timeout)))
+        # Set, not defaulted: horovodrun exports its own --gloo-timeout-seconds, and a hung peer then
+        # stalled the job for that long whatever --timeout said.
+        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(max(1, round(config.timeout)))
         import horovod.torch as hvd
 
         hvd.init()

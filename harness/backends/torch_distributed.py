@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
 from ..cluster import ClusterEnv
 from ..config import TrainConfig
@@ -35,9 +36,13 @@ class TorchDistributedBackend(Backend):
                           LOCAL_RANK=str(cluster.local_rank), LOCAL_WORLD_SIZE=str(cluster.local_world_size),
                           MASTER_ADDR=cluster.master_addr, MASTER_PORT=str(cluster.master_port))
         # The timeout bounds every collective: a dead peer fails the job instead of hanging it.
+        timeout = datetime.timedelta(seconds=config.timeout)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://",
-                                rank=cluster.rank, world_size=cluster.world_size,
-                                timeout=datetime.timedelta(seconds=config.timeout))
+                                rank=cluster.rank, world_size=cluster.world_size, timeout=timeout)
+        # Groups made later without a timeout get torch's default, 30 min (gloo) or 10 min (NCCL):
+        # DeepSpeed builds its data-parallel groups so (deepspeed.comm new_group), and a hung peer
+        # stalled its gradient allreduce past --timeout. Make --timeout the default for them too.
+        distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = timeout
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
