@@ -54,7 +54,7 @@ import torch
 
 from .config import TrainConfig
 from .errors import UsageError, first_line
-from .fileio import atomic_write, fsync_directory
+from .fileio import fsync_directory
 
 if TYPE_CHECKING:
     from .backends import Backend
@@ -361,8 +361,7 @@ class Checkpointer:
         final = os.path.join(self.directory, name)
         if self.cluster.is_main:
             manifest = self._manifest(step, progress, partial, reason)
-            atomic_write(os.path.join(partial, MANIFEST),
-                         lambda tmp: _write_json(tmp, manifest))
+            _write_json(os.path.join(partial, MANIFEST), manifest)  # the rename below makes it all atomic
             self._remove_from(step)  # a stale or damaged checkpoint from a later step than this one
             os.replace(partial, final)
             fsync_directory(self.directory)
@@ -422,6 +421,8 @@ def restore(checkpoint: Checkpoint, backend: "Backend", cluster: "ClusterEnv", d
 def _write_json(path: str, value: Dict[str, Any]) -> None:
     with open(path, "w") as handle:
         json.dump(value, handle, indent=1, sort_keys=True)  # a diverged run's NaN loss must not stop the save
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def _fsync_tree(directory: str) -> None:
