@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -87,8 +88,9 @@ def test_inconsistent_variables_are_refused_clearly(environ, fragment):
 
 
 def _discovered(stdout: str):
-    # horovodrun prefixes each line with "[rank]<stdout>:"; launchers log dicts of their own.
-    rows = [json.loads(line[line.index('{"'):]) for line in stdout.splitlines() if '{"default_threads"' in line]
+    # horovodrun prefixes lines with "[rank]<stdout>:", the deepspeed launcher can run two ranks'
+    # lines together, and launchers log dicts of their own: pick out each record by its shape.
+    rows = [json.loads(match) for match in re.findall(r'\{"default_threads"[^{}]*\}', stdout)]
     return sorted((r["rank"], r["world_size"], r["local_rank"], r["local_world_size"]) for r in rows)
 
 
