@@ -2,7 +2,8 @@
 
 Same CNN, synthetic uint8 batches normalised the same way, SGD, batch 64 per process; timed
 between barriers after the same number of warmup steps as the harness. Prints one JSON line:
-{"throughput": samples/s over all processes}. Run under torchrun for the DDP variant.
+{"throughput": samples/s over all processes}. Run under torchrun for the DDP variant, and with
+--horovod under horovodrun or mpirun for the textbook Horovod loop (DistributedOptimizer).
 """
 
 from __future__ import annotations
@@ -25,36 +26,42 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--horovod", action="store_true", help="Horovod instead of DDP")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    distributed = "RANK" in os.environ
-    if distributed:
-        dist.init_process_group("gloo")
-    world = dist.get_world_size() if distributed else 1
     torch.manual_seed(0)
     model = WorkshopCNN()
-    if distributed:
-        model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if args.horovod:
+        import horovod.torch as hvd
+
+        hvd.init()
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        barrier, world, rank = hvd.barrier, hvd.size(), hvd.rank()
+    elif "RANK" in os.environ:
+        dist.init_process_group("gloo")
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        barrier, world, rank = dist.barrier, dist.get_world_size(), dist.get_rank()
+    else:
+        barrier, world, rank = (lambda: None), 1, 0
     images = torch.randint(0, 256, (8, args.batch, 1, 28, 28), dtype=torch.uint8)
     labels = torch.randint(0, 10, (8, args.batch))
     start = time.perf_counter()
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
-            if distributed:
-                dist.barrier()
+            barrier()
             start = time.perf_counter()
         x = (images[step % 8].float() / 255 - 0.5) / 0.29
         loss = F.cross_entropy(model(x), labels[step % 8])
         loss.backward()
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    if distributed:
-        dist.barrier()
+        optimizer.zero_grad()  # sets gradients to None (torch >= 2.0 default)
+    barrier()
     elapsed = time.perf_counter() - start
-    if not distributed or dist.get_rank() == 0:
+    if rank == 0:
         print(json.dumps({"throughput": args.steps * args.batch * world / elapsed}), flush=True)
-    if distributed:
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -1,7 +1,10 @@
 """Harness overhead against bare loops, measured side by side in one run (issue: harness core).
 
 1. `--backend none` vs a bare PyTorch loop: same CNN, batch 64, same threads, one process.
-2. Every backend at 2 ranks x 1 thread vs a bare DDP loop under torchrun.
+2. Every backend at 2 ranks x 1 thread vs a bare DDP loop under torchrun. A textbook Horovod loop
+   (DistributedOptimizer, Horovod's defaults, under horovodrun) is shown for reference: Horovod's
+   synchronize spins and its 1 ms cycle wakes the background thread, both costly when ranks fill
+   the cores, which the harness's backend avoids (harness/backends/horovod.py).
 
 Runs are interleaved (A, B, C, A, B, C, ...) so machine noise hits every variant alike; the
 figures are medians over repeats and the ratios are of medians. Usage:
@@ -28,13 +31,18 @@ def _json_line(command: List[str]) -> Dict:
     out = subprocess.run(command, capture_output=True, text=True, env=launch_environment(), timeout=900)
     if out.returncode:
         raise SystemExit(f"failed: {' '.join(command)}\n{out.stderr[-2000:]}")
-    return json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+    # horovodrun prefixes each line with "[rank]<stdout>:"
+    return json.loads([line[line.index("{"):] for line in out.stdout.splitlines() if "{" in line][-1])
 
 
-def bare(steps: int, threads: int, ranks: int) -> float:
+def bare(steps: int, threads: int, ranks: int, horovod: bool = False) -> float:
     script = [os.path.join(HERE, "bare_loop.py"), "--steps", str(steps), "--threads", str(threads)]
     if ranks == 1:
         return _json_line([sys.executable, *script])["throughput"]
+    if horovod:
+        horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        return _json_line([horovodrun, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", sys.executable,
+                           *script, "--horovod"])["throughput"]
     return _json_line([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                        str(ranks), *script])["throughput"]
 
@@ -60,6 +68,7 @@ def main() -> None:
         "bare loop, 1 process": lambda: bare(args.steps, args.single_threads, 1),
         "harness none, 1 process": lambda: harness("none", 1, args.steps, args.single_threads),
         "bare DDP, 2x1 thread": lambda: bare(args.steps, 1, 2),
+        "bare Horovod, 2x1 thread": lambda: bare(args.steps, 1, 2, horovod=True),
         **{f"harness {b}, 2x1 thread": (lambda b=b: harness(b, 2, args.steps, 1)) for b in ("ddp", "horovod", "deepspeed")},
     }
     samples: Dict[str, List[float]] = {name: [] for name in variants}
@@ -75,6 +84,9 @@ def main() -> None:
     ratio = median["harness none, 1 process"] / median["bare loop, 1 process"]
     print(f"| harness none, 1 process | {median['harness none, 1 process']:.0f} | {ratio:.3f} | >= 0.98 |")
     print(f"| bare DDP, 2 x 1 thread | {median['bare DDP, 2x1 thread']:.0f} | 1.000 | |")
+    bare_horovod = median["bare Horovod, 2x1 thread"]
+    print(f"| bare Horovod, 2 x 1 thread (reference) | {bare_horovod:.0f} | "
+          f"{bare_horovod / median['bare DDP, 2x1 thread']:.3f} | |")
     for backend in ("ddp", "horovod", "deepspeed"):
         name = f"harness {backend}, 2x1 thread"
         print(f"| {name} | {median[name]:.0f} | {median[name] / median['bare DDP, 2x1 thread']:.3f} | >= 0.95 |")

@@ -1,7 +1,5 @@
 """`python -m harness` is the `harness` command."""
 
-import sys
+from .cli import run_and_exit
 
-from .cli import main
-
-sys.exit(main())
+run_and_exit()

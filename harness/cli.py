@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, NoReturn, Optional, Sequence
 
 from .config import TrainConfig
 from .errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, PeerFailure, Preempted, UsageError
@@ -274,3 +275,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # Exit now: interpreter shutdown runs library exit hooks (Horovod's, the process group's)
         # that could wait on the dead peer.
         os._exit(EXIT_PEER_FAILURE)
+
+
+def run_and_exit() -> NoReturn:
+    """The `harness` console script: main(), then exit without interpreter finalization.
+
+    By the time main() returns, every result is written and every process group destroyed. What
+    finalization would still do is tear down library objects in arbitrary order: gloo worker threads
+    holding Python objects abort the process then (SIGABRT, "terminate called without an active
+    exception", seen in CI after a DeepSpeed ZeRO-3 run had finished; pytorch#179291), turning a
+    finished run into a failed one. So flush what is buffered and leave.
+    """
+    status = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -77,6 +77,9 @@ class TrainConfig:
     hvd_fusion_threshold_mb: Optional[float] = _opt(None, "Horovod tensor-fusion buffer in MB "
                                                            "(default: Horovod's, 128)", type=float)
     hvd_fp16_compression: bool = _opt(False, "Horovod: send gradients as fp16 (changes the math)")
+    hvd_cycle_time_ms: Optional[float] = _opt(None, "Horovod background-thread cycle in ms (default: "
+                                                    "$HOROVOD_CYCLE_TIME, else 5 on CPU, Horovod's 1 on GPU)",
+                                              type=float)
     zero_stage: int = _opt(0, "DeepSpeed ZeRO stage 0-3")
 
     def validate(self) -> None:
@@ -96,7 +99,7 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-        for name in ("lr", "timeout", "ddp_bucket_cap_mb", "hvd_fusion_threshold_mb"):
+        for name in ("lr", "timeout", "ddp_bucket_cap_mb", "hvd_fusion_threshold_mb", "hvd_cycle_time_ms"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")

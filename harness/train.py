@@ -228,7 +228,7 @@ def train(config: TrainConfig) -> Dict[str, Any]:
             "model": config.model, "dataset": config.dataset, "train_set_size": len(train_set),
             "device": device.type, "threads_per_rank": threads if device.type == "cpu" else None,
             "lr_base": config.lr, "base_batch": base_batch, "lr_effective": peak_lr, "warmup_steps": warmup_steps,
-            "math": backend.math_settings(config), "versions": {**library_versions(), **backend.versions()},
+            "math": backend.math_settings(config), "tuning": backend.tuning(), "versions": {**library_versions(), **backend.versions()},
             "host": host_info(), "config": config.to_dict(), "tags": dict(config.tags),
         })
         if config.save_model:
@@ -237,6 +237,9 @@ def train(config: TrainConfig) -> Dict[str, Any]:
                 atomic_write(config.save_model, lambda tmp: torch.save(state, tmp))
         if cluster.is_main and config.results:
             append_record(config.results, record)
+        # Leave together: a rank destroying its process group while a peer still has collectives in
+        # flight (ZeRO-3 prefetches) is the kind of teardown race that aborts a finished run.
+        backend.barrier()
         return record
     except Exception as exc:
         if backend.is_peer_failure(exc):

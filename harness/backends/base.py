@@ -157,6 +157,10 @@ class Backend:
             "gradient_compression": None,
         }
 
+    def tuning(self) -> Dict[str, Any]:
+        """The framework's performance knobs as applied (they change speed, not the math)."""
+        return {}
+
     def versions(self) -> Dict[str, str]:
         """Versions of the libraries this backend used."""
         return {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 from torch import nn
@@ -24,6 +24,7 @@ class DDPBackend(TorchDistributedBackend):
     def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig,
              local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
         self.grad_clip = config.grad_clip
+        self.bucket_cap_mb = config.ddp_bucket_cap_mb
         device = next(model.parameters()).device
         # Horovod and DeepSpeed do not broadcast buffers every step; neither does this. (torch >= 2.14
         # renamed the switch; the initial broadcast it keeps is harmless, every rank starts equal.)
@@ -31,9 +32,12 @@ class DDPBackend(TorchDistributedBackend):
                           else {"broadcast_buffers": False})
         self.model = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=config.ddp_bucket_cap_mb, **no_buffer_sync)
+            bucket_cap_mb=self.bucket_cap_mb, **no_buffer_sync)
         self.optimizer = make_optimizer(self.model.parameters())
         return self.model, self.optimizer
+
+    def tuning(self) -> Dict[str, Any]:
+        return {"bucket_cap_mb": self.bucket_cap_mb}
 
     def module(self) -> nn.Module:
         return self.model.module

@@ -135,6 +135,9 @@ class DeepSpeedBackend(TorchDistributedBackend):
         model.load_state_dict(self.full_state_dict())
         return model.to(device)
 
+    def tuning(self) -> Dict[str, Any]:
+        return {"zero_stage": self.zero_stage}
+
     def versions(self) -> Dict[str, str]:
         import deepspeed
 

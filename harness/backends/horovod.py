@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Tuple
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -14,6 +15,12 @@ from ..errors import UsageError
 from .base import Backend, OptimizerFactory
 
 HOROVOD_LAUNCHERS = MPI_LAUNCHERS | {"horovodrun", "slurm", "none"}
+# On CPU the ranks' compute threads fill the cores, and Horovod's background thread, which wakes
+# every cycle to negotiate with the other ranks, takes its time from them: at 2 ranks x 1 thread on
+# 2 cores, 5 ms instead of Horovod's 1 ms cut context switches 2.5x (benchmarks/throughput.py).
+CPU_CYCLE_TIME_MS = 5.0
+HOROVOD_DEFAULT_FUSION_MB = 128.0
+POLL_INTERVAL_S = 0.0002
 
 
 class HorovodBackend(Backend):
@@ -39,8 +46,13 @@ class HorovodBackend(Backend):
                              "mpirun/mpiexec or srun (e.g. `harness launch --backend horovod`)")
 
     def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
-        if config.hvd_fusion_threshold_mb is not None:  # read by hvd.init()
+        # Knobs are environment variables read by hvd.init(); a flag overrides the variable.
+        if config.hvd_fusion_threshold_mb is not None:
             os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(config.hvd_fusion_threshold_mb * 1024 * 1024))
+        if config.hvd_cycle_time_ms is not None:
+            os.environ["HOROVOD_CYCLE_TIME"] = str(config.hvd_cycle_time_ms)
+        elif device.type == "cpu":
+            os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
         # Bound gloo's waits so a dead peer fails the job (MPI jobs are ended by mpirun itself).
         # Set, not defaulted: horovodrun exports its own --gloo-timeout-seconds, and a hung peer then
         # stalled the job for that long whatever --timeout said.
@@ -62,6 +74,7 @@ class HorovodBackend(Backend):
         # Start every rank from rank 0's weights and optimizer state.
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        self.compression_fp16 = config.hvd_fp16_compression
         compression = hvd.Compression.fp16 if config.hvd_fp16_compression else hvd.Compression.none
         self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                                   compression=compression, op=hvd.Average,
@@ -69,9 +82,20 @@ class HorovodBackend(Backend):
         self.gradients_synced = False
         return self.model, self.optimizer
 
+    def _wait(self, handle: int) -> None:
+        # hvd.synchronize spins (yield in a loop, dropping and retaking the GIL) until the handle is
+        # done, taking a core from the background thread and gloo that must finish the allreduce,
+        # and from the other ranks' compute when ranks fill the cores. Sleeping between polls costs
+        # at most POLL_INTERVAL_S of latency; synchronize then finds the handle done.
+        while not self.hvd.poll(handle):
+            time.sleep(POLL_INTERVAL_S)
+
     def finish_gradient_sync(self) -> None:
         # backward only *starts* Horovod's allreduces (from gradient hooks); wait for them here so
         # the loop's gradient phase includes them, as it does for DDP and DeepSpeed.
+        for handle, _ in self.optimizer._handles.values():  # Horovod keeps (handle, context) per parameter
+            if handle is not None:
+                self._wait(handle)
         self.optimizer.synchronize()
         self.gradients_synced = True
 
@@ -87,12 +111,16 @@ class HorovodBackend(Backend):
         self.optimizer.zero_grad()  # Horovod's takes no arguments; torch's default sets gradients to None
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self.hvd.allreduce(tensor, op=self.hvd.Sum)
+        return self.start_all_reduce_sum(tensor, name=None)()
 
-    def start_all_reduce_sum(self, tensor: torch.Tensor, name: str) -> Callable[[], torch.Tensor]:
+    def start_all_reduce_sum(self, tensor: torch.Tensor, name: Optional[str]) -> Callable[[], torch.Tensor]:
         # A fixed name hits Horovod's response cache; a fresh one would cost a negotiation round.
         handle = self.hvd.allreduce_async(tensor, op=self.hvd.Sum, name=name)
-        return lambda: self.hvd.synchronize(handle)
+
+        def wait() -> torch.Tensor:
+            self._wait(handle)
+            return self.hvd.synchronize(handle)
+        return wait
 
     def barrier(self) -> None:
         self.hvd.barrier()
@@ -109,6 +137,12 @@ class HorovodBackend(Backend):
         if config.hvd_fp16_compression:
             settings["gradient_compression"] = "fp16"
         return settings
+
+    def tuning(self) -> Dict[str, Any]:
+        fusion_bytes = os.environ.get("HOROVOD_FUSION_THRESHOLD")
+        return {"fusion_threshold_mb": int(fusion_bytes) / 2**20 if fusion_bytes else HOROVOD_DEFAULT_FUSION_MB,
+                "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME", 1.0)),
+                "fp16_compression": self.compression_fp16}
 
     def versions(self) -> Dict[str, str]:
         import horovod
