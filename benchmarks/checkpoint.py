@@ -38,7 +38,7 @@ from harness.backends import get_backend  # noqa: E402
 from harness.checkpoint import Checkpointer, Progress, RunLayout, restore, verify_checkpoint  # noqa: E402
 from harness.cluster import ClusterEnv, detect_cluster  # noqa: E402
 from harness.config import TrainConfig  # noqa: E402
-from harness.launch import launch_command, launch_environment  # noqa: E402
+from harness.launch import launch_command, launch_environment, launcher_command  # noqa: E402
 from harness.models import build_model  # noqa: E402
 from harness.preemption import PreemptionWatcher  # noqa: E402
 from harness.train import make_optimizer_factory  # noqa: E402
@@ -120,11 +120,9 @@ def check_worker(backend_name: str, blocks: int, steps: int) -> None:
 
 def preemption_check_cost(blocks: int, steps: int) -> Dict[str, Dict[str, float]]:
     worker = [os.path.abspath(__file__), "--check-worker"]
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     commands = {
-        "torch.distributed (ddp, deepspeed)": [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                               "--nproc-per-node", "2", *worker, "ddp"],
-        "horovod": [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, *worker, "horovod"],
+        "torch.distributed (ddp, deepspeed)": launcher_command("torchrun", 2, [*worker, "ddp"]),
+        "horovod": launcher_command("horovodrun", 2, [*worker, "horovod"]),
     }
     figures = {}
     for name, command in commands.items():

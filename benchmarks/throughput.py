@@ -22,7 +22,7 @@ import sys
 import tempfile
 from typing import Dict, List
 
-from harness.launch import launch_command, launch_environment
+from harness.launch import launch_command, launch_environment, launcher_command
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,11 +40,8 @@ def bare(steps: int, threads: int, ranks: int, horovod: bool = False) -> float:
     if ranks == 1:
         return _json_line([sys.executable, *script])["throughput"]
     if horovod:
-        horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-        return _json_line([horovodrun, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", sys.executable,
-                           *script, "--horovod"])["throughput"]
-    return _json_line([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                       str(ranks), *script])["throughput"]
+        return _json_line(launcher_command("horovodrun", ranks, [*script, "--horovod"]))["throughput"]
+    return _json_line(launcher_command("torchrun", ranks, script))["throughput"]
 
 
 def harness(backend: str, ranks: int, steps: int, threads: int) -> float:

@@ -271,20 +271,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_PREEMPTED
     except PeerFailure as exc:
         print(f"harness {args.command}: error: {exc}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        # Exit now: interpreter shutdown runs library exit hooks (Horovod's, the process group's)
-        # that could wait on the dead peer.
-        os._exit(EXIT_PEER_FAILURE)
+        return EXIT_PEER_FAILURE
 
 
 def run_and_exit() -> NoReturn:
     """The `harness` console script: main(), then exit without interpreter finalization.
 
-    By the time main() returns, every result is written and every process group destroyed. What
-    finalization would still do is tear down library objects in arbitrary order: gloo worker threads
-    holding Python objects abort the process then (SIGABRT, "terminate called without an active
-    exception", seen in CI after a DeepSpeed ZeRO-3 run had finished; pytorch#179291), turning a
-    finished run into a failed one. So flush what is buffered and leave.
+    By the time main() returns, every result is written. What finalization would still do is run
+    library exit hooks and tear down library objects in arbitrary order. After a peer failure the
+    hooks (Horovod's, the process group's) would wait on the dead peer. After a finished run, gloo
+    worker threads holding Python objects can abort the process (SIGABRT, "terminate called without
+    an active exception", seen in CI after a DeepSpeed ZeRO-3 run; pytorch#179291), turning it into a
+    failed one. So flush what is buffered and leave.
     """
     status = main()
     logging.shutdown()

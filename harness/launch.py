@@ -50,8 +50,14 @@ def launch_command(num_processes: int, backend: str, train_args: Sequence[str], 
         raise UsageError(f"-n must be a positive number of processes, got {num_processes}")
     if launcher == "python" and num_processes != 1:
         raise UsageError(f"backend {backend!r} runs one process; use -n 1 or a distributed backend")
-    port = port or free_port()
     program = ["-m", "harness", subcommand, "--backend", backend, *train_args]  # subcommand: train or evaluate
+    return launcher_command(launcher, num_processes, program, port)
+
+
+def launcher_command(launcher: str, num_processes: int, program: Sequence[str], port: Optional[int] = None) -> List[str]:
+    """`launcher` starting `num_processes` copies of `python PROGRAM` (a script and its arguments, or
+    -m MODULE ...) on this machine; rank and size reach them through the launcher's variables."""
+    port = port or free_port()
     if launcher == "python":
         return [sys.executable, *program]
     if launcher == "torchrun":
@@ -65,8 +71,9 @@ def launch_command(num_processes: int, backend: str, train_args: Sequence[str], 
         return [_tool("horovodrun"), "--gloo", "-np", str(num_processes), "-H", f"localhost:{num_processes}",
                 "--gloo-timeout-seconds", "120", sys.executable, *program]
     # Rank comes from the environment like every launcher; no --local_rank argument.
-    return [_tool("deepspeed"), "--num_gpus", str(num_processes), "--master_port", str(port),
-            "--no_local_rank", "--module", *program[1:]]
+    module = ["--module", *program[1:]] if program[0] == "-m" else list(program)
+    return [_tool("deepspeed"), "--num_gpus", str(num_processes), "--master_port", str(port), "--no_local_rank",
+            *module]
 
 
 def launch_environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:

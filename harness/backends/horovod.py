@@ -19,8 +19,22 @@ HOROVOD_LAUNCHERS = MPI_LAUNCHERS | {"horovodrun", "slurm", "none"}
 # every cycle to negotiate with the other ranks, takes its time from them: at 2 ranks x 1 thread on
 # 2 cores, 5 ms instead of Horovod's 1 ms cut context switches 2.5x (benchmarks/throughput.py).
 CPU_CYCLE_TIME_MS = 5.0
+HOROVOD_DEFAULT_CYCLE_TIME_MS = 1.0
 HOROVOD_DEFAULT_FUSION_MB = 128.0
 POLL_INTERVAL_S = 0.0002
+
+
+def _setting(flag: Optional[float], variable: str, variable_units_per_unit: float, default: float) -> float:
+    """A knob's value: the flag, else the environment variable (in Horovod's units), else `default`."""
+    if flag is not None:
+        return flag
+    value = os.environ.get(variable)
+    if not value:
+        return default
+    try:
+        return float(value) / variable_units_per_unit
+    except ValueError:
+        raise UsageError(f"{variable}={value!r} is not a number; fix or unset it") from None
 
 
 class HorovodBackend(Backend):
@@ -46,13 +60,17 @@ class HorovodBackend(Backend):
                              "mpirun/mpiexec or srun (e.g. `harness launch --backend horovod`)")
 
     def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
-        # Knobs are environment variables read by hvd.init(); a flag overrides the variable.
-        if config.hvd_fusion_threshold_mb is not None:
-            os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(config.hvd_fusion_threshold_mb * 1024 * 1024))
-        if config.hvd_cycle_time_ms is not None:
-            os.environ["HOROVOD_CYCLE_TIME"] = str(config.hvd_cycle_time_ms)
-        elif device.type == "cpu":
-            os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
+        # Knobs are environment variables read by hvd.init(): a flag wins, then the user's variable,
+        # then the default. Only values other than Horovod's own are exported, so that
+        # HOROVOD_AUTOTUNE still tunes the ones nobody chose.
+        self.fusion_threshold_mb = _setting(config.hvd_fusion_threshold_mb, "HOROVOD_FUSION_THRESHOLD", 2**20,
+                                            HOROVOD_DEFAULT_FUSION_MB)
+        self.cycle_time_ms = _setting(config.hvd_cycle_time_ms, "HOROVOD_CYCLE_TIME", 1,
+                                      CPU_CYCLE_TIME_MS if device.type == "cpu" else HOROVOD_DEFAULT_CYCLE_TIME_MS)
+        if self.fusion_threshold_mb != HOROVOD_DEFAULT_FUSION_MB:
+            os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(self.fusion_threshold_mb * 2**20))
+        if self.cycle_time_ms != HOROVOD_DEFAULT_CYCLE_TIME_MS:
+            os.environ["HOROVOD_CYCLE_TIME"] = str(self.cycle_time_ms)
         # Bound gloo's waits so a dead peer fails the job (MPI jobs are ended by mpirun itself).
         # Set, not defaulted: horovodrun exports its own --gloo-timeout-seconds, and a hung peer then
         # stalled the job for that long whatever --timeout said.
@@ -139,9 +157,7 @@ class HorovodBackend(Backend):
         return settings
 
     def tuning(self) -> Dict[str, Any]:
-        fusion_bytes = os.environ.get("HOROVOD_FUSION_THRESHOLD")
-        return {"fusion_threshold_mb": int(fusion_bytes) / 2**20 if fusion_bytes else HOROVOD_DEFAULT_FUSION_MB,
-                "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME", 1.0)),
+        return {"fusion_threshold_mb": self.fusion_threshold_mb, "cycle_time_ms": self.cycle_time_ms,
                 "fp16_compression": self.compression_fp16}
 
     def versions(self) -> Dict[str, str]:
