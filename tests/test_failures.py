@@ -4,7 +4,7 @@ The failures are real signals: HARNESS_TEST_SIGNAL=KILL@5:1 makes rank 1 send it
 after step 5 (see harness.preemption), as the OOM killer or a crashing node would end it; STOP
 freezes it instead, like a hung process or a lost node, whose sockets stay open, so only --timeout
 can end the wait. The surviving rank must say which problem ended it; the job must exit non-zero,
-leaving no process behind and nothing in --results. benchmarks/checkpoint.py reports the times.
+leaving no process behind, nothing in --results and nothing in /dev/shm. benchmarks/checkpoint.py reports the times.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from harness.launch import launch_command
 
-from .checkpoint_helpers import COMMON, RANKS, processes_mentioning, time_job
+from .checkpoint_helpers import COMMON, RANKS, launch_may_fail, output, processes_mentioning, shared_memory_segments, time_job
 
 TIMEOUT_S = 20
 SLACK_S = 30
@@ -28,6 +28,7 @@ def _fail_rank_1(tmp_path, backend: str, signal_name: str, timeout_s: int):
     command = launch_command(RANKS, backend, [*COMMON, "--epochs", "20", "--timeout", str(timeout_s),
                                               "--results", str(results)])
     signalled = f"sending SIG{signal_name} to itself"
+    shared_memory_before = shared_memory_segments()
     job = time_job(command, {"HARNESS_TEST_SIGNAL": f"{signal_name}@5:1"}, [signalled, LOST],
                    limit=240 + timeout_s + SLACK_S)
     tail = job.output[-5000:]
@@ -38,7 +39,18 @@ def _fail_rank_1(tmp_path, backend: str, signal_name: str, timeout_s: int):
     assert not results.exists()
     time.sleep(1)
     assert processes_mentioning(str(results)) == [], f"{backend}: ranks were left running"
+    assert shared_memory_segments() - shared_memory_before == set(), f"{backend}: left shared memory behind"
     return job, signalled, tail
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod", "deepspeed"])
+def test_a_finished_job_leaves_no_shared_memory(tmp_path, backend):
+    """DeepSpeed's CPU allreduce creates 66 MB of /dev/shm per rank and never frees it: left alone,
+    a day of jobs filled the machine's RAM. Under its own launcher (which sets LOCAL_SIZE) it does."""
+    before = shared_memory_segments()
+    result = launch_may_fail(backend, [*COMMON, "--epochs", "1", "--max-steps", "3"])
+    assert result.returncode == 0, output(result)
+    assert shared_memory_segments() - before == set()
 
 
 @pytest.mark.slow

@@ -39,6 +39,23 @@ def deepspeed_config(config: TrainConfig, local_batch: int, world_size: int) -> 
     }
 
 
+def unlink_shm_allreduce_buffer(rank: int) -> None:
+    """Remove the name of this rank's DeepSpeed CPU shm allreduce buffer; the mappings stay valid.
+
+    On CPU, when all ranks are on one node (its launcher sets LOCAL_SIZE), DeepSpeed 0.19 creates a
+    66 MB POSIX shared-memory segment per rank (csrc/cpu/comm/shm.cpp) and never unlinks it: every
+    job left 66 MB per rank in /dev/shm, which is RAM, until the machine ran out. The harness never
+    uses that allreduce (it serves inference), so each rank unlinks its own segment right after
+    set-up, which frees it even when the job is later killed.
+    """
+    name = "_".join(["deepspeed_allreduce_buffer", str(os.getuid()), os.environ.get("MASTER_ADDR", ""),
+                     os.environ.get("MASTER_PORT", ""), str(rank)])
+    try:
+        os.unlink(os.path.join("/dev/shm", name))
+    except FileNotFoundError:  # not created: several nodes, a GPU accelerator, or no /dev/shm
+        pass
+
+
 def weights_only_checkpoint_engine():
     """DeepSpeed's torch checkpoint engine, loading with weights_only=True.
 
@@ -85,6 +102,9 @@ class DeepSpeedBackend(TorchDistributedBackend):
             config=deepspeed_config(config, local_batch, dist.get_world_size()), dist_init_required=False)
         self.engine = engine
         self.optimizer = optimizer
+        # Once every rank is past initialize, every rank has mapped its peers' shm buffers.
+        dist.barrier()
+        unlink_shm_allreduce_buffer(dist.get_rank())
         return engine, optimizer
 
     def backward(self, loss: torch.Tensor) -> None:
