@@ -4,6 +4,8 @@ Same CNN, synthetic uint8 batches normalised the same way, SGD, batch 64 per pro
 between barriers after the same number of warmup steps as the harness. Prints one JSON line:
 {"throughput": samples/s over all processes}. Run under torchrun for the DDP variant, and with
 --horovod under horovodrun or mpirun for the textbook Horovod loop (DistributedOptimizer).
+--cpu-malloc reuse applies the harness's CPU memory setting (harness/allocator.py), so the loops
+themselves can be compared with the allocator held equal.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from harness.allocator import CPU_MALLOC_MODES, reuse_freed_memory
 from harness.models import WorkshopCNN
 
 
@@ -27,7 +30,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--horovod", action="store_true", help="Horovod instead of DDP")
+    parser.add_argument("--cpu-malloc", choices=CPU_MALLOC_MODES, default="system")
     args = parser.parse_args()
+    reuse_freed_memory(args.cpu_malloc)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = WorkshopCNN()

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from .allocator import CPU_MALLOC_MODES
 from .errors import UsageError
 from .lr import SCALING_RULES, SCHEDULES
 
@@ -81,6 +82,8 @@ class TrainConfig:
                                                     "$HOROVOD_CYCLE_TIME, else 5 on CPU, Horovod's 1 on GPU)",
                                               type=float)
     zero_stage: int = _opt(0, "DeepSpeed ZeRO stage 0-3")
+    cpu_malloc: str = _opt("reuse", "CPU runs: reuse (keep freed memory for the next step instead of returning "
+                                    "it to the kernel; see harness/allocator.py) or system (glibc's defaults)")
 
     def validate(self) -> None:
         """Raise UsageError for values no backend could run. Checks that need the world size run later."""
@@ -91,7 +94,7 @@ class TrainConfig:
         for name, value, known in (("backend", self.backend, BACKENDS), ("model", self.model, MODELS),
                                    ("dataset", self.dataset, DATASETS), ("optimizer", self.optimizer, OPTIMIZERS),
                                    ("lr-scaling", self.lr_scaling, SCALING_RULES), ("schedule", self.schedule, SCHEDULES),
-                                   ("device", self.device, DEVICES)):
+                                   ("device", self.device, DEVICES), ("cpu-malloc", self.cpu_malloc, CPU_MALLOC_MODES)):
             if value not in known:
                 raise UsageError(f"unknown {name} {value!r}; choose one of {', '.join(known)}")
         for name in ("batch_size", "global_batch", "epochs", "max_steps", "base_batch", "threads", "image_size",

@@ -49,7 +49,7 @@ def evaluate_model_file(config: TrainConfig, model_file: str) -> Dict[str, Any]:
     Every rank returns the same record; rank 0 also prints it as one JSON line.
     """
     started = time.time()
-    backend, cluster, device, _ = place_process(config)
+    backend, cluster, device, _, _ = place_process(config)
     test_set = load_split(config.dataset, "test",
                           DataOptions(config.data_dir, config.model, config.image_size, config.timeout))
     channels, size, _ = test_set.shape

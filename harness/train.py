@@ -7,12 +7,13 @@ import math
 import sys
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .allocator import reuse_freed_memory
 from .backends import Backend, get_backend
 from .checkpoint import Checkpointer, Progress, ResumeState, RunLayout, find_resume_checkpoint, restore
 from .cluster import ClusterEnv, default_threads, detect_cluster, select_device
@@ -149,8 +150,19 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, unit="step", leave=False, dynamic_ncols=True)
 
 
-def place_process(config: TrainConfig) -> Tuple[Backend, ClusterEnv, torch.device, int]:
-    """Check the config, backend and launch (no process group yet); pick this rank's device and threads."""
+class Placement(NamedTuple):
+    """Where and how this rank runs, decided before any process group starts."""
+
+    backend: Backend
+    cluster: ClusterEnv
+    device: torch.device
+    threads: int
+    cpu_malloc: str  # the CPU memory mode in effect (harness.allocator)
+
+
+def place_process(config: TrainConfig) -> Placement:
+    """Check the config, backend and launch (no process group yet); pick this rank's device, threads
+    and CPU memory reuse."""
     config.validate()
     backend = get_backend(config.backend)
     backend.check_available()
@@ -158,9 +170,11 @@ def place_process(config: TrainConfig) -> Tuple[Backend, ClusterEnv, torch.devic
     backend.check_launch(config, cluster)
     device = select_device(config.device, cluster)
     threads = config.threads or default_threads(cluster)
+    cpu_malloc = "not applied (GPU run)"
     if device.type == "cpu":
         torch.set_num_threads(threads)
-    return backend, cluster, device, threads
+        cpu_malloc = reuse_freed_memory(config.cpu_malloc)
+    return Placement(backend, cluster, device, threads, cpu_malloc)
 
 
 def train(config: TrainConfig) -> Dict[str, Any]:
@@ -171,7 +185,7 @@ def train(config: TrainConfig) -> Dict[str, Any]:
     process group starts.
     """
     started = time.time()
-    backend, cluster, device, threads = place_process(config)
+    backend, cluster, device, threads, cpu_malloc = place_process(config)
     local_batch = config.local_batch(cluster.world_size)
     global_batch = local_batch * cluster.world_size
 
@@ -228,7 +242,7 @@ def train(config: TrainConfig) -> Dict[str, Any]:
             "model": config.model, "dataset": config.dataset, "train_set_size": len(train_set),
             "device": device.type, "threads_per_rank": threads if device.type == "cpu" else None,
             "lr_base": config.lr, "base_batch": base_batch, "lr_effective": peak_lr, "warmup_steps": warmup_steps,
-            "math": backend.math_settings(config), "tuning": backend.tuning(), "versions": {**library_versions(), **backend.versions()},
+            "math": backend.math_settings(config), "tuning": {**backend.tuning(), "cpu_malloc": cpu_malloc}, "versions": {**library_versions(), **backend.versions()},
             "host": host_info(), "config": config.to_dict(), "tags": dict(config.tags),
         })
         if config.save_model:

@@ -18,6 +18,7 @@ CASES = [
     (["train", "--optimizer", "lamb"], "unknown optimizer 'lamb'; choose one of sgd, adam"),
     (["train", "--zero-stage", "4"], "--zero-stage must be 0, 1, 2 or 3"),
     (["train", "--hvd-cycle-time-ms", "0"], "--hvd-cycle-time-ms must be positive, got 0"),
+    (["train", "--cpu-malloc", "jemalloc"], "unknown cpu-malloc 'jemalloc'; choose one of reuse, system"),
     (["train", "--batch-size", "4096"], "fewer than one global batch"),
     (["launch", "-n", "2", "--backend", "deepspeed", "--", "--global-batch", "63"],
      "--global-batch 63 does not split evenly over 2 workers; use a multiple of 2"),

@@ -133,7 +133,7 @@ def test_sweep_records_are_complete(swept):
         assert record["local_batch"] == 16 and record["global_batch"] == 16 * record["world_size"]
         assert record["timed_steps"] == 7 and record["throughput"] > 0
         assert 0 < record["au"] <= 1
-        assert record["tuning"] == DEFAULT_TUNING[record["backend"]]
+        assert record["tuning"] == {**DEFAULT_TUNING[record["backend"]], "cpu_malloc": "reuse"}
         for metric in ("load_balance", "communication_efficiency", "parallel_efficiency"):
             assert 0 < record[metric] <= 1, (record["backend"], metric, record[metric])
         breakdown = record["step_breakdown"]

@@ -1,0 +1,47 @@
+"""CPU memory reuse: keep freed tensor memory in the process instead of handing it back every step.
+
+With glibc's defaults, a CPU training step returns the memory of its large activations and
+gradients to the kernel when they are freed (heap trimming above a threshold that glibc moves as it
+sees allocations), and gets fresh zeroed pages back on the next step, one page fault per 4 KiB. On
+the workshop CNN at batch 64 that is about 4,400 faults and 11 ms of kernel time per 85 ms step.
+`reuse_freed_memory` fixes both thresholds, as a caching allocator would: blocks under 32 MiB come
+from the heap and stay there for the next step. The cost is that the process keeps its peak
+working set (up to 1 GiB of freed heap) instead of shrinking between steps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+CPU_MALLOC_MODES = ("reuse", "system")
+M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 32 << 20  # the largest value glibc accepts on 64-bit
+TRIM_THRESHOLD_BYTES = 1 << 30
+# Set by a user who tunes glibc's malloc or preloads another allocator; the harness then leaves it.
+USER_MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+PRELOADED_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+
+
+def _user_malloc_settings() -> list:
+    named = [name for name in USER_MALLOC_VARIABLES if os.environ.get(name)]
+    preload = os.environ.get("LD_PRELOAD", "")
+    return named + [allocator for allocator in PRELOADED_ALLOCATORS if allocator in preload]
+
+
+def reuse_freed_memory(mode: str) -> str:
+    """Apply `--cpu-malloc` to this process (and the workers it forks); return what is in effect."""
+    if mode == "system":
+        return "system"
+    if platform.libc_ver()[0] != "glibc":
+        return "system (not glibc)"
+    user_settings = _user_malloc_settings()
+    if user_settings:
+        return f"system (user's {', '.join(user_settings)})"
+    libc = ctypes.CDLL(None)
+    # Setting either threshold also stops glibc from moving them itself.
+    if not (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)):
+        return "system (mallopt refused)"
+    return "reuse"

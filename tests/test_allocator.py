@@ -1,0 +1,50 @@
+"""--cpu-malloc reuse: a CPU step reuses the memory the previous step freed instead of faulting in
+fresh pages (about 5,000 per step of the workshop CNN under glibc's defaults); users' own malloc
+settings win."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from harness.allocator import reuse_freed_memory
+
+from .conftest import run
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page_faults.py")
+
+
+def _faults(mode: str, env=None) -> dict:
+    result = run([sys.executable, SCRIPT, mode], timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_reuse_removes_the_page_faults_of_every_step():
+    system, reuse = _faults("system"), _faults("reuse")
+    assert (system["mode"], reuse["mode"]) == ("system", "reuse")
+    # The measurement sees the problem (glibc hands the activations back each step) ...
+    assert system["faults_per_step"] > 1000, system
+    # ... and reuse removes nearly all of it.
+    assert reuse["faults_per_step"] < system["faults_per_step"] / 10, (system, reuse)
+
+
+def test_a_users_malloc_settings_are_left_alone():
+    untouched = _faults("reuse", env={"MALLOC_TRIM_THRESHOLD_": "131072"})
+    assert untouched["mode"] == "system (user's MALLOC_TRIM_THRESHOLD_)"
+
+
+@pytest.mark.parametrize("variable, value, named", [
+    ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0", "GLIBC_TUNABLES"),
+    ("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "jemalloc"),
+])
+def test_other_allocator_settings_are_named_in_the_record(monkeypatch, variable, value, named):
+    monkeypatch.setenv(variable, value)
+    assert reuse_freed_memory("reuse") == f"system (user's {named})"
+
+
+def test_system_mode_changes_nothing():
+    assert reuse_freed_memory("system") == "system"
