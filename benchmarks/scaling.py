@@ -5,7 +5,8 @@ the cores one worker cannot: the CPU analogue of adding GPUs). One `harness swee
 runs ddp, horovod and deepspeed on 1 and 2 ranks and `none` on 1 rank, repeats interleaved, so all
 backends are measured by the same loop, window and formula. Then, if --bare-repeats > 0, the bare
 PyTorch loop (1 process) and bare DDP loop (2 processes) of benchmarks/bare_loop.py give the same
-ratio without the harness. Prints the sweep's report, then efficiency = T(2) / (2 T(1)) per
+ratio without the harness (with the harness's CPU memory setting, --cpu-malloc reuse, so that only
+the loops differ). Prints the sweep's report, then efficiency = T(2) / (2 T(1)) per
 backend. Figures on a shared machine move by 10% run to run: read them side by side. Usage:
     .venv/bin/python benchmarks/scaling.py [--repeats 3] [--steps 100] [--bare-repeats 3]
 """
@@ -26,7 +27,7 @@ from harness.results import read_records
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from throughput import bare  # noqa: E402  (the bare-loop runner the overhead benchmark uses)
+from throughput import REUSE, bare  # noqa: E402  (the bare-loop runner the overhead benchmark uses)
 
 BACKENDS = ("none", "ddp", "horovod", "deepspeed")
 WARMUP_STEPS = 5
@@ -76,10 +77,10 @@ def main() -> None:
     if args.bare_repeats:
         samples: Dict[str, List[float]] = {"bare loop, 1 process": [], "bare DDP, 2 processes": []}
         for _ in range(args.bare_repeats):  # interleaved pairs
-            samples["bare loop, 1 process"].append(bare(args.steps, 1, 1))
-            samples["bare DDP, 2 processes"].append(bare(args.steps, 1, 2))
+            samples["bare loop, 1 process"].append(bare(args.steps, 1, 1, REUSE))
+            samples["bare DDP, 2 processes"].append(bare(args.steps, 1, 2, REUSE))
         one, two = (statistics.median(samples[name]) for name in samples)
-        print(f"| bare loops (reference, medians) | {one:,.0f} | {two:,.0f} | {two / (2 * one):.3f} | - |")
+        print(f"| bare loops with reuse (reference, medians) | {one:,.0f} | {two:,.0f} | {two / (2 * one):.3f} | - |")
 
 
 if __name__ == "__main__":
