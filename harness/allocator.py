@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 
 CPU_MALLOC_MODES = ("reuse", "system")
 M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
@@ -23,6 +22,14 @@ TRIM_THRESHOLD_BYTES = 1 << 30
 # Set by a user who tunes glibc's malloc or preloads another allocator; the harness then leaves it.
 USER_MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 PRELOADED_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+
+
+def _is_glibc() -> bool:
+    # Asks the C library itself (platform.libc_ver would scan the Python binary, tens of MB when static).
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (AttributeError, ValueError, OSError):  # no confstr (Windows) or no such name (musl, macOS)
+        return False
 
 
 def _user_malloc_settings() -> list:
@@ -35,7 +42,7 @@ def reuse_freed_memory(mode: str) -> str:
     """Apply `--cpu-malloc` to this process (and the workers it forks); return what is in effect."""
     if mode == "system":
         return "system"
-    if platform.libc_ver()[0] != "glibc":
+    if not _is_glibc():
         return "system (not glibc)"
     user_settings = _user_malloc_settings()
     if user_settings:

@@ -242,7 +242,8 @@ def train(config: TrainConfig) -> Dict[str, Any]:
             "model": config.model, "dataset": config.dataset, "train_set_size": len(train_set),
             "device": device.type, "threads_per_rank": threads if device.type == "cpu" else None,
             "lr_base": config.lr, "base_batch": base_batch, "lr_effective": peak_lr, "warmup_steps": warmup_steps,
-            "math": backend.math_settings(config), "tuning": {**backend.tuning(), "cpu_malloc": cpu_malloc}, "versions": {**library_versions(), **backend.versions()},
+            "math": backend.math_settings(config), "tuning": {**backend.tuning(), "cpu_malloc": cpu_malloc},
+            "versions": {**library_versions(), **backend.versions()},
             "host": host_info(), "config": config.to_dict(), "tags": dict(config.tags),
         })
         if config.save_model:
