@@ -24,6 +24,9 @@ USER_MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GL
 PRELOADED_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 
+_applied_in_this_process = False  # glibc's settings are per process, and cannot be put back
+
+
 def _is_glibc() -> bool:
     # Asks the C library itself (platform.libc_ver would scan the Python binary, tens of MB when static).
     try:
@@ -39,9 +42,13 @@ def _user_malloc_settings() -> list:
 
 
 def reuse_freed_memory(mode: str) -> str:
-    """Apply `--cpu-malloc` to this process (and the workers it forks); return what is in effect."""
+    """Apply `--cpu-malloc` to this process (and the workers it forks); return what is in effect.
+
+    Notebooks run several trainings in one process: once reuse is set, it stays for the process.
+    """
+    global _applied_in_this_process
     if mode == "system":
-        return "system"
+        return "reuse (set by an earlier run in this process)" if _applied_in_this_process else "system"
     if not _is_glibc():
         return "system (not glibc)"
     user_settings = _user_malloc_settings()
@@ -51,4 +58,5 @@ def reuse_freed_memory(mode: str) -> str:
     # Setting either threshold also stops glibc from moving them itself.
     if not (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)):
         return "system (mallopt refused)"
+    _applied_in_this_process = True
     return "reuse"
