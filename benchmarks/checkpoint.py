@@ -41,7 +41,7 @@ from harness.config import TrainConfig  # noqa: E402
 from harness.launch import launch_command, launch_environment, launcher_command  # noqa: E402
 from harness.models import build_model  # noqa: E402
 from harness.preemption import PreemptionWatcher  # noqa: E402
-from harness.train import make_optimizer_factory  # noqa: E402
+from harness.loop import make_optimizer_factory  # noqa: E402
 
 TIMEOUT_S = 20
 FAILURE_ARGS = ["--model", "cnn", "--dataset", "digits", "--batch-size", "64", "--epochs", "20", "--threads", "1",

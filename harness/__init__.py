@@ -1,22 +1,77 @@
 """Data-parallel training on HPC systems: one CNN, interchangeable DDP / Horovod / DeepSpeed backends.
 
-Python API (what notebooks, exercises and job templates use):
+Python API (what notebooks, exercises and job templates use; every CLI command has one):
 
-    from harness import TrainConfig, train
-    record = train(TrainConfig(backend="ddp", epochs=1))
+    import harness
+    record = harness.train(harness.TrainConfig(backend="ddp", epochs=1))       # harness train
+    result = harness.run_sweep(harness.SweepSettings(...))                      # harness sweep
+    print(harness.scaling_report(result.records))                              # harness report
+    figures = harness.scaling_figures(result.records)                          # harness plot
+    harness.evaluate_model_file(harness.TrainConfig(...), "model.pt")          # harness evaluate
+
+`train` runs on the rank of whatever launcher started the process, and can be called again and
+again in one process (see harness.loop). The names here are functions and classes that stay what
+they are: no submodule shares a name with them.
 """
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: E402
 
+from .callbacks import Callback, EpochEnd, StepEnd  # noqa: E402
 from .config import TrainConfig  # noqa: E402
 from .errors import PeerFailure, Preempted, UsageError  # noqa: E402
 
 
-def train(config: "TrainConfig") -> dict:
-    """Train one run on this process's rank and return its results record (see harness.train.train)."""
-    from .train import train as run
+def train(config: TrainConfig, callbacks=()) -> dict:
+    """Train one run on this process's rank and return its results record (see harness.loop.train)."""
+    from .loop import train as run
 
-    return run(config)
+    return run(config, callbacks=callbacks)
 
 
-__all__ = ["PeerFailure", "Preempted", "TrainConfig", "UsageError", "train", "__version__"]
+def run_sweep(settings):
+    """Run a scaling study; returns a SweepResult with its records (see harness.sweep.run_sweep)."""
+    from .sweep import run_sweep as run
+
+    return run(settings)
+
+
+def scaling_report(records) -> str:
+    """The Markdown table of a scaling study's records (see harness.report.scaling_report)."""
+    from .report import scaling_report as report
+
+    return report(records)
+
+
+def scaling_figures(records) -> dict:
+    """matplotlib Figures of a scaling study's records (see harness.plot.scaling_figures)."""
+    from .plot import scaling_figures as figures
+
+    return figures(records)
+
+
+def evaluate_model_file(config: TrainConfig, model_file: str) -> dict:
+    """Score a saved model over the launching job's ranks (see harness.evaluate.evaluate_model_file)."""
+    from .evaluate import evaluate_model_file as evaluate
+
+    return evaluate(config, model_file)
+
+
+def read_results(paths) -> list:
+    """The records of JSONL results files (see harness.results.read_results)."""
+    from .results import read_results as read
+
+    return read([paths] if isinstance(paths, str) else paths)
+
+
+def __getattr__(name: str):
+    # SweepSettings and SweepResult live in harness.sweep, which imports torch: load it on first use.
+    if name in ("SweepSettings", "SweepResult"):
+        from . import sweep
+
+        return getattr(sweep, name)
+    raise AttributeError(f"module 'harness' has no attribute {name!r}")
+
+
+__all__ = ["Callback", "EpochEnd", "PeerFailure", "Preempted", "StepEnd", "SweepResult", "SweepSettings",
+           "TrainConfig", "UsageError", "evaluate_model_file", "read_results", "run_sweep", "scaling_figures",
+           "scaling_report", "train", "__version__"]

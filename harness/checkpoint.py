@@ -9,7 +9,7 @@ Layout of `--checkpoint-dir D`::
         mp_rank_00_model_states.pt, zero_pp_rank_*_optim_states.pt, ...   DeepSpeed's own files
                               (every rank writes its ZeRO partition; engine.save_checkpoint)
         rank-00000.pt ...     one per rank: torch (and CUDA), numpy and python RNG states and the
-                              rank's running loss sums of the unfinished epoch
+                              rank's per-step losses of the unfinished epoch
     D/.partial-step-...       a checkpoint being written: never read, removed by the next save
 
 What a checkpoint holds: model and optimizer state; the global step, which fixes the LR (a pure
@@ -40,21 +40,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import random
 import re
 import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type
 
 import numpy as np
 import torch
 
-from .config import TrainConfig
-from .errors import UsageError, first_line
-from .fileio import fsync_directory
+from .config import TrainConfig, flag_name
+from .errors import UsageError
+from .fileio import fsync_directory, load_tensors
 
 if TYPE_CHECKING:
     from .backends import Backend
@@ -68,11 +67,12 @@ RESUME_AUTO = "auto"
 HASH_CHUNK = 1 << 20
 
 # Config fields the saved state depends on. A different value would continue another experiment
-# (other weights, data order, optimizer state layout or LR curve), so resuming refuses it.
-# --epochs and --max-steps may grow: they only extend the run.
+# (other weights, data order, optimizer state layout or LR curve), so resuming refuses it; each
+# backend adds its own (Backend.resume_must_match). --epochs and --max-steps may grow: they only
+# extend the run.
 MUST_MATCH = ("model", "dataset", "image_size", "augment", "seed", "dropout", "optimizer", "lr", "lr_scaling",
-              "base_batch", "momentum", "weight_decay", "warmup_epochs", "schedule", "grad_clip",
-              "hvd_fp16_compression", "zero_stage")
+              "base_batch", "momentum", "weight_decay", "warmup_epochs", "schedule", "grad_clip", "precision",
+              "grad_accum")
 
 
 def checkpoint_name(step: int) -> str:
@@ -102,6 +102,9 @@ class Progress:
     train_losses: List[float] = field(default_factory=list)  # one per finished epoch
     evaluation: Dict[str, Any] = field(default_factory=dict)  # the latest evaluation
     segments: int = 1  # processes that have worked on the run: 1 + resumes
+    # Loss history in blocks of --log-every steps: block ends, mean losses, LRs, and the running
+    # (loss x samples, samples) of the block not yet complete.
+    history: Dict[str, Any] = field(default_factory=lambda: {"step": [], "loss": [], "lr": [], "pending": [0.0, 0.0]})
 
 
 @dataclass
@@ -118,22 +121,17 @@ class Checkpoint:
 
 @dataclass
 class ResumeState:
-    """Where a resumed run continues: its global step, progress and this rank's epoch loss sums."""
+    """Where a resumed run continues: its global step, progress and this rank's losses of the epoch."""
 
     step: int
     progress: Progress
-    epoch_loss_sums: torch.Tensor  # [summed loss, samples] of the unfinished epoch on this rank
+    epoch_step_losses: torch.Tensor  # [steps per epoch, 2]: (loss x samples, samples) per step, this rank
 
 
 # -- checks that run before any process group starts -------------------------------------------
 
 def check_checkpoint_flags(config: TrainConfig) -> None:
-    """Raise UsageError for checkpoint flags that cannot work, naming the fix."""
-    if config.checkpoint_every < 0:
-        raise UsageError(f"--checkpoint-every must not be negative, got {config.checkpoint_every} "
-                         "(0 checkpoints at epoch ends only)")
-    if config.keep_checkpoints < 1:
-        raise UsageError(f"--keep-checkpoints must be at least 1, got {config.keep_checkpoints}")
+    """Raise UsageError for checkpoint flags that cannot work together or with the filesystem."""
     if config.checkpoint_every and not config.checkpoint_dir:
         raise UsageError("--checkpoint-every needs --checkpoint-dir DIR to write the checkpoints to")
     directory = config.checkpoint_dir
@@ -219,7 +217,7 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def find_resume_checkpoint(config: TrainConfig, layout: RunLayout, checkpoint_format: str,
+def find_resume_checkpoint(config: TrainConfig, layout: RunLayout, backend: "Type[Backend]",
                            warn: bool) -> Optional[Checkpoint]:
     """The checkpoint this run continues from (None: start at step 0), checked against the run.
 
@@ -248,11 +246,11 @@ def find_resume_checkpoint(config: TrainConfig, layout: RunLayout, checkpoint_fo
                           file=sys.stderr, flush=True)
         if checkpoint is None:
             return None
-    check_compatible(checkpoint, config, layout, checkpoint_format)
+    check_compatible(checkpoint, config, layout, backend)
     return checkpoint
 
 
-def check_compatible(checkpoint: Checkpoint, config: TrainConfig, layout: RunLayout, checkpoint_format: str) -> None:
+def check_compatible(checkpoint: Checkpoint, config: TrainConfig, layout: RunLayout, backend: "Type[Backend]") -> None:
     """Raise UsageError unless `checkpoint` can continue this run (same model, data, math, world)."""
     manifest, where = checkpoint.manifest, checkpoint.path
     fix = "use the checkpoint's settings, or start a new run with another --checkpoint-dir"
@@ -260,13 +258,13 @@ def check_compatible(checkpoint: Checkpoint, config: TrainConfig, layout: RunLay
     if saved_config.get("model") != config.model:
         raise UsageError(f"checkpoint {where} holds a {saved_config.get('model')} model but this run trains "
                          f"{config.model}; {fix}")
-    if manifest.get("checkpoint_format") != checkpoint_format:
+    if manifest.get("checkpoint_format") != backend.checkpoint_format:
         raise UsageError(f"checkpoint {where} was written by backend {saved_config.get('backend')} "
                          f"({manifest.get('checkpoint_format')} format) and cannot be loaded by {config.backend}; "
                          f"resume with --backend {saved_config.get('backend')}, or {fix}")
-    for name in MUST_MATCH:
-        if saved_config.get(name) != getattr(config, name):
-            flag = "--" + name.replace("_", "-")
+    for name in (*MUST_MATCH, *backend.resume_must_match):
+        if saved_config.get(name, TrainConfig.__dataclass_fields__[name].default) != getattr(config, name):
+            flag = flag_name(name)
             raise UsageError(f"checkpoint {where} was written with {flag} {saved_config.get(name)} but this run has "
                              f"{flag} {getattr(config, name)}; {fix}")
     saved = manifest.get("run", {})
@@ -319,15 +317,6 @@ def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
 
 
-def load_tensors(path: str, device: Optional[torch.device] = None) -> Any:
-    """torch.load with weights_only=True; a file that is not plain tensors and containers is refused."""
-    try:
-        return torch.load(path, map_location=device, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise UsageError(f"checkpoint file {path} cannot be loaded as plain tensors ({first_line(exc)}); "
-                         "resume from another checkpoint, or start a new run with another --checkpoint-dir") from None
-
-
 # -- writing and restoring -------------------------------------------------------------------
 
 class Checkpointer:
@@ -344,7 +333,7 @@ class Checkpointer:
         """True after the steps where --checkpoint-every asks for a checkpoint."""
         return bool(self.config.checkpoint_every) and step % self.config.checkpoint_every == 0
 
-    def save(self, step: int, progress: Progress, epoch_loss_sums: torch.Tensor, reason: str) -> float:
+    def save(self, step: int, progress: Progress, epoch_step_losses: torch.Tensor, reason: str) -> float:
         """Write the checkpoint after `step` steps (a collective); return the seconds it took."""
         started = time.perf_counter()
         name = checkpoint_name(step)
@@ -354,7 +343,7 @@ class Checkpointer:
             os.makedirs(partial)
         self.backend.barrier()  # the directory exists before any rank writes into it
         self.backend.save_checkpoint(partial, self.cluster.rank)
-        torch.save({"rng": capture_rng_state(), "epoch_loss_sums": epoch_loss_sums.detach().cpu()},
+        torch.save({"rng": capture_rng_state(), "epoch_step_losses": epoch_step_losses.detach().cpu()},
                    os.path.join(partial, rank_file(self.cluster.rank)))
         _fsync_tree(partial)
         self.backend.barrier()  # every rank's files are on disk before the manifest vouches for them
@@ -373,7 +362,7 @@ class Checkpointer:
         return elapsed
 
     def _manifest(self, step: int, progress: Progress, partial: str, reason: str) -> Dict[str, Any]:
-        from . import __version__
+        from .version import __version__
 
         files = {}
         for root, _, names in os.walk(partial):
@@ -409,13 +398,13 @@ def restore(checkpoint: Checkpoint, backend: "Backend", cluster: "ClusterEnv", d
     rank_state = load_tensors(os.path.join(checkpoint.path, rank_file(cluster.rank)))
     try:
         restore_rng_state(rank_state["rng"])
-        loss_sums = rank_state["epoch_loss_sums"].to(device)
+        step_losses = rank_state["epoch_step_losses"].to(device)
         progress = Progress(**checkpoint.manifest["progress"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UsageError(f"checkpoint {checkpoint.path} lacks part of the training state ({exc!r}); resume from "
                          "another checkpoint, or start a new run with another --checkpoint-dir") from None
     progress.segments += 1
-    return ResumeState(checkpoint.step, progress, loss_sums)
+    return ResumeState(checkpoint.step, progress, step_losses)
 
 
 def _write_json(path: str, value: Dict[str, Any]) -> None:

@@ -6,61 +6,18 @@ A thin layer over the Python API.
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import json
 import logging
 import os
 import sys
-from typing import Any, Dict, List, NoReturn, Optional, Sequence
+from typing import Any, Dict, NoReturn, Optional, Sequence
 
-from .config import TrainConfig
+from .config import OneLineParser, TrainConfig, add_train_flags, config_from_args
 from .errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, PeerFailure, Preempted, UsageError
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one line naming the fix, with exit status 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
-
-
-class KeyValueAction(argparse.Action):
-    """Collect repeated KEY=VALUE flags into one dict (a later KEY replaces an earlier one)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: Optional[str] = None) -> None:
-        key, separator, value = str(values).partition("=")
-        if not separator or not key:
-            parser.error(f"{option_string} takes KEY=VALUE, got {values!r}")
-        setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}), key: value})
-
-
-def add_train_flags(parser: argparse.ArgumentParser, only: Optional[Sequence[str]] = None) -> None:
-    """One flag per TrainConfig field (or per field named in `only`), typed and documented from the dataclass."""
-    for field in dataclasses.fields(TrainConfig):
-        if only is not None and field.name not in only:
-            continue
-        flag = field.metadata.get("flag") or "--" + field.name.replace("_", "-")
-        help_text = field.metadata["help"]
-        if field.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", help=help_text)
-            continue
-        if field.type in ("Dict[str, str]", Dict[str, str]):
-            parser.add_argument(flag, dest=field.name, action=KeyValueAction, default={}, metavar="KEY=VALUE",
-                                help=help_text)
-            continue
-        kind = field.metadata.get("type") or (str if field.default is None else type(field.default))
-        parser.add_argument(flag, type=kind, default=field.default, metavar=field.name.upper(),
-                            help=f"{help_text} (default: {field.default})")
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The TrainConfig described by parsed train flags (defaults for fields the parser did not have)."""
-    return TrainConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(TrainConfig)
-                          if hasattr(args, field.name)})
-
-
 def _train(args: argparse.Namespace) -> int:
-    from .train import train
+    from .loop import train
 
     train(config_from_args(args))
     return 0
@@ -70,6 +27,8 @@ def _launch(args: argparse.Namespace) -> int:
     from .launch import run_launch
     from .backends import get_backend
 
+    from .loop import check_config
+
     train_args = list(args.train_args)
     if train_args and train_args[0] == "--":
         train_args = train_args[1:]
@@ -77,7 +36,7 @@ def _launch(args: argparse.Namespace) -> int:
     train_parser = OneLineParser(prog="harness train")
     add_train_flags(train_parser)
     config = config_from_args(train_parser.parse_args(["--backend", args.backend, *train_args]))
-    config.validate()
+    check_config(config)
     config.local_batch(args.n)
     if not args.dry_run:
         get_backend(args.backend).check_available()
@@ -86,7 +45,6 @@ def _launch(args: argparse.Namespace) -> int:
 
 def _env(args: argparse.Namespace) -> int:
     import dataclasses as dc
-    import json
 
     from .cluster import default_threads, detect_cluster
 
@@ -98,13 +56,15 @@ def _env(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(args.results, args.epochs)
+    return run_demo(args.results, args.epochs, verbose=args.verbose)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
     from .evaluate import evaluate_model_file
 
-    evaluate_model_file(config_from_args(args), args.model_file)
+    record = evaluate_model_file(config_from_args(args), args.model_file)
+    if record["rank"] == 0:
+        print(json.dumps(record, sort_keys=True), flush=True)
     return 0
 
 
@@ -125,50 +85,56 @@ def _data_prepare(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from .report import scaling_report
     from .sweep import SweepSettings, parse_list, parse_ranks, run_sweep
 
     settings = SweepSettings(
         backends=parse_list(args.backends, "backends"), ranks=parse_ranks(args.ranks), scaling=args.scaling,
         results=args.results, train_args=list(args.pass_through), repeats=args.repeats,
         launch_template=args.launch_template, launcher=args.launcher, ppn=args.ppn, sweep_id=args.sweep_id,
-        run_timeout=args.run_timeout, dry_run=args.dry_run)
-    return run_sweep(settings)
-
-
-def _read_results(paths: Sequence[str]) -> List[Dict[str, Any]]:
-    import os
-
-    from .results import read_records
-
-    missing = [path for path in paths if not os.path.isfile(path)]
-    if missing:
-        raise UsageError(f"results file {missing[0]} does not exist; run `harness sweep --results FILE` first")
-    return read_records(paths)
+        run_timeout=args.run_timeout, dry_run=args.dry_run, log_dir=args.log_dir,
+        checkpoint_root=args.checkpoint_root)
+    result = run_sweep(settings)
+    if settings.dry_run:
+        return 0
+    print(f"\nsweep {result.sweep_id}: {len(result.records)} record(s) in {settings.results}\n")
+    print(scaling_report(result.records), flush=True)
+    if result.preempted:
+        print(f"\nsweep {result.sweep_id} was preempted; run it again with --sweep-id {result.sweep_id} to finish it "
+              f"(exit status {EXIT_PREEMPTED})", flush=True)
+    if result.failed:
+        print(f"\nfailed runs: {'; '.join(result.failed)}", flush=True)
+    return result.status
 
 
 def _plot(args: argparse.Namespace) -> int:
     from .plot import write_figures
+    from .results import read_results
 
-    for path in write_figures(_read_results(args.results), args.output):
+    for path in write_figures(read_results(args.results), args.output):
         print(path)
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
     from .report import scaling_report
+    from .results import read_results
 
-    print(scaling_report(_read_results(args.results)))
+    print(scaling_report(read_results(args.results)))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `harness` parser with all subcommands."""
+def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.ArgumentParser:
+    """The `harness` parser with all subcommands; `train_defaults` replace `harness train`'s defaults."""
     parser = OneLineParser(prog="harness", description="Data-parallel training harness: DDP, Horovod, DeepSpeed.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     train = commands.add_parser("train", help="train under whatever launcher started this process")
+    train.add_argument("--config", default=None, metavar="JSON",
+                       help="start from the settings in this file (TrainConfig.to_json, or a record's config); "
+                            "flags given beside it override them")
     add_train_flags(train)
-    train.set_defaults(run=_train)
+    train.set_defaults(run=_train, **(train_defaults or {}))
 
     launch = commands.add_parser("launch", help="start N local ranks of `harness train` with a real launcher")
     launch.add_argument("-n", type=int, default=2, help="number of processes (default: 2)")
@@ -185,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="train the CNN on digits under every backend and compare")
     demo.add_argument("--results", default=None, help="JSONL file for the records (default: runs/demo-<time>.jsonl)")
     demo.add_argument("--epochs", type=int, default=3, help="epochs per run (default: 3)")
+    demo.add_argument("--verbose", action="store_true",
+                      help="show every rank's and launcher's output, framework logging included "
+                           "(also: HARNESS_VERBOSE=1)")
     demo.set_defaults(run=_demo)
 
     evaluate = commands.add_parser(
@@ -195,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "--data-dir and --image-size must match the training run.")
     evaluate.add_argument("--model-file", required=True, help="state_dict written by `harness train --save-model`")
     add_train_flags(evaluate, only=("backend", "model", "dataset", "data_dir", "image_size", "device", "threads",
-                                    "timeout"))
+                                    "timeout", "results", "tags"))
     evaluate.set_defaults(run=_evaluate)
 
     data = commands.add_parser("data", help="fetch (online) or prepare (once) a dataset read from --data-dir")
@@ -239,6 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--run-timeout", type=float, default=3600.0,
                        help="seconds before a run is killed (default: 3600)")
     sweep.add_argument("--dry-run", action="store_true", help="print every run's command instead of running it")
+    sweep.add_argument("--log-dir", default=None,
+                       help="write each run's output to DIR/NNN-<backend>-<ranks>r-rep<k>.log and every command "
+                            "that ran to DIR/commands.txt (default: output to this terminal)")
+    sweep.add_argument("--checkpoint-root", default=None,
+                       help="each run checkpoints into DIR/<backend>-<ranks>r-rep<k> and resumes from it: with "
+                            "--sweep-id, rerunning the sweep after a preemption finishes it")
     sweep.set_defaults(run=_sweep, accepts_train_flags=True)
 
     plot = commands.add_parser("plot", help="scaling figures (PNG + SVG) from results files")
@@ -260,7 +235,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if pass_through and not getattr(args, "accepts_train_flags", False):
         parser.error(f"unrecognized arguments: {' '.join(pass_through)}")
     args.pass_through = pass_through
+    show_progress()
     try:
+        if getattr(args, "config", None):  # settings from a file, with the flags given beside it on top
+            args = build_parser(train_defaults=TrainConfig.from_json(args.config).to_dict()).parse_args(argv)
         return args.run(args)
     except UsageError as exc:
         print(f"harness {args.command}: error: {exc}", file=sys.stderr, flush=True)
@@ -272,6 +250,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except PeerFailure as exc:
         print(f"harness {args.command}: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_PEER_FAILURE
+
+
+def show_progress() -> None:
+    """Print the harness's own progress lines (logger "harness", INFO) on stdout, as a command does."""
+    logger = logging.getLogger("harness")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def run_and_exit() -> NoReturn:

@@ -14,9 +14,12 @@ import socket
 import subprocess
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 # (variable, launcher that sets it), in priority order per quantity.
 RANK_VARIABLES: Tuple[Tuple[str, str], ...] = (
@@ -36,9 +39,15 @@ LOCAL_RANK_VARIABLES: Tuple[str, ...] = (
 )
 LOCAL_WORLD_SIZE_VARIABLES: Tuple[str, ...] = (
     "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE",
-    "PALS_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
+    "PALS_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
     "SLURM_TASKS_PER_NODE",
 )
+# Slurm's SLURM_* task variables are also set in a job's batch shell (SLURM_PROCID=0, SLURM_NTASKS=N)
+# and inherited by whatever it starts without srun (a Jupyter kernel on a compute node, a sweep's
+# driver). Only a task of an srun step is one of N ranks; srun sets these for its tasks alone.
+SLURM_STEP_VARIABLES: Tuple[str, ...] = ("SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS")
+# Per-node task counts, as Slurm writes them: "4(x2),3" is 4 on each of two nodes, then 3 on one.
+_SLURM_TASK_GROUP = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 MPI_LAUNCHERS = frozenset({"openmpi", "mpich", "pals"})
 DEFAULT_MASTER_PORT = 29500
 
@@ -70,11 +79,26 @@ def _first(environ: Mapping[str, str], names: Sequence[str]) -> Optional[Tuple[s
 
 
 def _as_int(name: str, value: str) -> int:
-    # Slurm writes per-node task counts as "4(x2),3": the first group is this job's layout.
-    match = re.match(r"^\s*(-?\d+)", value)
+    match = re.match(r"^\s*(-?\d+)\s*$", value)
     if not match:
         raise UsageError(f"environment variable {name}={value!r} is not an integer; unset it or fix the launcher")
     return int(match.group(1))
+
+
+def _slurm_tasks_on_node(name: str, value: str, node_id: int) -> int:
+    """This node's entry of a Slurm per-node task count such as '4(x2),3' (node ids count from 0)."""
+    counts: List[int] = []
+    for group in value.split(","):
+        match = _SLURM_TASK_GROUP.match(group.strip())
+        if not match:
+            raise UsageError(f"environment variable {name}={value!r} is not a Slurm task count such as '4(x2),3'; "
+                             "unset it or fix the launcher")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts[min(node_id, len(counts) - 1)]
+
+
+def _is_slurm_step_task(environ: Mapping[str, str]) -> bool:
+    return all(environ.get(name) not in (None, "") for name in SLURM_STEP_VARIABLES)
 
 
 def _slurm_first_host(nodelist: str) -> str:
@@ -138,6 +162,8 @@ def detect_cluster(environ: Optional[Mapping[str, str]] = None,
     environ = os.environ if environ is None else environ
     found_rank = None
     for name, launcher in RANK_VARIABLES:
+        if launcher == "slurm" and not _is_slurm_step_task(environ):
+            continue  # a batch shell or a process it started without srun: not a rank
         if environ.get(name) not in (None, ""):
             found_rank = (name, launcher)
             break
@@ -153,7 +179,13 @@ def detect_cluster(environ: Optional[Mapping[str, str]] = None,
     local_var = _first(environ, LOCAL_RANK_VARIABLES)
     local_rank = _as_int(*local_var) if local_var else (rank if world_size == 1 else 0)
     local_size_var = _first(environ, LOCAL_WORLD_SIZE_VARIABLES)
-    local_world_size = _as_int(*local_size_var) if local_size_var else (1 if local_var is None else world_size)
+    if local_size_var is None:
+        local_world_size = 1 if local_var is None else world_size
+    elif local_size_var[0].startswith("SLURM_"):
+        node_id = _as_int("SLURM_NODEID", environ["SLURM_NODEID"]) if environ.get("SLURM_NODEID") else 0
+        local_world_size = _slurm_tasks_on_node(*local_size_var, node_id)
+    else:
+        local_world_size = _as_int(*local_size_var)
     if not 0 <= rank < world_size:
         raise UsageError(f"{rank_name}={rank} is outside the world of size {world_size} ({size_var[0]}); "
                          "check the launcher's variables")
@@ -178,14 +210,24 @@ def default_threads(cluster: ClusterEnv) -> int:
     return max(1, cpu_cores() // max(1, cluster.local_world_size))
 
 
-def select_device(requested: str, cluster: ClusterEnv) -> "torch.device":
-    """GPU `local_rank % gpus_per_node` when CUDA is available (or asked for), else the CPU."""
+def select_device(requested: str, cluster: ClusterEnv, procs_per_gpu: int = 1) -> "torch.device":
+    """GPU `local_rank // procs_per_gpu` (modulo the GPUs this process sees, so that a per-rank
+    CUDA_VISIBLE_DEVICES works too) when CUDA is available or asked for, else the CPU."""
     import torch
 
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        if procs_per_gpu > 1:
+            raise UsageError(f"--procs-per-gpu {procs_per_gpu} places ranks on GPUs, but this run is on the CPU; "
+                             "on CPUs start more ranks with fewer --threads each (ranks x threads = cores)")
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise UsageError("--device cuda was asked for but CUDA is not available here; use --device cpu or auto")
-    device = torch.device("cuda", cluster.local_rank % torch.cuda.device_count())
+    gpus = torch.cuda.device_count()
+    if gpus > 1 and cluster.local_world_size > gpus * procs_per_gpu:
+        needed = -(-cluster.local_world_size // procs_per_gpu)
+        raise UsageError(f"{cluster.local_world_size} ranks on this node need {needed} GPUs at --procs-per-gpu "
+                         f"{procs_per_gpu}, but {gpus} are visible; launch fewer ranks per node or raise "
+                         "--procs-per-gpu")
+    device = torch.device("cuda", (cluster.local_rank // procs_per_gpu) % gpus)
     torch.cuda.set_device(device)
     return device

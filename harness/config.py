@@ -1,21 +1,28 @@
 """The training configuration: one dataclass that the CLI, notebooks and job templates share.
 
-Each field's metadata holds its help text; `harness train`'s flags are generated from it, so the
-CLI and the Python API cannot drift apart.
+Each field's metadata holds its help text; `harness train`'s flags are generated from it here, so
+the CLI and the Python API cannot drift apart, and `help(TrainConfig)` lists every field. This is a
+leaf module: it checks fields one by one (`validate`); what needs the registries (backend, model and
+dataset names, each backend's own options, checkpoints) is checked by `harness.loop.check_config`.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 from .allocator import CPU_MALLOC_MODES
-from .errors import UsageError
+from .errors import EXIT_USAGE, UsageError, unknown_choice
 from .lr import SCALING_RULES, SCHEDULES
 
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
+# fp32: plain float32. bf16 / fp16: torch.autocast around forward and loss with float32 weights and
+# optimizer state; fp16 adds dynamic loss scaling (harness.precision).
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -24,7 +31,11 @@ def _opt(default: Any, help: str, **extra: Any) -> Any:
 
 @dataclass
 class TrainConfig:
-    """Everything one training run needs. `harness.train(TrainConfig(...))` runs it."""
+    """Everything one training run needs. `harness.train(TrainConfig(...))` runs it.
+
+    Every field is also a `harness train` flag (field `batch_size` is `--batch-size`). Records and
+    checkpoints store `to_dict()`; `from_dict`/`from_json` read it back.
+    """
 
     backend: str = _opt("none", "none (single process), ddp, horovod or deepspeed")
     model: str = _opt("cnn", "cnn (workshop CNN), resnet18 or resnet50")
@@ -35,9 +46,12 @@ class TrainConfig:
                                 "the CIFAR recipe; drawn from (seed, epoch, step)")
     dropout: Optional[float] = _opt(None, "set both CNN dropout rates (0 turns dropout off; default 0.25 and 0.5)",
                                     type=float)
-    batch_size: int = _opt(64, "samples per worker per step")
-    global_batch: Optional[int] = _opt(None, "samples per step over all workers (strong scaling); "
+    batch_size: int = _opt(64, "samples per worker per micro-batch (per step without --grad-accum)")
+    global_batch: Optional[int] = _opt(None, "samples per optimizer step over all workers (strong scaling); "
                                               "overrides --batch-size, must divide evenly", type=int)
+    grad_accum: int = _opt(1, "micro-batches per optimizer step; gradients are communicated on the last one "
+                              "only. The effective batch (batch x accumulation x workers) is what LR scaling, "
+                              "sharding and throughput count")
     epochs: int = _opt(1, "passes over the training set")
     max_steps: Optional[int] = _opt(None, "stop after this many optimizer steps in total", type=int)
     optimizer: str = _opt("sgd", "sgd or adam")
@@ -45,20 +59,31 @@ class TrainConfig:
     weight_decay: float = _opt(0.0, "L2 weight decay")
     lr: float = _opt(0.01, "learning rate for --base-batch samples per step")
     lr_scaling: str = _opt("linear", "how the global batch scales --lr: none, linear or sqrt")
-    base_batch: Optional[int] = _opt(None, "global batch that --lr was tuned for (default: --batch-size, "
-                                            "so one worker trains at exactly --lr)", type=int)
+    base_batch: Optional[int] = _opt(None, "global batch that --lr was tuned for (default: the batch of one "
+                                            "worker, so one worker trains at exactly --lr)", type=int)
     warmup_epochs: float = _opt(0.0, "epochs of per-step linear warmup from --lr to the scaled LR")
     schedule: str = _opt("constant", "LR after warmup: constant, step (x0.1 at 50%% and 75%%) or cosine")
     grad_clip: float = _opt(0.0, "clip the global gradient norm to this value (0 = no clipping, for every backend)")
+    precision: str = _opt("fp32", "fp32, or bf16 / fp16: torch.autocast around forward and loss with float32 "
+                                  "weights and optimizer state (fp16 with dynamic loss scaling), for every backend")
+    channels_last: bool = _opt(False, "keep images and convolution weights in channels-last memory order "
+                                      "(faster convolutions on recent GPUs)")
     seed: int = _opt(0, "seed for weights, data order and dropout")
-    device: str = _opt("auto", "auto (GPU local_rank %% gpus_per_node if CUDA is available), cpu or cuda")
+    device: str = _opt("auto", "auto (GPU local_rank // --procs-per-gpu if CUDA is available), cpu or cuda")
+    procs_per_gpu: int = _opt(1, "GPU runs: ranks sharing one GPU (AccDP; needs a communicator that allows "
+                                 "it, see README 'Several ranks per GPU')")
     threads: Optional[int] = _opt(None, "CPU threads per rank (default: cores / local ranks)", type=int)
     num_workers: int = _opt(0, "data-loader worker processes per rank (0 = load in the training process)")
     prefetch: int = _opt(4, "batches each data-loader worker keeps ready ahead of training (with --num-workers > 0)")
     eval_every: int = _opt(1, "evaluate every N epochs (the last epoch is always evaluated; 0 = only the last)")
+    log_every: Optional[int] = _opt(None, "the record's loss and LR history keeps one point per N steps, each the "
+                                          "exact mean over its steps and all ranks (default: every step for runs "
+                                          "up to 1,000 steps, else 1,000 points)", type=int)
     timing_warmup_steps: int = _opt(5, "steps left out of the timed window (start-up, first allocations)")
     calibration_steps: int = _opt(10, "forward+backward steps timed after training on a plain copy of the model, "
                                      "to split step time into compute and communication (0 = no split)")
+    trace_steps: int = _opt(0, "record each rank's phase timestamps (data wait, forward+backward+sync, optimizer) "
+                               "for this many steps of the timed window, for a per-rank timeline")
     profile: bool = _opt(False, "on GPUs, synchronise the device around each step phase so the per-step time "
                                 "breakdown is exact (costs some overlap; CPU timings are exact without it)")
     tags: Dict[str, str] = field(default_factory=dict, metadata={
@@ -73,58 +98,53 @@ class TrainConfig:
     keep_checkpoints: int = _opt(3, "how many of the newest checkpoints --checkpoint-dir keeps")
     resume: Optional[str] = _opt(None, "auto: continue from the newest valid checkpoint in --checkpoint-dir (start "
                                        "fresh if there is none); or a checkpoint directory DIR/step-N")
-    # Framework knobs. None of them changes the math except fp16 compression (off by default).
-    ddp_bucket_cap_mb: float = _opt(25.0, "DDP gradient bucket size in MB")
-    hvd_fusion_threshold_mb: Optional[float] = _opt(None, "Horovod tensor-fusion buffer in MB "
+    # Framework knobs: each is read, checked and recorded (under `tuning`) by the backend module
+    # that owns it (its `options`); none changes the math except Horovod's fp16 compression.
+    ddp_bucket_cap_mb: float = _opt(25.0, "ddp: gradient bucket size in MB")
+    hvd_fusion_threshold_mb: Optional[float] = _opt(None, "horovod: tensor-fusion buffer in MB "
                                                            "(default: Horovod's, 128)", type=float)
-    hvd_fp16_compression: bool = _opt(False, "Horovod: send gradients as fp16 (changes the math)")
-    hvd_cycle_time_ms: Optional[float] = _opt(None, "Horovod background-thread cycle in ms (default: "
+    hvd_fp16_compression: bool = _opt(False, "horovod: send gradients as fp16 (changes the math)")
+    hvd_cycle_time_ms: Optional[float] = _opt(None, "horovod: background-thread cycle in ms (default: "
                                                     "$HOROVOD_CYCLE_TIME, else 5 on CPU, Horovod's 1 on GPU)",
                                               type=float)
-    zero_stage: int = _opt(0, "DeepSpeed ZeRO stage 0-3")
+    zero_stage: int = _opt(0, "deepspeed: ZeRO stage 0-3")
     cpu_malloc: str = _opt("reuse", "CPU runs: reuse (keep freed memory for the next step instead of returning "
                                     "it to the kernel; see harness/allocator.py) or system (glibc's defaults)")
 
     def validate(self) -> None:
-        """Raise UsageError for values no backend could run. Checks that need the world size run later."""
-        from .backends import BACKENDS
-        from .data import DATASETS
-        from .models import MODELS
-
-        for name, value, known in (("backend", self.backend, BACKENDS), ("model", self.model, MODELS),
-                                   ("dataset", self.dataset, DATASETS), ("optimizer", self.optimizer, OPTIMIZERS),
-                                   ("lr-scaling", self.lr_scaling, SCALING_RULES), ("schedule", self.schedule, SCHEDULES),
-                                   ("device", self.device, DEVICES), ("cpu-malloc", self.cpu_malloc, CPU_MALLOC_MODES)):
+        """Raise UsageError for a field whose value is malformed on its own (ranges, fixed choices)."""
+        for name, value, known in (("optimizer", self.optimizer, OPTIMIZERS), ("lr-scaling", self.lr_scaling,
+                                   SCALING_RULES), ("schedule", self.schedule, SCHEDULES),
+                                   ("device", self.device, DEVICES), ("precision", self.precision, PRECISIONS),
+                                   ("cpu-malloc", self.cpu_malloc, CPU_MALLOC_MODES)):
             if value not in known:
-                raise UsageError(f"unknown {name} {value!r}; choose one of {', '.join(known)}")
-        for name in ("batch_size", "global_batch", "epochs", "max_steps", "base_batch", "threads", "image_size",
-                     "prefetch"):
+                raise unknown_choice(name, value, known)
+        for name in ("batch_size", "global_batch", "grad_accum", "epochs", "max_steps", "base_batch", "threads",
+                     "image_size", "prefetch", "procs_per_gpu", "log_every"):
             value = getattr(self, name)
             if value is not None and value <= 0:
-                raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-        for name in ("lr", "timeout", "ddp_bucket_cap_mb", "hvd_fusion_threshold_mb", "hvd_cycle_time_ms"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+                raise UsageError(f"{flag_name(name)} must be a positive integer, got {value}")
+        for name in ("lr", "timeout"):
+            if not getattr(self, name) > 0:
+                raise UsageError(f"{flag_name(name)} must be positive, got {getattr(self, name)}")
         for name in ("momentum", "weight_decay", "warmup_epochs", "grad_clip", "num_workers", "eval_every",
-                     "timing_warmup_steps", "calibration_steps"):
+                     "timing_warmup_steps", "calibration_steps", "trace_steps", "checkpoint_every"):
             if getattr(self, name) < 0:
-                raise UsageError(f"--{name.replace('_', '-')} must not be negative, got {getattr(self, name)}")
+                raise UsageError(f"{flag_name(name)} must not be negative, got {getattr(self, name)}")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise UsageError(f"--dropout must be in [0, 1), got {self.dropout}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
-        from .checkpoint import check_checkpoint_flags
-
-        check_checkpoint_flags(self)
+        if self.keep_checkpoints < 1:
+            raise UsageError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
 
     def local_batch(self, world_size: int) -> int:
-        """Samples per worker per step; a global batch must split evenly over the workers."""
+        """Samples per worker per optimizer step (all micro-batches); a global batch must split evenly."""
         if self.global_batch is None:
-            return self.batch_size
-        if self.global_batch % world_size:
-            raise UsageError(f"--global-batch {self.global_batch} does not split evenly over {world_size} workers; "
-                             f"use a multiple of {world_size} or set --batch-size per worker")
+            return self.batch_size * self.grad_accum
+        parts = world_size * self.grad_accum
+        if self.global_batch % parts:
+            split = f"{world_size} workers" + (f" x {self.grad_accum} micro-batches" if self.grad_accum > 1 else "")
+            raise UsageError(f"--global-batch {self.global_batch} does not split evenly over {split}; use a multiple "
+                             f"of {parts} or set --batch-size per worker")
         return self.global_batch // world_size
 
     def to_dict(self) -> Dict[str, Any]:
@@ -137,5 +157,106 @@ class TrainConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
-            raise UsageError(f"unknown config keys {unknown}; known keys are the fields of TrainConfig")
+            raise UsageError(f"unknown config keys {unknown}; known keys are the fields of TrainConfig "
+                             "(see `harness train --help`)")
         return cls(**values)
+
+    def to_json(self, path: str) -> None:
+        """Write this config as a JSON file that `harness train --config PATH` and from_json read."""
+        from .fileio import atomic_write
+
+        def write(tmp: str) -> None:
+            with open(tmp, "w") as handle:
+                json.dump(self.to_dict(), handle, indent=1, sort_keys=True)
+                handle.write("\n")
+        atomic_write(path, write)
+
+    @classmethod
+    def from_json(cls, path: str) -> "TrainConfig":
+        """The config stored in a JSON file (as to_json writes it, or a record's `config`)."""
+        try:
+            with open(path) as handle:
+                values = json.load(handle)
+        except OSError as exc:
+            raise UsageError(f"config file {path} cannot be read ({exc.strerror}); write one with "
+                             "TrainConfig.to_json") from None
+        except ValueError as exc:
+            raise UsageError(f"config file {path} is not JSON ({exc}); write one with TrainConfig.to_json") from None
+        if not isinstance(values, dict):
+            raise UsageError(f"config file {path} holds no JSON object; write one with TrainConfig.to_json")
+        return cls.from_dict(values)
+
+
+def _field_docs() -> str:
+    lines = ["", "Fields (flag, default: meaning):"]
+    for spec in dataclasses.fields(TrainConfig):
+        default = spec.default if spec.default is not dataclasses.MISSING else "{}"
+        lines.append(f"    {spec.name} ({flag_name(spec.name)}, default {default!r}): "
+                     f"{spec.metadata['help'].replace('%%', '%')}")
+    return "\n".join(lines)
+
+
+def flag_name(name: str) -> str:
+    """The CLI flag of TrainConfig field `name`, e.g. `--batch-size`."""
+    spec = {f.name: f for f in dataclasses.fields(TrainConfig)}.get(name)
+    return (spec.metadata.get("flag") if spec is not None else None) or "--" + name.replace("_", "-")
+
+
+TrainConfig.__doc__ = (TrainConfig.__doc__ or "") + _field_docs()
+
+
+# -- command-line flags, generated from the fields -------------------------------------------------
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line naming the fix, with exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+class KeyValueAction(argparse.Action):
+    """Collect repeated KEY=VALUE flags into one dict (a later KEY replaces an earlier one)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        key, separator, value = str(values).partition("=")
+        if not separator or not key:
+            parser.error(f"{option_string} takes KEY=VALUE, got {values!r}")
+        setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}), key: value})
+
+
+def add_train_flags(parser: argparse.ArgumentParser, only: Optional[Sequence[str]] = None) -> None:
+    """One flag per TrainConfig field (or per field named in `only`), typed and documented from the dataclass."""
+    for spec in dataclasses.fields(TrainConfig):
+        if only is not None and spec.name not in only:
+            continue
+        flag = flag_name(spec.name)
+        help_text = spec.metadata["help"]
+        if spec.type in ("bool", bool):
+            parser.add_argument(flag, action="store_true", help=help_text)
+            continue
+        if spec.type in ("Dict[str, str]", Dict[str, str]):
+            parser.add_argument(flag, dest=spec.name, action=KeyValueAction, default={}, metavar="KEY=VALUE",
+                                help=help_text)
+            continue
+        kind = spec.metadata.get("type") or (str if spec.default is None else type(spec.default))
+        parser.add_argument(flag, type=kind, default=spec.default, metavar=spec.name.upper(),
+                            help=f"{help_text} (default: {spec.default})")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig described by parsed train flags (defaults for fields the parser did not have)."""
+    return TrainConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TrainConfig)
+                          if hasattr(args, spec.name)})
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see `harness train --help`)")
+
+
+def parse_train_flags(flags: Sequence[str]) -> TrainConfig:
+    """The TrainConfig of `harness train` flags; a bad flag raises UsageError (one line, no exit)."""
+    parser = _RaisingParser(prog="harness train", allow_abbrev=False)
+    add_train_flags(parser)
+    return config_from_args(parser.parse_args(list(flags)))

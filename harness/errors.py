@@ -1,5 +1,9 @@
 """Errors and exit statuses shared by the CLI and the Python API."""
 
+from __future__ import annotations
+
+from typing import Iterable
+
 EXIT_OK = 0
 EXIT_USAGE = 2  # bad input: flags, environment, files; nothing was started or written
 EXIT_PREEMPTED = 3  # stopped by SIGTERM/SIGUSR1 after writing a checkpoint; resubmit to continue
@@ -26,6 +30,11 @@ class Preempted(Exception):
 
 class PeerFailure(Exception):
     """Another rank died or stopped answering, so this rank cannot go on; exit status 4."""
+
+
+def unknown_choice(kind: str, value: object, known: Iterable[object]) -> UsageError:
+    """The error for a name that is not one of `known`: "unknown KIND 'VALUE'; choose one of A, B, C"."""
+    return UsageError(f"unknown {kind} {value!r}; choose one of {', '.join(str(name) for name in known)}")
 
 
 def first_line(error: BaseException, limit: int = 200) -> str:

@@ -9,7 +9,6 @@ reduce; no model wrapper, no optimizer.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import time
@@ -21,7 +20,8 @@ from .config import TrainConfig
 from .data import DataOptions, load_split
 from .errors import UsageError
 from .models import build_model
-from .train import evaluate, place_process
+from .loop import evaluate, place_process, preserved_process_state
+from .results import append_record, library_versions
 
 
 def load_model_file(path: str, config: TrainConfig, channels: int, size: int, num_classes: int) -> torch.nn.Module:
@@ -46,25 +46,26 @@ def load_model_file(path: str, config: TrainConfig, channels: int, size: int, nu
 def evaluate_model_file(config: TrainConfig, model_file: str) -> Dict[str, Any]:
     """Evaluate `model_file` on the test split of `config.dataset` under the launching job's ranks.
 
-    Every rank returns the same record; rank 0 also prints it as one JSON line.
+    Every rank returns the same record; rank 0 also appends it to `config.results` (as train does).
     """
     started = time.time()
-    backend, cluster, device, _, _ = place_process(config)
-    test_set = load_split(config.dataset, "test",
-                          DataOptions(config.data_dir, config.model, config.image_size, config.timeout))
-    channels, size, _ = test_set.shape
-    model = load_model_file(model_file, config, channels, size, test_set.num_classes).to(device)
-
-    backend.init(cluster, device, config)
-    try:
-        record = {
-            **evaluate(model, test_set, backend, cluster, device),
-            "model_file": os.path.abspath(model_file), "model": config.model, "dataset": config.dataset,
-            "backend": config.backend, "launcher": cluster.launcher, "world_size": cluster.world_size,
-            "device": device.type, "wall_time": time.time() - started,
-        }
-    finally:
-        backend.shutdown()
-    if cluster.is_main:
-        print(json.dumps(record, sort_keys=True), flush=True)
+    with preserved_process_state():
+        backend, cluster, device, _, _ = place_process(config)
+        test_set = load_split(config.dataset, "test",
+                              DataOptions(config.data_dir, config.model, config.image_size, config.timeout))
+        channels, size, _ = test_set.shape
+        model = load_model_file(model_file, config, channels, size, test_set.num_classes).to(device)
+        try:
+            backend.init(cluster, device, config)
+            record = {
+                **evaluate(model, test_set, backend, cluster, device),
+                "kind": "evaluation", "model_file": os.path.abspath(model_file), "model": config.model,
+                "dataset": config.dataset, "backend": config.backend, "launcher": cluster.launcher,
+                "world_size": cluster.world_size, "rank": cluster.rank, "device": device.type,
+                "wall_time": time.time() - started, "versions": library_versions(), "tags": dict(config.tags),
+            }
+        finally:
+            backend.shutdown()
+    if cluster.is_main and config.results:
+        append_record(config.results, {**record, "rank": 0})
     return record

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
+
+from .errors import UsageError, first_line
 
 
 @contextlib.contextmanager
@@ -40,3 +42,16 @@ def fsync_directory(directory: str) -> None:
         os.fsync(fd)
     if fd is not None:
         os.close(fd)
+
+
+def load_tensors(path: str, device: Optional[Any] = None) -> Any:
+    """torch.load with weights_only=True; a file that is not plain tensors and containers is refused."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise UsageError(f"checkpoint file {path} cannot be loaded as plain tensors ({first_line(exc)}); "
+                         "resume from another checkpoint, or start a new run with another --checkpoint-dir") from None

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from .backends import BACKENDS
-from .errors import UsageError
+from .backends import backend_class
+from .errors import UsageError, unknown_choice
 
 LAUNCHERS = ("python", "torchrun", "mpirun", "horovodrun", "deepspeed")
 
@@ -41,14 +42,13 @@ def _tool(name: str) -> str:
 def launch_command(num_processes: int, backend: str, train_args: Sequence[str], launcher: Optional[str] = None,
                    port: Optional[int] = None, subcommand: str = "train") -> List[str]:
     """The exact command that starts `num_processes` ranks of `harness train` (or `subcommand`) on this machine."""
-    if backend not in BACKENDS:
-        raise UsageError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    launcher = launcher or BACKENDS[backend].local_launcher
+    launcher = launcher or backend_class(backend).local_launcher
     if launcher not in LAUNCHERS:
-        raise UsageError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
+        raise unknown_choice("launcher", launcher, LAUNCHERS)
     if num_processes < 1:
         raise UsageError(f"-n must be a positive number of processes, got {num_processes}")
-    if launcher == "python" and num_processes != 1:
+    limit = backend_class(backend).max_world_size
+    if (launcher == "python" or limit is not None) and num_processes > (limit or 1):
         raise UsageError(f"backend {backend!r} runs one process; use -n 1 or a distributed backend")
     program = ["-m", "harness", subcommand, "--backend", backend, *train_args]  # subcommand: train or evaluate
     return launcher_command(launcher, num_processes, program, port)
@@ -82,7 +82,7 @@ def launch_environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]
     for key, value in OPENMPI_ENV.items():
         env.setdefault(key, value)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    # harness.train sets each rank's threads itself (cores / local ranks); this only keeps
+    # harness.loop sets each rank's threads itself (cores / local ranks); this only keeps
     # torchrun from printing its OMP_NUM_THREADS banner.
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra or {})
@@ -94,13 +94,7 @@ def run_launch(num_processes: int, backend: str, train_args: Sequence[str], laun
     """Run (or with dry_run print) the launch command; return its exit status."""
     command = launch_command(num_processes, backend, train_args, launcher)
     if dry_run:
-        print(" ".join(_quote(part) for part in command))
+        print(shlex.join(command))
         return 0
     completed = subprocess.run(command, env=launch_environment(), timeout=timeout)
     return completed.returncode
-
-
-def _quote(part: str) -> str:
-    import shlex
-
-    return shlex.quote(part)

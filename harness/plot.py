@@ -23,9 +23,8 @@ from .report import ScalingRow, Study, scaling_rows
 
 FIGURE_KINDS = ("throughput", "efficiency", "breakdown")
 FORMATS = ("png", "svg")
-# Fixed colours per backend, so a backend looks the same in every figure and every study.
-BACKEND_COLOURS = {"none": "#555555", "ddp": "#1f77b4", "horovod": "#ff7f0e", "deepspeed": "#2ca02c"}
-EXTRA_COLOURS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+# One colour per backend in registry order, so a backend looks the same in every figure and study.
+PALETTE = ("#555555", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 PHASE_STYLE = {
     "data_wait": ("data wait", "#bdbdbd"),
     "forward_backward": ("forward + backward", "#4c72b0"),
@@ -41,9 +40,11 @@ FIGSIZE = (10, 6)
 
 
 def _colour(backend: str, order: Sequence[str]) -> str:
-    if backend in BACKEND_COLOURS:
-        return BACKEND_COLOURS[backend]
-    return EXTRA_COLOURS[order.index(backend) % len(EXTRA_COLOURS)]
+    from .backends import BACKENDS
+
+    known = list(BACKENDS)
+    index = known.index(backend) if backend in known else len(known) + order.index(backend)
+    return PALETTE[index % len(PALETTE)]
 
 
 def _backends(rows: Sequence[ScalingRow]) -> List[str]:
@@ -196,11 +197,12 @@ def _write_json(path: str, data: Dict[str, Any]) -> None:
         json.dump(data, handle, indent=1, allow_nan=False)
 
 
-def write_figures(records: Sequence[Dict[str, Any]], prefix: str) -> List[str]:
-    """Every figure of every study in `records`, as PREFIX[-study]-KIND.{png,svg,json}; the paths written.
+def scaling_figures(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """Every figure of every study in `records`, as matplotlib Figures keyed by file stem suffix.
 
-    With one study the names are PREFIX-throughput.png etc.; with several, each carries the
-    study's slug (e.g. PREFIX-weak-cnn-synthetic-b64-cpu-throughput.png).
+    With one study the keys are the kinds ("throughput", "efficiency", "breakdown"); with several,
+    each key carries the study's slug ("weak-cnn-synthetic-b64-cpu-throughput"). Figures use the
+    slide style and no pyplot state; in a notebook, display one by evaluating it.
     """
     from matplotlib import rc_context
 
@@ -209,11 +211,76 @@ def write_figures(records: Sequence[Dict[str, Any]], prefix: str) -> List[str]:
         raise UsageError("no records with a timed window to plot; run `harness sweep` (or train with more "
                          "steps than --timing-warmup-steps) first")
     studies = sorted({row.study for row in rows})
-    written: List[str] = []
+    figures: Dict[str, Any] = {}
     with rc_context(SLIDE_STYLE):
         for study in studies:
             mine = [row for row in rows if row.study == study]
-            stem = prefix if len(studies) == 1 else f"{prefix}-{study.slug()}"
             for kind, draw in FIGURES.items():
-                written += _save(draw(mine, study), f"{stem}-{kind}")
+                figures[kind if len(studies) == 1 else f"{study.slug()}-{kind}"] = draw(mine, study)
+    return figures
+
+
+def write_figures(records: Sequence[Dict[str, Any]], prefix: str) -> List[str]:
+    """scaling_figures(records) saved as PREFIX-KEY.{png,svg,json}; the paths written."""
+    from matplotlib import rc_context
+
+    written: List[str] = []
+    with rc_context(SLIDE_STYLE):
+        for key, figure in scaling_figures(records).items():
+            written += _save(figure, f"{prefix}-{key}")
     return written
+
+
+def timeline_figure(record: Dict[str, Any], steps: Optional[int] = None) -> Any:
+    """Each rank's traced steps as bars over time, coloured by phase (data wait, forward + backward
+    + gradient sync, optimizer); white gaps are bookkeeping and barriers. Needs a record of a run with
+    --trace-steps > 0. Returns the Figure."""
+    from matplotlib import rc_context
+    from matplotlib.figure import Figure
+
+    timeline = record.get("timeline")
+    if not timeline or not any(timeline["per_rank"]):
+        raise UsageError("this record has no per-rank timeline; train with --trace-steps N (e.g. 8) to record one")
+    colours = {"data_wait": PHASE_STYLE["data_wait"][1], "forward_backward_sync": PHASE_STYLE["forward_backward"][1],
+               "optimizer": PHASE_STYLE["optimizer"][1]}
+    labels = {"data_wait": "data wait", "forward_backward_sync": "forward + backward + gradient sync",
+              "optimizer": "optimizer"}
+    with rc_context(SLIDE_STYLE):
+        fig = Figure(figsize=(FIGSIZE[0], 1.6 + 0.9 * len(timeline["per_rank"])), layout="constrained")
+        ax = fig.add_subplot()
+        for rank, traced in enumerate(timeline["per_rank"]):
+            for step in traced[:steps]:
+                for phase, (begin, end) in zip(timeline["phases"], step):
+                    ax.broken_barh([(1000 * begin, 1000 * (end - begin))], (rank - 0.35, 0.7),
+                                   color=colours[phase], label=labels[phase])
+        handles, names = ax.get_legend_handles_labels()
+        unique = dict(zip(names, handles))
+        ax.legend(unique.values(), unique.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.25), ncols=3)
+        ax.set_yticks(range(len(timeline["per_rank"])))
+        ax.set_yticklabels([f"rank {rank}" for rank in range(len(timeline["per_rank"]))])
+        ax.invert_yaxis()
+        ax.set_xlabel("time since the timed window opened (ms)")
+        ax.grid(False, axis="y")
+        ax.set_title(f"Per-rank step timeline: {record['backend']}, {record['world_size']} ranks, "
+                     f"{record['model']}, batch {record['local_batch']} per rank")
+    return fig
+
+
+def loss_figure(records: Sequence[Dict[str, Any]], labels: Sequence[str], title: str = "Training loss") -> Any:
+    """Training loss against optimizer step for several runs (from each record's `history`), one
+    labelled line each, on a log scale. Returns the Figure."""
+    from matplotlib import rc_context
+    from matplotlib.figure import Figure
+
+    with rc_context(SLIDE_STYLE):
+        fig = Figure(figsize=FIGSIZE, layout="constrained")
+        ax = fig.add_subplot()
+        for record, label in zip(records, labels):
+            history = record["history"]
+            ax.plot(history["step"], history["loss"], label=label)
+        ax.set_yscale("log")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("training loss (mean over ranks and samples)")
+        ax.set_title(title)
+        ax.legend(loc="upper right")
+    return fig

@@ -35,7 +35,7 @@ def library_versions() -> Dict[str, str]:
     import numpy
     import torch
 
-    from . import __version__
+    from .version import __version__
 
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
             "harness": __version__, "cuda": torch.version.cuda or "none"}
@@ -61,6 +61,17 @@ def append_record(path: str, record: Dict[str, Any]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_results(paths: Iterable[str]) -> List[Dict[str, Any]]:
+    """The records of results files that must exist (a missing one is a UsageError naming the fix)."""
+    from .errors import UsageError
+
+    paths = list(paths)
+    missing = [path for path in paths if not os.path.isfile(path)]
+    if missing:
+        raise UsageError(f"results file {missing[0]} does not exist; run `harness sweep --results FILE` first")
+    return read_records(paths)
 
 
 def read_records(paths: Iterable[str]) -> List[Dict[str, Any]]:

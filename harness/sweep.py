@@ -18,6 +18,13 @@ Where runs start:
       {backend}  the run's backend
       {args}     the run's `harness train` flags, shell-quoted (they include --backend)
   e.g. PBS_TEMPLATE and SLURM_TEMPLATE below, the defaults in those allocations.
+
+For batch jobs: `log_dir` gives every run a log file and records the exact commands; with
+`checkpoint_root` every run checkpoints into its own directory and resumes from it. On SIGTERM or
+SIGUSR1 the sweep passes the signal to the run in progress, which checkpoints and exits with
+status 3; the sweep then stops with status 3 and starts nothing more. Run again with the same
+--sweep-id (a resubmitted job), it skips the runs already recorded in --results and resumes the
+interrupted one from its checkpoint.
 """
 
 from __future__ import annotations
@@ -25,15 +32,18 @@ from __future__ import annotations
 import math
 import os
 import shlex
+import signal
 import string
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .backends import BACKENDS, get_backend
-from .errors import UsageError
+from .backends import BACKENDS, backend_class, get_backend
+from .config import parse_train_flags
+from .errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, UsageError, unknown_choice
 from .launch import launch_command, launch_environment
 from .results import read_records
 
@@ -41,12 +51,13 @@ SCALING_MODES = ("weak", "strong")
 PBS_TEMPLATE = "mpiexec -n {ranks} --ppn {ppn} {python} -m harness train {args}"
 SLURM_TEMPLATE = "srun --nodes {nodes} --ntasks {ranks} --ntasks-per-node {ppn} {python} -m harness train {args}"
 TEMPLATE_FIELDS = ("ranks", "ppn", "nodes", "python", "backend", "args")
-SINGLE_PROCESS_BACKEND = "none"
+COMMANDS_FILE = "commands.txt"
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 @dataclass
 class SweepSettings:
-    """What `harness sweep` was asked to run."""
+    """What a sweep runs: `harness sweep`'s flags, or the Python API's arguments."""
 
     backends: List[str]
     ranks: List[int]
@@ -60,6 +71,8 @@ class SweepSettings:
     sweep_id: Optional[str] = None
     run_timeout: float = 3600.0
     dry_run: bool = False
+    log_dir: Optional[str] = None  # one log file per run, and the commands that ran
+    checkpoint_root: Optional[str] = None  # each run checkpoints into (and resumes from) its own directory
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,25 @@ class SweepRun:
     ranks: int
     repeat: int
     command: Tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        """A name for the run, unique within its sweep: e.g. 'ddp-4r-rep1'."""
+        return f"{self.backend}-{self.ranks}r-rep{self.repeat}"
+
+    def label(self, repeats: int) -> str:
+        return f"{self.backend} x {self.ranks} rank(s), repeat {self.repeat + 1}/{repeats}"
+
+
+@dataclass
+class SweepResult:
+    """What a sweep did: this sweep's records, the runs that failed, and the exit status."""
+
+    sweep_id: str
+    records: List[Dict[str, Any]]
+    failed: List[str]  # labels of failed runs, with their exit status
+    preempted: bool  # a run stopped on a preemption signal: run the sweep again to finish it
+    status: int  # 0 all done, 3 preempted, 4 a run lost a rank, 1 another failure
 
 
 def parse_list(text: str, what: str) -> List[str]:
@@ -131,14 +163,12 @@ def _gpus_per_node() -> int:
 
 def _study_flags(settings: SweepSettings) -> List[str]:
     """Batch flags that make the runs one weak or one strong scaling study; checks every rank count."""
-    from .cli import OneLineParser, add_train_flags, config_from_args
+    from .loop import check_config
 
     if "--backend" in settings.train_args or any(a.startswith("--backend=") for a in settings.train_args):
         raise UsageError("a sweep runs every backend of --backends; drop --backend")
-    parser = OneLineParser(prog="harness sweep", allow_abbrev=False)
-    add_train_flags(parser)
-    config = config_from_args(parser.parse_args(settings.train_args))
-    config.validate()
+    config = parse_train_flags(settings.train_args)
+    check_config(config)
     extra: List[str] = []
     if settings.scaling == "weak":
         if config.global_batch is not None:
@@ -148,11 +178,11 @@ def _study_flags(settings: SweepSettings) -> List[str]:
         if config.global_batch is None:
             config.global_batch = config.batch_size
             extra = ["--global-batch", str(config.global_batch)]
-        bad = [n for n in settings.ranks if config.global_batch % n]
+        bad = [n for n in settings.ranks if config.global_batch % (n * config.grad_accum)]
         if bad:
-            raise UsageError(f"--scaling strong splits the global batch {config.global_batch} over every rank count, "
-                             f"but it does not divide by {bad}; choose a --global-batch that all of "
-                             f"{settings.ranks} divide")
+            raise UsageError(f"--scaling strong splits the global batch {config.global_batch} over every rank count "
+                             f"(x {config.grad_accum} micro-batches), but it does not divide by {bad}; choose a "
+                             f"--global-batch that all of {settings.ranks} divide")
     return extra
 
 
@@ -160,14 +190,17 @@ def plan_sweep(settings: SweepSettings, environ: Optional[Mapping[str, str]] = N
     """Every run of the sweep, in execution order, with its command; bad input raises UsageError."""
     environ = os.environ if environ is None else environ
     if settings.scaling not in SCALING_MODES:
-        raise UsageError(f"--scaling must be weak or strong, got {settings.scaling!r}")
+        raise unknown_choice("scaling mode", settings.scaling, SCALING_MODES)
     unknown = [b for b in settings.backends if b not in BACKENDS]
     if unknown:
-        raise UsageError(f"unknown backends {unknown} in --backends; choose from {', '.join(BACKENDS)}")
+        raise unknown_choice("backend", unknown[0], BACKENDS)
     if settings.repeats < 1:
         raise UsageError(f"--repeats must be a positive integer, got {settings.repeats}")
     if os.path.isdir(settings.results):
         raise UsageError(f"--results {settings.results} is a directory; name a JSONL file")
+    if settings.checkpoint_root and any(a.startswith(("--checkpoint-dir", "--resume")) for a in settings.train_args):
+        raise UsageError("--checkpoint-root gives every run its own --checkpoint-dir and --resume auto; "
+                         "drop --checkpoint-dir and --resume")
     template = settings.launch_template or allocation_template(environ)
     if template:
         check_template(template)
@@ -181,46 +214,116 @@ def plan_sweep(settings: SweepSettings, environ: Optional[Mapping[str, str]] = N
     for repeat in range(settings.repeats):
         for ranks in settings.ranks:
             for backend in settings.backends:
-                if backend == SINGLE_PROCESS_BACKEND and ranks != 1:
+                limit = backend_class(backend).max_world_size
+                if limit is not None and ranks > limit:
                     continue  # the single-process baseline exists at one rank only
                 args = [*shared, "--tag", f"repeat={repeat}"]
+                if settings.checkpoint_root:
+                    key = SweepRun(backend, ranks, repeat, ()).key
+                    args += ["--checkpoint-dir", os.path.join(settings.checkpoint_root, key), "--resume", "auto"]
                 if template:
                     command = template_command(template, ranks, ppn, backend, ["--backend", backend, *args])
                 else:
                     command = launch_command(ranks, backend, args, settings.launcher)
                 runs.append(SweepRun(backend, ranks, repeat, tuple(command)))
     if not runs:
-        raise UsageError(f"nothing to run: backend {SINGLE_PROCESS_BACKEND!r} runs one process only; "
-                         "add 1 to --ranks or a distributed backend to --backends")
+        raise UsageError("nothing to run: the single-process backend runs one process only; add 1 to --ranks or a "
+                         "distributed backend to --backends")
     return runs
 
 
-def run_sweep(settings: SweepSettings) -> int:
-    """Run (or with dry_run print) every run; print the study's report; non-zero if any run failed."""
-    from .report import scaling_report
+def _recorded(results: str, sweep_id: str) -> List[Dict[str, Any]]:
+    records = read_records([results]) if os.path.exists(results) else []
+    return [record for record in records if record.get("tags", {}).get("sweep_id") == sweep_id]
 
+
+def _is_done(run: SweepRun, records: Sequence[Dict[str, Any]]) -> bool:
+    return any((r.get("backend"), r.get("world_size"), r.get("tags", {}).get("repeat")) ==
+               (run.backend, run.ranks, str(run.repeat)) for r in records)
+
+
+class _SignalForwarder:
+    """While installed: a preemption signal to the sweep is passed on to the run in progress."""
+
+    def __init__(self) -> None:
+        self.child: Optional[subprocess.Popen] = None
+        self.received: Optional[int] = None
+        self._previous: Dict[int, Any] = {}
+
+    def __enter__(self) -> "_SignalForwarder":
+        for signum in FORWARDED_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._forward)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _forward(self, signum: int, frame: Any) -> None:
+        self.received = signum
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+
+def _run_one(run: SweepRun, settings: SweepSettings, number: int, total: int, forwarder: _SignalForwarder) -> Optional[int]:
+    """Start one run and wait for it; its exit status (None: killed at --run-timeout)."""
+    label = run.label(settings.repeats)
+    log_path = None
+    if settings.log_dir:
+        log_path = os.path.join(settings.log_dir, f"{number:03d}-{run.key}.log")
+        with open(os.path.join(settings.log_dir, COMMANDS_FILE), "a") as commands:
+            commands.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} [{number}/{total}] {label} -> {log_path}\n"
+                           f"{shlex.join(run.command)}\n")
+    print(f"== [{number}/{total}] {label}: {shlex.join(run.command[:4])} ..."
+          + (f" (log: {log_path})" if log_path else ""), flush=True)
+    output = open(log_path, "a") if log_path else None
+    try:
+        forwarder.child = subprocess.Popen(run.command, env=launch_environment(), stdout=output,
+                                           stderr=subprocess.STDOUT if output else None)
+        try:
+            return forwarder.child.wait(timeout=settings.run_timeout)
+        except subprocess.TimeoutExpired:
+            forwarder.child.kill()
+            forwarder.child.wait()
+            return None
+    finally:
+        forwarder.child = None
+        if output is not None:
+            output.close()
+
+
+def run_sweep(settings: SweepSettings) -> SweepResult:
+    """Run (or with dry_run print) every run of the sweep; return its records and failures.
+
+    Prints one line per run as it starts. Raises UsageError for bad input before any run starts.
+    """
     settings.sweep_id = settings.sweep_id or uuid.uuid4().hex[:8]
     runs = plan_sweep(settings)
     if settings.dry_run:
         for run in runs:
             print(shlex.join(run.command))
-        return 0
+        return SweepResult(settings.sweep_id, [], [], False, 0)
     for backend in settings.backends:  # fail before the first run, not in the middle of the sweep
         get_backend(backend).check_available()
+    if settings.log_dir:
+        os.makedirs(settings.log_dir, exist_ok=True)
+    done = _recorded(settings.results, settings.sweep_id)
     failed: List[str] = []
-    for number, run in enumerate(runs, 1):
-        label = f"{run.backend} x {run.ranks} rank(s), repeat {run.repeat + 1}/{settings.repeats}"
-        print(f"== [{number}/{len(runs)}] {label}: {shlex.join(run.command[:4])} ...", flush=True)
-        try:
-            status = subprocess.run(run.command, env=launch_environment(), timeout=settings.run_timeout).returncode
-        except subprocess.TimeoutExpired:
-            status = None
-        if status != 0:
-            failed.append(f"{label} ({'timed out' if status is None else f'exit {status}'})")
-    records = [r for r in (read_records([settings.results]) if os.path.exists(settings.results) else [])
-               if r.get("tags", {}).get("sweep_id") == settings.sweep_id]
-    print(f"\nsweep {settings.sweep_id}: {len(records)} record(s) in {settings.results}\n")
-    print(scaling_report(records), flush=True)
-    if failed:
-        print(f"\nfailed runs: {'; '.join(failed)}", flush=True)
-    return 1 if failed else 0
+    statuses: List[Optional[int]] = []
+    with _SignalForwarder() as forwarder:
+        for number, run in enumerate(runs, 1):
+            if _is_done(run, done):
+                print(f"== [{number}/{len(runs)}] {run.label(settings.repeats)}: already recorded, skipped", flush=True)
+                continue
+            if forwarder.received is not None:
+                break  # preempted between runs: start nothing more
+            status = _run_one(run, settings, number, len(runs), forwarder)
+            statuses.append(status)
+            if status == EXIT_PREEMPTED or forwarder.received is not None:
+                break
+            if status != 0:
+                failed.append(f"{run.label(settings.repeats)} ({'timed out' if status is None else f'exit {status}'})")
+    preempted = EXIT_PREEMPTED in statuses or forwarder.received is not None
+    status = (EXIT_PREEMPTED if preempted else EXIT_PEER_FAILURE if EXIT_PEER_FAILURE in statuses
+              else 1 if failed else 0)
+    return SweepResult(settings.sweep_id, _recorded(settings.results, settings.sweep_id), failed, preempted, status)

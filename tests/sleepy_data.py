@@ -59,9 +59,9 @@ def outside_window_seconds(stamps: List[Tuple[str, float]], warmup_steps: int) -
 
 
 def main(argv: List[str]) -> None:
-    from harness.cli import OneLineParser, add_train_flags, config_from_args
+    from harness.config import OneLineParser, add_train_flags, config_from_args
     from harness.cluster import detect_cluster
-    from harness.train import train
+    from harness.loop import train
 
     out_dir, delays, train_args = argv[0], [float(ms) / 1000 for ms in argv[1].split(",")], argv[2:]
     rank = detect_cluster().rank

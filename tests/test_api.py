@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from harness import TrainConfig, UsageError, train
+from harness import Callback, TrainConfig, UsageError, train
 from harness.models import build_model
 
 RECORD_FIELDS = {"backend", "world_size", "local_batch", "global_batch", "model", "dataset", "steps", "epochs",
@@ -54,3 +54,123 @@ def test_resnets_take_digits_and_synthetic_shapes(name):
     model = build_model(name, 1, 28, 10)
     assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
     assert sum(p.numel() for p in build_model("cnn", 1, 28, 10).parameters()) == 1_199_882
+
+
+class Recorder(Callback):
+    """Keeps what each event saw."""
+
+    def __init__(self) -> None:
+        self.steps, self.epochs, self.finished = [], [], []
+
+    def on_step_end(self, event) -> None:
+        self.steps.append((event.step, event.epoch, event.loss.item(), event.lr, event.samples))
+
+    def on_epoch_end(self, event) -> None:
+        self.epochs.append(event)
+
+    def on_train_end(self, record) -> None:
+        self.finished.append(record["run_id"])
+
+
+def test_callbacks_see_every_step_and_epoch_and_the_history_is_exact():
+    recorder = Recorder()
+    # digits: 1,500 training images, batch 128 -> 11 steps per epoch, 22 in two epochs
+    record = train(TrainConfig(epochs=2, batch_size=128, base_batch=64, lr=0.05, warmup_epochs=1, threads=1, eval_every=1,
+                               calibration_steps=0), callbacks=[recorder])
+    assert [step for step, *_ in recorder.steps] == list(range(1, 23))
+    assert [epoch for _, epoch, *_ in recorder.steps] == [0] * 11 + [1] * 11
+    assert [event.epoch for event in recorder.epochs] == [0, 1] and recorder.finished == [record["run_id"]]
+    assert recorder.epochs[0].evaluation["eval_samples"] == 297
+    history = record["history"]
+    assert history["log_every"] == 1 and history["step"] == list(range(1, 23))
+    # One process: the history's per-step losses are the losses the steps saw, and the LRs the warmup's.
+    assert history["loss"] == pytest.approx([loss for _, _, loss, _, _ in recorder.steps], rel=1e-6)
+    assert history["lr"] == pytest.approx([lr for *_, lr, _ in recorder.steps])
+    assert history["lr"][0] == pytest.approx(0.05) and history["lr"][-1] == pytest.approx(0.1)
+    # Epoch losses are the sample-weighted means of their steps.
+    assert record["train_losses"] == pytest.approx([sum(history["loss"][:11]) / 11, sum(history["loss"][11:]) / 11])
+
+
+def test_log_every_keeps_exact_block_means():
+    record = train(TrainConfig(epochs=2, batch_size=128, threads=1, eval_every=0, calibration_steps=0, log_every=4))
+    fine = train(TrainConfig(epochs=2, batch_size=128, threads=1, eval_every=0, calibration_steps=0))
+    history, steps = record["history"], fine["history"]
+    assert history["step"] == [4, 8, 12, 16, 20, 22]  # blocks span epochs; the last one is short
+    means = [sum(steps["loss"][a:b]) / (b - a) for a, b in ((0, 4), (4, 8), (8, 12), (12, 16), (16, 20), (20, 22))]
+    assert history["loss"] == pytest.approx(means, rel=1e-6)
+
+
+def test_callbacks_must_be_callback_instances():
+    with pytest.raises(TypeError, match="harness.Callback"):
+        train(TrainConfig(max_steps=2), callbacks=[print])
+
+
+def test_config_round_trips_through_json_and_the_cli_reads_it(tmp_path):
+    config = TrainConfig(backend="ddp", model="cnn", batch_size=32, tags={"lesson": "02"}, warmup_epochs=0.5)
+    path = tmp_path / "run.json"
+    config.to_json(str(path))
+    assert TrainConfig.from_json(str(path)) == config
+    from harness.cli import build_parser
+
+    defaults = TrainConfig.from_json(str(path)).to_dict()
+    args = build_parser(train_defaults=defaults).parse_args(["train", "--config", str(path), "--batch-size", "8"])
+    from harness.config import config_from_args
+
+    assert config_from_args(args) == TrainConfig(**{**config.to_dict(), "batch_size": 8})
+
+
+def test_help_lists_every_field_with_its_flag_and_meaning():
+    import dataclasses
+    import pydoc
+
+    text = pydoc.render_doc(TrainConfig, renderer=pydoc.plaintext)
+    for spec in dataclasses.fields(TrainConfig):
+        assert f"{spec.name} (--" in text, spec.name
+
+
+def test_evaluate_appends_its_record_like_train(tmp_path):
+    from harness import evaluate_model_file
+
+    model_file, results = tmp_path / "m.pt", tmp_path / "r.jsonl"
+    trained = train(TrainConfig(max_steps=3, threads=1, save_model=str(model_file), calibration_steps=0))
+    record = evaluate_model_file(TrainConfig(results=str(results), threads=1), str(model_file))
+    assert record["eval_accuracy"] == trained["eval_accuracy"] and record["eval_samples"] == 297
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    assert len(lines) == 1 and lines[0]["kind"] == "evaluation" and lines[0]["eval_samples"] == 297
+
+
+def test_sweep_report_and_figures_from_python(tmp_path):
+    import harness
+
+    settings = harness.SweepSettings(backends=["none"], ranks=[1], scaling="weak", results=str(tmp_path / "r.jsonl"),
+                                     train_args=["--max-steps", "8", "--threads", "1", "--calibration-steps", "3",
+                                                 "--trace-steps", "2", "--eval-every", "0"], repeats=2,
+                                     sweep_id="py")
+    result = harness.run_sweep(settings)
+    assert result.status == 0 and len(result.records) == 2 and not result.failed
+    assert " none | " in harness.scaling_report(result.records)
+    figures = harness.scaling_figures(result.records)
+    assert set(figures) == {"throughput", "efficiency", "breakdown"}
+    assert all(type(figure).__name__ == "Figure" for figure in figures.values())
+    from harness.plot import timeline_figure
+
+    timeline = result.records[0]["timeline"]
+    assert len(timeline["per_rank"]) == 1 and len(timeline["per_rank"][0]) == 2
+    for data_wait, compute, optimizer in timeline["per_rank"][0]:  # consecutive phases of a step
+        assert data_wait[0] <= data_wait[1] == compute[0] <= compute[1] == optimizer[0] <= optimizer[1]
+    assert type(timeline_figure(result.records[0])).__name__ == "Figure"
+    rerun = harness.run_sweep(settings)  # the same sweep id: both runs are recorded, nothing is run again
+    assert rerun.status == 0 and len(rerun.records) == 2
+
+
+@pytest.mark.parametrize("config, message", [
+    (TrainConfig(precision="fp8"), "unknown precision 'fp8'; choose one of fp32, bf16, fp16"),
+    (TrainConfig(procs_per_gpu=2, device="cpu"), "--procs-per-gpu 2 places ranks on GPUs"),
+    (TrainConfig(grad_accum=0), "--grad-accum must be a positive integer, got 0"),
+    (TrainConfig(global_batch=64, grad_accum=3), "does not split evenly over 1 workers x 3 micro-batches"),
+    (TrainConfig(zero_stage=5, backend="ddp"), "--zero-stage must be 0, 1, 2 or 3"),
+    (TrainConfig(log_every=0), "--log-every must be a positive integer"),
+])
+def test_new_settings_are_checked_before_anything_runs(config, message):
+    with pytest.raises(UsageError, match=message):
+        train(config)

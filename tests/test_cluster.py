@@ -29,10 +29,53 @@ LAUNCHER_TABLE = [
     ("pals", {"PALS_RANKID": "3", "PMI_SIZE": "8", "PALS_LOCAL_RANKID": "3", "PALS_LOCAL_SIZE": "4",
               "MASTER_ADDR": "node0", "MASTER_PORT": "29400"}),
     ("slurm", {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3", "SLURM_NTASKS_PER_NODE": "4",
-               "SLURM_STEP_NUM_TASKS": "8", "MASTER_ADDR": "node0", "MASTER_PORT": "29400"}),
+               "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "8", "MASTER_ADDR": "node0", "MASTER_PORT": "29400"}),
     ("slurm", {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3", "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+               "SLURM_STEP_ID": "2", "SLURM_STEP_NUM_TASKS": "8", "SLURM_NODEID": "0",
                "MASTER_ADDR": "node0", "MASTER_PORT": "29400"}),
 ]
+
+# Inside allocations: processes that are not ranks of a step, and steps smaller than the job. The
+# Slurm variables are those `env` printed under Debian's Slurm 22.05 (tests/test_slurm_jobs.py runs
+# the real scheduler): a batch shell has SLURM_PROCID=0 and the job's SLURM_NTASKS but no
+# SLURM_STEP_*; srun sets those for its tasks alone.
+SLURM_JOB = {"SLURM_JOB_ID": "41", "SLURM_JOBID": "41", "SLURM_JOB_NODELIST": "nid[001-002]", "SLURM_NNODES": "2",
+             "SLURM_NTASKS": "8", "SLURM_NPROCS": "8", "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_PROCID": "0",
+             "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_GTIDS": "0", "SLURM_CPUS_ON_NODE": "64"}
+ALLOCATION_TABLE = [
+    # (what, environment, (rank, world size, local rank, local world size, launcher))
+    ("slurm batch shell", SLURM_JOB, (0, 1, 0, 1, "none")),
+    ("jupyter kernel started by the batch shell", {**SLURM_JOB, "JPY_PARENT_PID": "77"}, (0, 1, 0, 1, "none")),
+    ("srun step of 3 tasks in an 8-task job, rank 2 on the second node",
+     {**SLURM_JOB, "SLURM_STEP_ID": "4", "SLURM_STEPID": "4", "SLURM_STEP_NUM_TASKS": "3", "SLURM_NTASKS": "3",
+      "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_TASKS_PER_NODE": "2,1", "SLURM_PROCID": "2", "SLURM_LOCALID": "0",
+      "SLURM_NODEID": "1", "SLURM_STEP_NODELIST": "nid[001-002]", "MASTER_ADDR": "nid001"}, (2, 3, 0, 1, "slurm")),
+    ("srun step of 1 task (a kernel started with srun)",
+     {**SLURM_JOB, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1",
+      "SLURM_STEP_TASKS_PER_NODE": "1"}, (0, 1, 0, 1, "slurm")),
+    ("PBS mother-superior shell",
+     {"PBS_JOBID": "123.polaris-pbs-01", "PBS_NODEFILE": "/var/spool/pbs/aux/123", "PBS_O_WORKDIR": "/home/u",
+      "PBS_ENVIRONMENT": "PBS_BATCH", "NCPUS": "64", "PBS_TASKNUM": "1", "PBS_NODENUM": "0"}, (0, 1, 0, 1, "none")),
+    ("PALS rank 5 of 8, 4 per node, under that PBS job",
+     {"PBS_JOBID": "123.polaris-pbs-01", "PBS_NODEFILE": "/var/spool/pbs/aux/123", "PMI_RANK": "5", "PMI_SIZE": "8",
+      "PMI_LOCAL_RANK": "1", "PMI_LOCAL_SIZE": "4", "PALS_RANKID": "5", "PALS_LOCAL_RANKID": "1",
+      "MASTER_ADDR": "x3001c0s1b0n0"}, (5, 8, 1, 4, "mpich")),
+]
+
+
+@pytest.mark.parametrize("what, environ, expected", ALLOCATION_TABLE, ids=[row[0] for row in ALLOCATION_TABLE])
+def test_discovery_tells_a_job_shell_from_the_ranks_of_a_step(what, environ, expected):
+    cluster = detect_cluster(environ, mpi_hostname=lambda: pytest.fail("no MPI lookup needed"))
+    assert (cluster.rank, cluster.world_size, cluster.local_rank, cluster.local_world_size, cluster.launcher) == expected
+
+
+def test_slurm_per_node_task_counts_are_read_for_this_node():
+    step = {"SLURM_PROCID": "4", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "7", "SLURM_LOCALID": "0",
+            "SLURM_STEP_TASKS_PER_NODE": "3(x2),1", "MASTER_ADDR": "n0"}
+    assert [detect_cluster({**step, "SLURM_NODEID": node, "SLURM_PROCID": rank}).local_world_size
+            for node, rank in (("0", "0"), ("1", "4"), ("2", "6"))] == [3, 3, 1]
+    with pytest.raises(UsageError, match="is not a Slurm task count"):
+        detect_cluster({**step, "SLURM_STEP_TASKS_PER_NODE": "three"})
 
 
 @pytest.mark.parametrize("launcher, environ", LAUNCHER_TABLE, ids=[f"{row[0]}-{i}" for i, row in enumerate(LAUNCHER_TABLE)])
@@ -58,6 +101,7 @@ def test_multi_node_mpi_job_broadcasts_rank0_hostname():
 
 def test_slurm_master_is_first_host_of_the_nodelist():
     env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "4",
+           "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "8",
            "SLURM_JOB_NODELIST": "nid[001004-001005,002000]", "SLURM_JOB_ID": "123"}
     cluster = detect_cluster(env)
     assert cluster.master_addr == "nid001004"

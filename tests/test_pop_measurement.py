@@ -18,7 +18,8 @@ import time
 import pytest
 
 from harness import TrainConfig, train
-from harness.backends import BACKENDS, Backend
+from harness.backends import BACKENDS
+from harness.backends.single import SingleProcessBackend
 from harness.data import DATASETS
 from harness.launch import free_port
 
@@ -52,7 +53,7 @@ def test_throughput_agrees_with_samples_over_outside_wall_time(monkeypatch, no_g
     assert record["au"] < 0.9
 
 
-class SlowSyncBackend(Backend):
+class SlowSyncBackend(SingleProcessBackend):
     """The single-process backend with a gradient sync that takes a known time, like a slow allreduce."""
 
     name = "slow-sync"

@@ -17,7 +17,8 @@ from .conftest import harness
 BACKENDS = ["ddp", "horovod", "deepspeed"]
 # Each framework's speed knobs as the sweep below applies them (defaults; Horovod's cycle is the
 # harness's CPU default, not Horovod's 1 ms).
-DEFAULT_TUNING = {"ddp": {"bucket_cap_mb": 25.0}, "deepspeed": {"zero_stage": 0},
+DEFAULT_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "process_group": "gloo"},
+                  "deepspeed": {"zero_stage": 0, "process_group": "gloo"},
                   "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False}}
 
 
@@ -80,7 +81,7 @@ def test_inside_an_allocation_runs_start_through_the_site_launcher(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (dict(launch_template="srun -n {rank} {args}"), "unknown placeholders \\['rank'\\]"),
     (dict(launch_template="srun -n {ranks} python"), "must contain \\{args\\}"),
-    (dict(backends=["dpp"]), "unknown backends \\['dpp'\\]"),
+    (dict(backends=["dpp"]), "unknown backend 'dpp'; choose one of none, ddp, horovod, deepspeed"),
     (dict(backends=["none"], ranks=[2]), "nothing to run"),
     (dict(train_args=["--backend", "ddp"]), "drop --backend"),
     (dict(train_args=["--global-batch", "64"]), "--scaling weak keeps --batch-size per worker fixed"),
@@ -167,7 +168,8 @@ def test_plot_and_report_of_the_sweep(swept):
 
 
 def test_tags_are_key_value_pairs_collected_into_the_config():
-    from harness.cli import build_parser, config_from_args
+    from harness.cli import build_parser
+    from harness.config import config_from_args
 
     args = build_parser().parse_args(["train", "--tag", "nodes=4", "--tag", "note=a=b", "--tag", "nodes=8"])
     assert config_from_args(args).tags == {"nodes": "8", "note": "a=b"}

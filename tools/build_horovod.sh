@@ -17,7 +17,7 @@ say() { printf '[horovod] %s\n' "$*"; }
 
 key=$("$PY" -c 'import sys, torch; print(f"torch-{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}")')
 cache="${HARNESS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/harness}/horovod-$VERSION/$key"
-wheel=$(ls "$cache"/horovod-*.whl 2>/dev/null | head -n1 || true)
+wheel=$(find "$cache" -maxdepth 1 -name 'horovod-*.whl' -print -quit 2>/dev/null || true)
 
 if [ -z "$wheel" ]; then
   work=$(mktemp -d)
@@ -52,12 +52,18 @@ EOF
   fi
   "$PY" -m pip install -q packaging wheel cffi cloudpickle psutil pyyaml
   mkdir -p "$cache"
-  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
-  HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-  CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
-    "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$work/dist" "$src"
+  # The compiler's and setuptools' output goes to a log, shown only when the build fails.
+  log="$cache/build.log"
+  if ! HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+       HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+       CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
+       "$PY" -m pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src" >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    say "the Horovod build failed; its full output is in $log"
+    exit 1
+  fi
   # Publish the wheel into the cache atomically so an interrupted build never looks finished.
-  built=$(ls "$work"/dist/horovod-*.whl)
+  built=$(find "$work/dist" -maxdepth 1 -name 'horovod-*.whl' -print -quit)
   cp "$built" "$cache/.partial.whl"
   mv "$cache/.partial.whl" "$cache/$(basename "$built")"
   wheel="$cache/$(basename "$built")"

@@ -1,32 +1,37 @@
 #!/usr/bin/env bash
-# Idempotent set-up for a fresh machine: system MPI, a virtual environment with torch,
-# DeepSpeed and the harness, and Horovod 0.28.1 built from source against that torch.
-# Each step is skipped when its result is already there. Run through `make setup`.
+# Idempotent set-up for a fresh machine: system MPI (and, as root, Slurm for the job-template tests),
+# a virtual environment with torch, DeepSpeed, the workshop tools and the harness, and Horovod 0.28.1
+# built from source against that torch. Each step is skipped when its result is already there.
+# Run through `make setup`.
 set -euo pipefail
 
 VENV="${VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
-# PyPI's torch is the CUDA build; it runs on CPU too, and torchvision's compiled ops load only
-# against it (a CPU-only torch wheel makes `import torchvision` fail). Override both together,
-# e.g. to match a site's CUDA.
-TORCH_SPEC="${TORCH_SPEC:-torch==2.14.1}"
-TORCHVISION_SPEC="${TORCHVISION_SPEC:-torchvision==0.29.2}"
+# torch and torchvision: by default pip resolves a pair within pyproject.toml's range that also fits
+# this machine's pip configuration (tools/install_torch.py); TORCH_SPEC / TORCHVISION_SPEC ask for
+# other requirements, e.g. a pair that matches a site's CUDA driver.
 SKIP_HOROVOD="${SKIP_HOROVOD:-0}"
 
 say() { printf '[setup] %s\n' "$*"; }
 
-# --- 1. system packages: OpenMPI (Horovod's MPI controller, mpi4py, mpirun tests) and cmake ---
+# --- 1. system packages: OpenMPI (Horovod's MPI controller, mpi4py, mpirun tests) and cmake; ---
+# as root also Slurm, munge and shellcheck, which the job-template tests use (they start their own
+# slurmctld); a user without root gets those tests' clear error instead.
 missing=()
 command -v mpirun >/dev/null || missing+=(openmpi-bin)
 [ -e /usr/include/x86_64-linux-gnu/mpi/mpi.h ] || [ -e /usr/include/mpi.h ] || command -v mpicc >/dev/null \
   || missing+=(libopenmpi-dev)
 command -v cmake >/dev/null || missing+=(cmake)
+if [ "$(id -u)" = 0 ]; then
+  command -v slurmctld >/dev/null || missing+=(slurmctld slurmd slurm-client munge)
+  command -v shellcheck >/dev/null || missing+=(shellcheck)
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing ${missing[*]} from Debian"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq "${missing[@]}" >/dev/null
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
     say "missing system packages: ${missing[*]}"
     say "install them first, e.g.: sudo apt-get install ${missing[*]}  (or 'module load' your site's MPI)"
@@ -38,11 +43,10 @@ fi
 [ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install -q --disable-pip-version-check)
-"$PY" -c "import torch, torchvision" 2>/dev/null || {
-  say "installing $TORCH_SPEC $TORCHVISION_SPEC"
+if ! "$PY" -c "import torch, torchvision" 2>/dev/null; then
   "${PIP[@]}" --upgrade pip wheel setuptools
-  "${PIP[@]}" "$TORCH_SPEC" "$TORCHVISION_SPEC"
-}
+  "$PY" tools/install_torch.py
+fi
 stamp="$VENV/.harness-installed"
 if [ ! -e "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   say "installing the harness with its extras"

@@ -4,20 +4,27 @@ from __future__ import annotations
 
 from typing import Dict, Type
 
-from ..errors import UsageError
+from ..errors import unknown_choice
 from .base import Backend
 from .ddp import DDPBackend
 from .deepspeed import DeepSpeedBackend
 from .horovod import HorovodBackend
+from .single import SingleProcessBackend
 
-BACKENDS: Dict[str, Type[Backend]] = {cls.name: cls for cls in (Backend, DDPBackend, HorovodBackend, DeepSpeedBackend)}
+BACKENDS: Dict[str, Type[Backend]] = {
+    cls.name: cls for cls in (SingleProcessBackend, DDPBackend, HorovodBackend, DeepSpeedBackend)}
+
+
+def backend_class(name: str) -> Type[Backend]:
+    """The class registered as `name`; an unknown name lists the known ones."""
+    if name not in BACKENDS:
+        raise unknown_choice("backend", name, BACKENDS)
+    return BACKENDS[name]
 
 
 def get_backend(name: str) -> Backend:
     """A new backend instance; an unknown name lists the known ones."""
-    if name not in BACKENDS:
-        raise UsageError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    return BACKENDS[name]()
+    return backend_class(name)()
 
 
-__all__ = ["BACKENDS", "Backend", "get_backend"]
+__all__ = ["BACKENDS", "Backend", "backend_class", "get_backend"]

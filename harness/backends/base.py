@@ -1,8 +1,14 @@
-"""The one interface every backend implements, and the single-process baseline.
+"""The one interface every backend implements.
 
 A backend is a *strategy*: how the model and optimizer are wrapped and how ranks communicate.
 Where rank and size come from is not its business (that is `harness.cluster`). The training loop
 talks to this interface only, so it never asks which backend it runs.
+
+The interface is abstract where forgetting an override would silently change the math: joining the
+job, wrapping model and optimizer, and every collective. A new backend that forgets one cannot be
+instantiated, instead of inheriting a single-process no-op (`SingleProcessBackend` in single.py is
+a sibling, not the base). Concrete helpers here are the local parts every backend shares: loss
+scaling for fp16, clipping and the optimizer step, checkpoint files written by rank 0.
 
 DeepSpeed builds model and optimizer together, so `wrap` takes the model and a factory for the
 optimizer and returns both.
@@ -10,16 +16,22 @@ optimizer and returns both.
 
 from __future__ import annotations
 
+import abc
+import contextlib
 import importlib.util
 import os
-from typing import Any, Callable, ClassVar, Dict, Iterable, Optional, Tuple
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Dict, Iterable, Optional, Tuple)
 
 import torch
 from torch import nn
 
 from ..cluster import ClusterEnv
-from ..config import TrainConfig
 from ..errors import UsageError, first_line
+from ..fileio import load_tensors
+from ..precision import Precision
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -29,49 +41,83 @@ GRADIENT_AVERAGING = "mean over ranks"
 MODEL_FILE = "model.pt"  # the default checkpoint's model and optimizer state
 
 
-class Backend:
-    """Single-process training; the base the distributed backends override piece by piece."""
+class Backend(abc.ABC):
+    """How one rank trains with its peers. Subclasses set `name` and implement the abstract methods."""
 
-    name: ClassVar[str] = "none"
-    local_launcher: ClassVar[str] = "python"  # what `harness launch` uses on one machine
+    name: ClassVar[str]
+    local_launcher: ClassVar[str]  # what `harness launch` uses on one machine
+    max_world_size: ClassVar[Optional[int]] = None  # the single-process baseline runs one rank only
     library: ClassVar[Optional[str]] = None  # importable module this backend needs
     install_hint: ClassVar[str] = ""
     # Which files save_checkpoint writes; a checkpoint loads only into a backend of the same format.
     checkpoint_format: ClassVar[str] = "torch"
+    # TrainConfig fields this backend owns: it checks them (check_options) and records them (tuning).
+    options: ClassVar[Tuple[str, ...]] = ()
+    # Fields whose value changes what this backend saves; resuming with another value is refused.
+    resume_must_match: ClassVar[Tuple[str, ...]] = ()
 
     def __init__(self) -> None:
         self.model: nn.Module
         self.optimizer: torch.optim.Optimizer
         self.grad_clip = 0.0
+        self.precision = Precision.of("fp32")
+        self.scaler: Optional[torch.amp.GradScaler] = None
+        self.skipped_steps = 0  # fp16 steps skipped because the gradients overflowed
+        self._undo = contextlib.ExitStack()  # what init/wrap changed in the process, undone by shutdown
 
     # -- checks that run before any process group starts ---------------------------------
+    @classmethod
+    def check_options(cls, config: "TrainConfig") -> None:
+        """Raise UsageError for a malformed value of one of this backend's own options."""
+
     def check_available(self) -> None:
         """Raise UsageError if the backend's library is missing or unusable."""
         if self.library and importlib.util.find_spec(self.library) is None:
             raise UsageError(f"backend {self.name!r} needs {self.library}, which is not installed; {self.install_hint}")
 
-    def check_launch(self, config: TrainConfig, cluster: ClusterEnv) -> None:
-        """Raise UsageError if this backend cannot run the config under this launch."""
-        if cluster.world_size != 1:
-            raise UsageError(f"backend 'none' runs one process but the launcher started {cluster.world_size}; "
-                             "use --backend ddp, horovod or deepspeed, or launch one process")
+    @abc.abstractmethod
+    def check_launch(self, config: "TrainConfig", cluster: ClusterEnv, device: torch.device) -> None:
+        """Raise UsageError if this backend cannot run the config under this launch on this device."""
 
     # -- set-up -----------------------------------------------------------------------------
-    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
-        """Join the job's communication (process group, MPI, ...)."""
+    @abc.abstractmethod
+    def init(self, cluster: ClusterEnv, device: torch.device, config: "TrainConfig") -> None:
+        """Join the job's communication (process group, MPI, ...), or use what the caller set up."""
 
-    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig,
+    @abc.abstractmethod
+    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: "TrainConfig",
              local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
         """Return (model to call in training, optimizer whose param_groups take the LR)."""
+
+    def _local_setup(self, config: "TrainConfig") -> None:
+        """The settings every backend applies to its own step: clipping, precision, loss scaling."""
         self.grad_clip = config.grad_clip
-        self.model = model
-        self.optimizer = make_optimizer(model.parameters())
-        return self.model, self.optimizer
+        self.precision = Precision.of(config.precision)
+        self.scaler = self.precision.grad_scaler(next(self.model.parameters()).device)
+
+    def _set_environ(self, **values: str) -> None:
+        """Set environment variables for this run; shutdown puts back what was there."""
+        for name, value in values.items():
+            previous = os.environ.get(name)
+            self._undo.callback(_restore_environ, name, previous)
+            os.environ[name] = value
+
+    def _set_attributes(self, owner: Any, **values: Any) -> None:
+        """Set library-level defaults for this run; shutdown puts back the previous values."""
+        for name, value in values.items():
+            self._undo.callback(setattr, owner, name, getattr(owner, name))
+            setattr(owner, name, value)
 
     # -- one training step ----------------------------------------------------------------
-    def backward(self, loss: torch.Tensor) -> None:
-        """Gradients of `loss`, averaged over ranks by the time `step` applies them."""
-        loss.backward()
+    def no_sync(self, sync: bool) -> ContextManager:
+        """Context for one micro-batch's forward and backward; with sync=False its gradients stay
+        local (gradient accumulation: only the step's last micro-batch communicates)."""
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor, sync: bool) -> None:
+        """Add the gradients of `loss` (scaled for fp16) to the parameters' gradients; when `sync`,
+        they are averaged over ranks by the time `step` applies them."""
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def finish_gradient_sync(self) -> None:
         """Block until this step's gradients are averaged over ranks.
@@ -81,17 +127,32 @@ class Backend:
         """
 
     def step(self) -> None:
-        """Apply (and clear) the gradients, clipping their global norm when --grad-clip is set."""
+        """Apply (and clear) the gradients: unscale (fp16), clip the global norm when --grad-clip is
+        set, step the optimizer (an fp16 step whose gradients overflowed is skipped and counted)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         if self.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with self._applying_gradients():
+            if self.scaler is None:
+                self.optimizer.step()
+            else:
+                scale = self.scaler.get_scale()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.skipped_steps += self.scaler.get_scale() < scale  # the scale backs off after an overflow
+        self.optimizer.zero_grad()  # torch's sets gradients to None; Horovod's takes no arguments
+
+    def _applying_gradients(self) -> ContextManager:
+        """Context around the optimizer's step (Horovod's must not average the gradients again)."""
+        return contextlib.nullcontext()
 
     # -- communication for metrics and coordination -----------------------------------------
+    @abc.abstractmethod
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Elementwise sum of `tensor` over ranks (returned; the input may be reused)."""
-        return tensor
 
+    @abc.abstractmethod
     def start_all_reduce_sum(self, tensor: torch.Tensor, name: str) -> Callable[[], torch.Tensor]:
         """Start all_reduce_sum(tensor) in the background; the returned function waits for the sum.
 
@@ -99,9 +160,8 @@ class Backend:
         collectives in the same order, as with the blocking ones. `name` is the same for every
         call from one place (Horovod then negotiates it once); at most one per name is in flight.
         """
-        total = self.all_reduce_sum(tensor)
-        return lambda: total
 
+    @abc.abstractmethod
     def barrier(self) -> None:
         """Wait until every rank gets here."""
 
@@ -126,18 +186,20 @@ class Backend:
         ranks apply the same averaged gradients). harness.checkpoint makes the directory atomic.
         """
         if rank == 0:
-            torch.save({"model": self.module().state_dict(), "optimizer": self.optimizer.state_dict()},
-                       os.path.join(directory, MODEL_FILE))
+            state = {"model": self.module().state_dict(), "optimizer": self.optimizer.state_dict()}
+            if self.scaler is not None:
+                state["scaler"] = self.scaler.state_dict()
+            torch.save(state, os.path.join(directory, MODEL_FILE))
 
     def load_checkpoint(self, directory: str, device: torch.device) -> None:
         """Load what save_checkpoint wrote into the wrapped model and optimizer, on every rank."""
-        from ..checkpoint import load_tensors
-
         path = os.path.join(directory, MODEL_FILE)
         state = load_tensors(path, device)
         try:
             self.module().load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler is not None:
+                self.scaler.load_state_dict(state["scaler"])
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise UsageError(f"checkpoint {directory} does not fit this model and optimizer ({first_line(exc)}); "
                              "resume with the run's own settings, or use another --checkpoint-dir") from None
@@ -146,13 +208,13 @@ class Backend:
         """True if `error` says a collective failed because another rank died or stopped answering."""
         return False
 
-    def math_settings(self, config: TrainConfig) -> Dict[str, Any]:
+    def math_settings(self, config: "TrainConfig") -> Dict[str, Any]:
         """Every setting that changes the math, as applied; identical across backends by design."""
         return {
             "gradient_averaging": GRADIENT_AVERAGING,
             "gradient_clipping": config.grad_clip or None,
-            "loss_scaling": None,
-            "precision": "fp32",
+            "gradient_accumulation": config.grad_accum,
+            **self.precision.record(),
             "buffer_sync": "none (batch-norm statistics stay per rank)",
             "gradient_compression": None,
         }
@@ -166,4 +228,13 @@ class Backend:
         return {}
 
     def shutdown(self) -> None:
-        """Leave the job's communication cleanly."""
+        """Leave the job's communication cleanly and undo what init and wrap changed in the process
+        (environment variables, library defaults), so that the next run starts as the first did."""
+        self._undo.close()
+
+
+def _restore_environ(name: str, value: Optional[str]) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value

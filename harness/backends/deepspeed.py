@@ -2,35 +2,48 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
-from typing import Any, Callable, Dict, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
 from ..cluster import ClusterEnv
-from ..config import TrainConfig
 from ..errors import UsageError, first_line
+from ..precision import LOSS_SCALE, Precision
 from .base import OptimizerFactory
 from .torch_distributed import TorchDistributedBackend
 
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+
 NO_PRINT = 1 << 30
+# DeepSpeed's names for the autocast dtypes of --precision.
+AUTOCAST_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def deepspeed_config(config: TrainConfig, local_batch: int, world_size: int) -> Dict[str, Any]:
+def deepspeed_config(config: "TrainConfig", local_batch: int, world_size: int) -> Dict[str, Any]:
     """The DeepSpeed config the harness passes, with every math-changing default set explicitly."""
+    precision = Precision.of(config.precision)
     return {
-        # DeepSpeed's batch is global; the harness's --batch-size is per worker.
-        "train_micro_batch_size_per_gpu": local_batch,
-        "gradient_accumulation_steps": 1,
+        # DeepSpeed's batch is global; the harness's --batch-size is per worker and micro-batch.
+        "train_micro_batch_size_per_gpu": local_batch // config.grad_accum,
+        "gradient_accumulation_steps": config.grad_accum,
         "train_batch_size": local_batch * world_size,
         # DeepSpeed clips at norm 1.0 unless told otherwise; DDP and Horovod do not clip.
         "gradient_clipping": config.grad_clip,
         "prescale_gradients": False,
         "gradient_predivide_factor": 1.0,
+        # Its own fp16/bf16 modes keep half-precision weights: other math than autocast's.
         "fp16": {"enabled": False},
         "bf16": {"enabled": False},
+        # torch.autocast with float32 weights, as the other backends run it. An empty list of
+        # "lower precision safe modules" keeps gradients in float32 when they are averaged
+        # (DeepSpeed would otherwise send Linear and Conv gradients in the autocast dtype).
+        **({"torch_autocast": {"enabled": True, "dtype": AUTOCAST_DTYPES[precision.autocast_dtype],
+                               "lower_precision_safe_modules": []}} if precision.autocast_dtype else {}),
         "zero_optimization": {"stage": config.zero_stage},
         # The harness passes a torch optimizer (DeepSpeed's own Adam JIT-compiles a C++ op on CPU).
         "zero_allow_untested_optimizer": True,
@@ -39,21 +52,21 @@ def deepspeed_config(config: TrainConfig, local_batch: int, world_size: int) -> 
     }
 
 
-def unlink_shm_allreduce_buffer(rank: int) -> None:
-    """Remove the name of this rank's DeepSpeed CPU shm allreduce buffer; the mappings stay valid.
+def check_loss_scaler(scaler: Optional["torch.amp.GradScaler"]) -> None:
+    """Fail loudly if DeepSpeed's fp16 loss scaler is missing or scales otherwise than the harness's."""
+    if scaler is None:
+        raise UsageError("this DeepSpeed has no torch_autocast loss scaler for --precision fp16; "
+                         "use --precision bf16, or DeepSpeed 0.18 or newer")
+    settings = {"init_scale": scaler.get_scale(), "growth_factor": scaler.get_growth_factor(),
+                "backoff_factor": scaler.get_backoff_factor(), "growth_interval": scaler.get_growth_interval()}
+    if settings != LOSS_SCALE:
+        raise UsageError(f"DeepSpeed's fp16 loss scaler uses {settings}, the other backends {LOSS_SCALE}; "
+                         "the frameworks would not compare fairly: use --precision bf16 or fp32")
 
-    On CPU, when all ranks are on one node (its launcher sets LOCAL_SIZE), DeepSpeed 0.19 creates a
-    66 MB POSIX shared-memory segment per rank (csrc/cpu/comm/shm.cpp) and never unlinks it: every
-    job left 66 MB per rank in /dev/shm, which is RAM, until the machine ran out. The harness never
-    uses that allreduce (it serves inference), so each rank unlinks its own segment right after
-    set-up, which frees it even when the job is later killed.
-    """
-    name = "_".join(["deepspeed_allreduce_buffer", str(os.getuid()), os.environ.get("MASTER_ADDR", ""),
-                     os.environ.get("MASTER_PORT", ""), str(rank)])
-    try:
-        os.unlink(os.path.join("/dev/shm", name))
-    except FileNotFoundError:  # not created: several nodes, a GPU accelerator, or no /dev/shm
-        pass
+
+def _no_shm_allreduce() -> None:
+    """Stands in for deepspeed.comm.torch.build_shm_op (see DeepSpeedBackend.init)."""
+    return None
 
 
 def weights_only_checkpoint_engine():
@@ -84,15 +97,31 @@ class DeepSpeedBackend(TorchDistributedBackend):
     library = "deepspeed"
     install_hint = "pip install deepspeed (or run `make setup`)"
     checkpoint_format = "deepspeed"
+    options = ("zero_stage",)
+    resume_must_match = ("zero_stage",)  # ZeRO's files are partitioned by stage
 
-    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
+    @classmethod
+    def check_options(cls, config: "TrainConfig") -> None:
+        if config.zero_stage not in (0, 1, 2, 3):
+            raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {config.zero_stage}")
+
+    def init(self, cluster: ClusterEnv, device: torch.device, config: "TrainConfig") -> None:
         if device.type == "cpu":
             # Must be set before DeepSpeed is imported: it picks its accelerator at import time.
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+            self._set_environ(DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
+        # (deepspeed.comm's attribute `torch` is the torch package, so the module is looked up by name.)
+        comm_torch = importlib.import_module("deepspeed.comm.torch")
+        # On Linux CPUs DeepSpeed 0.19 JIT-compiles a shared-memory allreduce op when its comm layer
+        # starts (about 45 s on a machine's first run) and, with every rank on one node, maps a 66 MB
+        # /dev/shm segment per rank that it never unlinks. The op serves only inference's allreduce,
+        # which training never calls, so the harness goes without it; the comm layer then uses
+        # torch.distributed for everything, as on other platforms. Tested in tests/test_failures.py.
+        if hasattr(comm_torch, "build_shm_op"):
+            self._set_attributes(comm_torch, build_shm_op=_no_shm_allreduce)
         super().init(cluster, device, config)
         self.zero_stage = config.zero_stage
 
-    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig,
+    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: "TrainConfig",
              local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
         import deepspeed
         import torch.distributed as dist
@@ -100,18 +129,30 @@ class DeepSpeedBackend(TorchDistributedBackend):
         engine, optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=make_optimizer(model.parameters()),
             config=deepspeed_config(config, local_batch, dist.get_world_size()), dist_init_required=False)
-        self.engine = engine
+        self.engine = self.model = engine
         self.optimizer = optimizer
-        # Once every rank is past initialize, every rank has mapped its peers' shm buffers.
-        dist.barrier()
-        unlink_shm_allreduce_buffer(dist.get_rank())
+        self.precision = Precision.of(config.precision)
+        # DeepSpeed scales fp16 losses with a GradScaler of its own; the harness checks that it
+        # scales as the other backends do, and reads it to count skipped steps.
+        self.scaler = (getattr(engine, "torch_autocast_z0_gradscaler", None)
+                       or getattr(optimizer, "torch_autocast_gradscaler", None))
+        if self.precision.loss_scaling:
+            check_loss_scaler(self.scaler)
         return engine, optimizer
 
-    def backward(self, loss: torch.Tensor) -> None:
-        self.engine.backward(loss)
+    def backward(self, loss: torch.Tensor, sync: bool) -> None:
+        # The loop has divided the loss by the number of micro-batches already, for every backend.
+        self.engine.backward(loss, scale_wrt_gas=False)
+        if not sync:
+            # DeepSpeed counts micro-batches in step(): before the step's last micro-batch (its
+            # accumulation boundary) step() only advances the count; it communicates and steps there.
+            self.engine.step()
 
     def step(self) -> None:
-        self.engine.step()  # applies clipping per the config, steps, and zeroes the gradients
+        scale = self.scaler.get_scale() if self.scaler is not None else None
+        self.engine.step()  # unscales and clips per the config, steps, and zeroes the gradients
+        if scale is not None:
+            self.skipped_steps += self.scaler.get_scale() < scale
 
     def module(self) -> nn.Module:
         return self.engine.module
@@ -156,7 +197,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
         return model.to(device)
 
     def tuning(self) -> Dict[str, Any]:
-        return {"zero_stage": self.zero_stage}
+        return {"zero_stage": self.zero_stage, "process_group": self.group_backend}
 
     def versions(self) -> Dict[str, str]:
         import deepspeed

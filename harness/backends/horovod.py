@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
 from ..cluster import MPI_LAUNCHERS, ClusterEnv
-from ..config import TrainConfig
-from ..errors import UsageError
+from ..config import flag_name
+from ..errors import UsageError, first_line
 from .base import Backend, OptimizerFactory
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
 
 HOROVOD_LAUNCHERS = MPI_LAUNCHERS | {"horovodrun", "slurm", "none"}
 # On CPU the ranks' compute threads fill the cores, and Horovod's background thread, which wakes
@@ -44,49 +47,70 @@ class HorovodBackend(Backend):
     local_launcher = "horovodrun"
     library = "horovod"
     install_hint = "run `make setup` (builds Horovod 0.28.1 against this torch) or load your site's module"
+    options = ("hvd_fusion_threshold_mb", "hvd_fp16_compression", "hvd_cycle_time_ms")
+    resume_must_match = ("hvd_fp16_compression",)  # compressed gradients train other weights
+
+    @classmethod
+    def check_options(cls, config: "TrainConfig") -> None:
+        for name in ("hvd_fusion_threshold_mb", "hvd_cycle_time_ms"):
+            value = getattr(config, name)
+            if value is not None and not value > 0:
+                raise UsageError(f"{flag_name(name)} must be positive, got {value}")
 
     def check_available(self) -> None:
         super().check_available()
         try:
             import horovod.torch  # noqa: F401  (fails if built for another torch or without PyTorch)
         except (ImportError, OSError) as exc:
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UsageError(f"horovod.torch cannot be loaded ({first_line}); rebuild it against this torch "
+            raise UsageError(f"horovod.torch cannot be loaded ({first_line(exc)}); rebuild it against this torch "
                              "with `make setup` (tools/build_horovod.sh)") from exc
 
-    def check_launch(self, config: TrainConfig, cluster: ClusterEnv) -> None:
+    def check_launch(self, config: "TrainConfig", cluster: ClusterEnv, device: torch.device) -> None:
         if cluster.launcher not in HOROVOD_LAUNCHERS:
             raise UsageError(f"Horovod cannot join a job started by {cluster.launcher}; launch it with horovodrun, "
                              "mpirun/mpiexec or srun (e.g. `harness launch --backend horovod`)")
+        import horovod.torch as hvd
 
-    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
+        if device.type == "cuda" and config.procs_per_gpu > 1 and hvd.nccl_built():
+            raise UsageError("this Horovod reduces GPU tensors with NCCL, which refuses two ranks on one GPU; "
+                             "for --procs-per-gpu > 1 use --backend ddp or deepspeed (gloo), or a Horovod built "
+                             "without HOROVOD_GPU_OPERATIONS=NCCL (it reduces through MPI)")
+
+    def init(self, cluster: ClusterEnv, device: torch.device, config: "TrainConfig") -> None:
         # Knobs are environment variables read by hvd.init(): a flag wins, then the user's variable,
         # then the default. Only values other than Horovod's own are exported, so that
-        # HOROVOD_AUTOTUNE still tunes the ones nobody chose.
+        # HOROVOD_AUTOTUNE still tunes the ones nobody chose. Shutdown restores the variables, so
+        # one run's values never become the next run's "user's variable".
         self.fusion_threshold_mb = _setting(config.hvd_fusion_threshold_mb, "HOROVOD_FUSION_THRESHOLD", 2**20,
                                             HOROVOD_DEFAULT_FUSION_MB)
         self.cycle_time_ms = _setting(config.hvd_cycle_time_ms, "HOROVOD_CYCLE_TIME", 1,
                                       CPU_CYCLE_TIME_MS if device.type == "cpu" else HOROVOD_DEFAULT_CYCLE_TIME_MS)
         if self.fusion_threshold_mb != HOROVOD_DEFAULT_FUSION_MB:
-            os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(self.fusion_threshold_mb * 2**20))
+            self._set_environ(HOROVOD_FUSION_THRESHOLD=str(int(self.fusion_threshold_mb * 2**20)))
         if self.cycle_time_ms != HOROVOD_DEFAULT_CYCLE_TIME_MS:
-            os.environ["HOROVOD_CYCLE_TIME"] = str(self.cycle_time_ms)
+            self._set_environ(HOROVOD_CYCLE_TIME=str(self.cycle_time_ms))
         # Bound gloo's waits so a dead peer fails the job (MPI jobs are ended by mpirun itself).
         # Set, not defaulted: horovodrun exports its own --gloo-timeout-seconds, and a hung peer then
         # stalled the job for that long whatever --timeout said.
-        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(max(1, round(config.timeout)))
+        self._set_environ(HOROVOD_GLOO_TIMEOUT_SECONDS=str(max(1, round(config.timeout))))
+        if cluster.launcher in MPI_LAUNCHERS:
+            # MPI initialised by mpi4py outlives Horovod: Horovod finalises only an MPI it started
+            # itself, and a finalised MPI cannot start again, so a later run in this process could
+            # not init Horovod (a notebook's engines run several).
+            from mpi4py import MPI  # noqa: F401
         import horovod.torch as hvd
 
-        hvd.init()
+        self.hvd = hvd
+        self.owns_horovod = not hvd.is_initialized()
+        if self.owns_horovod:
+            hvd.init()
         if (hvd.rank(), hvd.size()) != (cluster.rank, cluster.world_size):
             raise UsageError(f"Horovod sees rank {hvd.rank()} of {hvd.size()} but the launcher says "
                              f"{cluster.rank} of {cluster.world_size}; launch with one launcher only")
-        self.hvd = hvd
 
-    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig,
+    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: "TrainConfig",
              local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
         hvd = self.hvd
-        self.grad_clip = config.grad_clip
         self.model = model
         optimizer = make_optimizer(model.parameters())
         # Start every rank from rank 0's weights and optimizer state.
@@ -94,9 +118,11 @@ class HorovodBackend(Backend):
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         self.compression_fp16 = config.hvd_fp16_compression
         compression = hvd.Compression.fp16 if config.hvd_fp16_compression else hvd.Compression.none
+        # Gradient accumulation: the hooks count backward passes and allreduce on the last one.
         self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                                   compression=compression, op=hvd.Average,
-                                                  backward_passes_per_step=1)
+                                                  backward_passes_per_step=config.grad_accum)
+        self._local_setup(config)
         self.gradients_synced = False
         return self.model, self.optimizer
 
@@ -120,13 +146,12 @@ class HorovodBackend(Backend):
     def step(self) -> None:
         if not self.gradients_synced:
             self.finish_gradient_sync()
-        if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)  # the averaged gradients
-        # synchronize() again would allreduce the already averaged gradients a second time.
-        with self.optimizer.skip_synchronize():
-            self.optimizer.step()
+        super().step()  # unscale (fp16) and clip the averaged gradients, then step
         self.gradients_synced = False
-        self.optimizer.zero_grad()  # Horovod's takes no arguments; torch's default sets gradients to None
+
+    def _applying_gradients(self) -> ContextManager:
+        # synchronize() again would allreduce the already averaged gradients a second time.
+        return self.optimizer.skip_synchronize()
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.start_all_reduce_sum(tensor, name=None)()
@@ -150,7 +175,7 @@ class HorovodBackend(Backend):
 
         return isinstance(error, HorovodInternalError)
 
-    def math_settings(self, config: TrainConfig) -> Dict[str, Any]:
+    def math_settings(self, config: "TrainConfig") -> Dict[str, Any]:
         settings = super().math_settings(config)
         if config.hvd_fp16_compression:
             settings["gradient_compression"] = "fp16"
@@ -166,5 +191,6 @@ class HorovodBackend(Backend):
         return {"horovod": horovod.__version__}
 
     def shutdown(self) -> None:
-        if hasattr(self, "hvd"):
+        if getattr(self, "owns_horovod", False):
             self.hvd.shutdown()
+        super().shutdown()

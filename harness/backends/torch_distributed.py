@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import datetime
-import os
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
 from ..cluster import ClusterEnv
-from ..config import TrainConfig
+from ..errors import UsageError
 from .base import Backend
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
 
 # Substrings of the errors gloo raises when a peer is gone: "Connection closed by peer", "Read error
 # ...: Connection reset by peer", "Timed out waiting 20000ms for recv operation to complete", and
@@ -21,28 +23,62 @@ GLOO_FAILURE_MARKERS = ("gloo/transport", "Connection closed by peer", "Connecti
                         "Application timeout caused pair closure")
 
 
+# Process groups this process has created so far (the same count on every rank: runs are collective).
+_groups_created = 0
+
+
+def rendezvous_port(master_port: int) -> int:
+    """The port of this process's next process group: the launcher's, then the ones above it.
+
+    A process group's TCP store outlives destroy_process_group once DDP has used the group (torch
+    2.14 keeps its server listening: seen with `ss` after destroy, del and gc.collect). A second
+    group on the same port in the same process then has some ranks connect to the stale store and
+    wait forever. Every rank counts the groups it made, so a later run in the same processes (a
+    notebook's engines) meets on the next port instead.
+    """
+    return master_port + _groups_created
+
+
+def process_group_backend(device: torch.device, procs_per_gpu: int) -> str:
+    """NCCL for one rank per GPU; gloo on the CPU, and for several ranks sharing a GPU, which NCCL
+    refuses ("Duplicate GPU detected"; NVIDIA/nccl#418): gloo reduces CUDA tensors through the host."""
+    return "nccl" if device.type == "cuda" and procs_per_gpu == 1 else "gloo"
+
+
 class TorchDistributedBackend(Backend):
     """A backend whose ranks talk through a torch.distributed process group (gloo or NCCL)."""
 
     local_launcher = "torchrun"
 
-    def check_launch(self, config: TrainConfig, cluster: ClusterEnv) -> None:
+    def check_launch(self, config: "TrainConfig", cluster: ClusterEnv, device: torch.device) -> None:
         """Any launcher works: rank and size come from harness.cluster."""
 
-    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
+    def init(self, cluster: ClusterEnv, device: torch.device, config: "TrainConfig") -> None:
+        global _groups_created
+        self.owns_process_group = not dist.is_initialized()
+        port = rendezvous_port(cluster.master_port) if self.owns_process_group else cluster.master_port
         # Export the discovered values under torchrun's names: libraries (DeepSpeed among them)
-        # read these, whichever launcher actually started the process.
-        os.environ.update(RANK=str(cluster.rank), WORLD_SIZE=str(cluster.world_size),
+        # read these, whichever launcher actually started the process. Restored at shutdown.
+        self._set_environ(RANK=str(cluster.rank), WORLD_SIZE=str(cluster.world_size),
                           LOCAL_RANK=str(cluster.local_rank), LOCAL_WORLD_SIZE=str(cluster.local_world_size),
-                          MASTER_ADDR=cluster.master_addr, MASTER_PORT=str(cluster.master_port))
+                          MASTER_ADDR=cluster.master_addr, MASTER_PORT=str(port))
         # The timeout bounds every collective: a dead peer fails the job instead of hanging it.
-        timeout = datetime.timedelta(seconds=config.timeout)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://",
-                                rank=cluster.rank, world_size=cluster.world_size, timeout=timeout)
         # Groups made later without a timeout get torch's default, 30 min (gloo) or 10 min (NCCL):
         # DeepSpeed builds its data-parallel groups so (deepspeed.comm new_group), and a hung peer
-        # stalled its gradient allreduce past --timeout. Make --timeout the default for them too.
-        distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = timeout
+        # stalled its gradient allreduce past --timeout. So --timeout is their default for the run.
+        timeout = datetime.timedelta(seconds=config.timeout)
+        self._set_attributes(distributed_c10d, default_pg_timeout=timeout, default_pg_nccl_timeout=timeout)
+        self.group_backend = process_group_backend(device, config.procs_per_gpu)
+        if not self.owns_process_group:  # the caller set one up (a notebook, a job script): use it as it is
+            if (dist.get_rank(), dist.get_world_size()) != (cluster.rank, cluster.world_size):
+                raise UsageError(f"the process group already initialised here is rank {dist.get_rank()} of "
+                                 f"{dist.get_world_size()}, but the launcher says {cluster.rank} of "
+                                 f"{cluster.world_size}; destroy it or launch to match")
+            self.group_backend = dist.get_backend()
+            return
+        dist.init_process_group(self.group_backend, init_method="env://", rank=cluster.rank,
+                                world_size=cluster.world_size, timeout=timeout)
+        _groups_created += 1
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
@@ -66,5 +102,6 @@ class TorchDistributedBackend(Backend):
             isinstance(error, RuntimeError) and any(marker in str(error) for marker in GLOO_FAILURE_MARKERS))
 
     def shutdown(self) -> None:
-        if dist.is_initialized():
+        if getattr(self, "owns_process_group", False) and dist.is_initialized():
             dist.destroy_process_group()
+        super().shutdown()

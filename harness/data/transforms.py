@@ -53,19 +53,21 @@ class RandomCropFlip:
 
 
 class TrainTransform:
-    """uint8 batch on the device -> augmented (optional) and normalised float batch."""
+    """uint8 batch on the device -> augmented (optional) and normalised float batch, in the memory
+    order the model's convolutions take (channels-last on request)."""
 
-    def __init__(self, normalise: Normaliser, augment: Optional[RandomCropFlip]) -> None:
-        self.normalise, self.augment = normalise, augment
+    def __init__(self, normalise: Normaliser, augment: Optional[RandomCropFlip], channels_last: bool = False) -> None:
+        self.normalise, self.augment, self.channels_last = normalise, augment, channels_last
 
     def __call__(self, images: torch.Tensor, epoch: int, step: int) -> torch.Tensor:
         if self.augment is not None:
             images = self.augment(images, epoch, step)
-        return self.normalise(images)
+        images = self.normalise(images)
+        return images.contiguous(memory_format=torch.channels_last) if self.channels_last else images
 
 
 def train_transform(data: ImageArrays, device: torch.device, augment: bool, seed: int, rank: int, world_size: int,
-                    local_batch: int) -> TrainTransform:
+                    local_batch: int, channels_last: bool = False) -> TrainTransform:
     """The transform the training loop applies to each batch of `data` on `device`."""
     crop_flip = RandomCropFlip(seed, rank, world_size, local_batch) if augment else None
-    return TrainTransform(data.normaliser(device), crop_flip)
+    return TrainTransform(data.normaliser(device), crop_flip, channels_last)

@@ -1,0 +1,47 @@
+"""The single-process baseline (`--backend none`): no wrapper, no communication."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Tuple
+
+import torch
+from torch import nn
+
+from ..cluster import ClusterEnv
+from ..errors import UsageError
+from .base import Backend, OptimizerFactory
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+
+
+class SingleProcessBackend(Backend):
+    """One process trains alone; every collective is the identity."""
+
+    name = "none"
+    local_launcher = "python"
+    max_world_size = 1
+
+    def check_launch(self, config: "TrainConfig", cluster: ClusterEnv, device: torch.device) -> None:
+        if cluster.world_size != 1:
+            raise UsageError(f"backend 'none' runs one process but the launcher started {cluster.world_size}; "
+                             "use --backend ddp, horovod or deepspeed, or launch one process")
+
+    def init(self, cluster: ClusterEnv, device: torch.device, config: "TrainConfig") -> None:
+        """Nothing to join."""
+
+    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: "TrainConfig",
+             local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
+        self.model = model
+        self.optimizer = make_optimizer(model.parameters())
+        self._local_setup(config)
+        return self.model, self.optimizer
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def start_all_reduce_sum(self, tensor: torch.Tensor, name: str) -> Callable[[], torch.Tensor]:
+        return lambda: tensor
+
+    def barrier(self) -> None:
+        """One rank: nobody to wait for."""

@@ -1,0 +1,548 @@
+"""The training loop: one loop for every backend, which it only knows through `Backend`.
+
+`train(config)` runs one training on the rank of whatever launcher started this process and
+returns its results record. It can be called again and again in one process (a notebook's
+engines do): whatever a run changes in the process (environment variables, library defaults,
+thread count, random state, signal handlers, the process group it created) is put back when it
+ends, normally or by an exception, so every run starts as the first did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .allocator import reuse_freed_memory
+from .backends import BACKENDS, Backend, backend_class, get_backend
+from .callbacks import Callback, CallbackList, EpochEnd, StepEnd
+from .checkpoint import (Checkpointer, Progress, ResumeState, RunLayout, check_checkpoint_flags,
+                         find_resume_checkpoint, restore)
+from .cluster import ClusterEnv, default_threads, detect_cluster, select_device
+from .config import TrainConfig
+from .data import DATASETS, DataOptions, ImageArrays, load_split
+from .data.loader import iterate_batches
+from .data.sharding import RankSchedule, eval_range, steps_per_epoch, train_batches
+from .data.transforms import TrainTransform, train_transform
+from .errors import EXIT_PREEMPTED, Preempted, UsageError, unknown_choice
+from .fileio import atomic_write
+from .lr import learning_rate, scaled_lr
+from .models import MODELS, build_model
+from .precision import Precision
+from .preemption import PreemptionWatcher, TestSignal, peer_failure
+from .results import append_record, host_info, library_versions, mean_and_ci95
+from .timing import StepTimer, calibrated_compute_per_step, device_waiter, gather_breakdown
+
+EVAL_BATCH = 512
+HISTORY_POINTS = 1000  # the default --log-every keeps at most this many loss points per run
+log = logging.getLogger("harness")
+
+
+def check_config(config: TrainConfig) -> None:
+    """Raise UsageError for anything wrong with `config` that can be told before a process starts:
+    each field, the backend, model and dataset names, every backend's own options, checkpoint flags."""
+    config.validate()
+    backend_class(config.backend)
+    for kind, value, known in (("model", config.model, MODELS), ("dataset", config.dataset, DATASETS)):
+        if value not in known:
+            raise unknown_choice(kind, value, known)
+    for backend in BACKENDS.values():  # a bad value is bad input whichever backend runs it
+        backend.check_options(config)
+    check_checkpoint_flags(config)
+
+
+class Placement(NamedTuple):
+    """Where and how this rank runs, decided before any process group starts."""
+
+    backend: Backend
+    cluster: ClusterEnv
+    device: torch.device
+    threads: int
+    cpu_malloc: str  # the CPU memory mode in effect (harness.allocator)
+
+
+def place_process(config: TrainConfig) -> Placement:
+    """Check the config, backend and launch (no process group yet); pick this rank's device, threads
+    and CPU memory reuse. Sets the thread count: call it inside `preserved_process_state`."""
+    check_config(config)
+    backend = get_backend(config.backend)
+    backend.check_available()
+    cluster = detect_cluster()
+    device = select_device(config.device, cluster, config.procs_per_gpu)
+    backend.check_launch(config, cluster, device)
+    threads = config.threads or default_threads(cluster)
+    cpu_malloc = "not applied (GPU run)"
+    if device.type == "cpu":
+        torch.set_num_threads(threads)
+        cpu_malloc = reuse_freed_memory(config.cpu_malloc)
+    return Placement(backend, cluster, device, threads, cpu_malloc)
+
+
+@contextlib.contextmanager
+def preserved_process_state() -> Iterator[None]:
+    """Put back the environment, the thread count, the random generators and the current GPU after
+    a run.
+
+    Backends put back the variables and library defaults they set, in shutdown; the environment is
+    also restored here as a whole because libraries imported during a run set their own at import
+    time (KMP_DUPLICATE_LIB_OK, KMP_INIT_AT_FORK, TORCHINDUCTOR_CACHE_DIR seen after a first ddp run).
+    """
+    environ = dict(os.environ)
+    threads = torch.get_num_threads()
+    cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        for name in set(os.environ) - set(environ):
+            del os.environ[name]
+        os.environ.update(environ)
+        torch.set_num_threads(threads)
+        if cuda_device is not None:
+            torch.cuda.set_device(cuda_device)
+
+
+@dataclass
+class RunPlan:
+    """The facts of one run, fixed before it trains."""
+
+    config: TrainConfig
+    placement: Placement
+    precision: Precision
+    train_set: ImageArrays
+    test_set: ImageArrays
+    local_batch: int  # samples per rank per optimizer step (all micro-batches)
+    epoch_steps: int
+    total_steps: int
+    base_batch: int
+    peak_lr: float
+    warmup_steps: int
+    log_every: int
+    transform: TrainTransform  # augmentation (optional) and normalisation of a batch on the device
+
+    @property
+    def global_batch(self) -> int:
+        return self.local_batch * self.placement.cluster.world_size
+
+    @property
+    def micro_batch(self) -> int:
+        return self.local_batch // self.config.grad_accum
+
+    @property
+    def num_epochs(self) -> int:
+        return math.ceil(self.total_steps / self.epoch_steps)
+
+    def lr_at(self, step: int) -> float:
+        """The LR of 0-based optimizer step `step` (a pure function of the step, for every backend)."""
+        return learning_rate(step, base_lr=self.config.lr, peak_lr=self.peak_lr, warmup_steps=self.warmup_steps,
+                             total_steps=self.total_steps, schedule=self.config.schedule)
+
+    def layout(self) -> RunLayout:
+        return RunLayout(self.placement.cluster.world_size, self.global_batch, len(self.train_set), self.epoch_steps,
+                         self.total_steps)
+
+    def make_model(self) -> nn.Module:
+        """A fresh model of the run's architecture, in its memory format, on its device."""
+        channels, size, _ = self.train_set.shape
+        model = build_model(self.config.model, channels, size, self.train_set.num_classes, self.config.dropout)
+        model = model.to(self.placement.device)
+        return model.to(memory_format=torch.channels_last) if self.config.channels_last else model
+
+
+def plan_run(config: TrainConfig, placement: Placement) -> RunPlan:
+    """Load the data (preparing it once per filesystem, before any process group exists) and fix
+    batches, steps and the LR rule."""
+    world_size = placement.cluster.world_size
+    local_batch = config.local_batch(world_size)
+    options = DataOptions(config.data_dir, config.model, config.image_size, config.timeout)
+    train_set, test_set = load_split(config.dataset, "train", options), load_split(config.dataset, "test", options)
+    epoch_steps = steps_per_epoch(len(train_set), world_size, local_batch)
+    if epoch_steps == 0:
+        raise UsageError(f"the training set has {len(train_set)} samples, fewer than one global batch of "
+                         f"{local_batch * world_size}; lower --batch-size or use fewer workers")
+    total_steps = epoch_steps * config.epochs
+    if config.max_steps is not None:
+        total_steps = min(total_steps, config.max_steps)
+    # Batch and LR scaling: --lr is tuned for the base batch; a larger global batch scales it.
+    base_batch = config.base_batch or (config.global_batch or config.batch_size * config.grad_accum)
+    cluster = placement.cluster
+    transform = train_transform(train_set, placement.device, config.augment, config.seed, cluster.rank, world_size,
+                                local_batch, config.channels_last)
+    return RunPlan(config, placement, Precision.of(config.precision), train_set, test_set, local_batch, epoch_steps,
+                   total_steps, base_batch,
+                   peak_lr=scaled_lr(config.lr, local_batch * world_size, base_batch, config.lr_scaling),
+                   warmup_steps=round(config.warmup_epochs * epoch_steps),
+                   log_every=config.log_every or max(1, math.ceil(total_steps / HISTORY_POINTS)), transform=transform)
+
+
+def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> Dict[str, Any]:
+    """Train under whatever launcher started this process; return the run's results record.
+
+    Every rank returns the same record (metrics are reduced over ranks); rank 0 also appends it to
+    `config.results` and writes `config.save_model`. `callbacks` (harness.Callback instances) watch
+    the run on every rank (see harness.callbacks). Bad input raises UsageError before any process
+    group starts; a preempted run raises Preempted, a lost peer PeerFailure. A process group or
+    Horovod that the caller initialised is used and left as it was.
+    """
+    started = time.time()
+    watchers = CallbackList(callbacks)
+    with preserved_process_state():
+        placement = place_process(config)
+        plan = plan_run(config, placement)
+        backend, cluster, device = placement.backend, placement.cluster, placement.device
+        # Chosen and checked before any process group starts: an unusable checkpoint is bad input.
+        resume_from = find_resume_checkpoint(config, plan.layout(), type(backend), warn=cluster.is_main)
+        preemption = PreemptionWatcher(TestSignal.from_environ())
+        # Same seed on every rank, so every rank builds identical initial weights (backends also
+        # broadcast rank 0's); then a per-rank seed so dropout masks differ between ranks.
+        torch.manual_seed(config.seed)
+        model = plan.make_model()
+        torch.manual_seed(config.seed * 1000 + cluster.rank + 1)
+        try:
+            backend.init(cluster, device, config)
+            preemption.install()
+            model, optimizer = backend.wrap(model, make_optimizer_factory(config), config, plan.local_batch)
+            # After wrap (DeepSpeed loads into its engine); the RNG states are restored last.
+            resumed = restore(resume_from, backend, cluster, device) if resume_from else None
+            checkpointer = Checkpointer(config, cluster, backend, plan.layout()) if config.checkpoint_dir else None
+            state = RunState.start(plan, resumed, checkpointer)
+            _train_epochs(plan, state, model, optimizer, preemption, watchers)
+            record = _finish(plan, state, started)
+            watchers.on_train_end(record)
+            if config.save_model:
+                weights = backend.full_state_dict()  # a collective where weights are sharded (ZeRO-3)
+                if cluster.is_main:
+                    atomic_write(config.save_model, lambda tmp: torch.save(weights, tmp))
+            if cluster.is_main and config.results:
+                append_record(config.results, record)
+            # Leave together: a rank destroying its process group while a peer still has collectives
+            # in flight (ZeRO-3 prefetches) is the kind of teardown race that aborts a finished run.
+            backend.barrier()
+            return record
+        except Exception as exc:
+            if backend.is_peer_failure(exc):
+                raise peer_failure(exc, cluster.rank, config.timeout) from exc
+            raise
+        finally:
+            preemption.uninstall()
+            backend.shutdown()
+
+
+def make_optimizer_factory(config: TrainConfig):
+    """The optimizer the config names, for the backend to build over the parameters it owns."""
+    def make(parameters):
+        if config.optimizer == "adam":
+            return torch.optim.Adam(parameters, lr=config.lr, weight_decay=config.weight_decay)
+        return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    return make
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ImageArrays, backend: Backend, cluster: ClusterEnv, device: torch.device,
+             precision: Precision = Precision.of("fp32")) -> Dict[str, float]:
+    """Loss and accuracy over the whole set, each sample scored exactly once across ranks.
+
+    Ranks score disjoint contiguous blocks (no padding) and the global sums and counts are reduced
+    in one allreduce; averaging per-rank means would weight small blocks wrongly.
+    """
+    was_training = model.training
+    model.eval()
+    normalise = data.normaliser(device)
+    block = eval_range(len(data), cluster.world_size, cluster.rank)
+    batches = [torch.arange(start, min(start + EVAL_BATCH, block.stop)).numpy()
+               for start in range(block.start, block.stop, EVAL_BATCH)]
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    for images, labels in iterate_batches(data, batches):
+        images, labels = normalise(images.to(device)), labels.to(device)
+        with precision.autocast(device):
+            logits = model(images)
+        totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum").double()
+        totals[1] += (logits.argmax(dim=1) == labels).sum()
+        totals[2] += labels.numel()
+    loss_sum, correct, count = backend.all_reduce_sum(totals).tolist()
+    model.train(was_training)
+    return {"eval_loss": loss_sum / count, "eval_accuracy": correct / count, "eval_samples": int(count)}
+
+
+@dataclass
+class RunState:
+    """What changes while a run trains: position, losses, timings, evaluation, checkpoints."""
+
+    step: int  # optimizer steps done so far in the whole run
+    start_step: int  # where this segment (process) began: 0, or a resumed checkpoint's step
+    progress: Progress  # train loss per epoch, latest evaluation, history: kept in checkpoints
+    epoch_step_losses: torch.Tensor  # [epoch_steps, 2] this rank's (loss x samples, samples) per step
+    checkpointer: Optional[Checkpointer]
+    timer: StepTimer
+    epoch_times: List[float] = field(default_factory=list)
+    epoch_throughputs: List[float] = field(default_factory=list)
+    preempted: bool = False
+
+    @classmethod
+    def start(cls, plan: RunPlan, resumed: Optional[ResumeState], checkpointer: Optional[Checkpointer]) -> "RunState":
+        step_losses = torch.zeros(plan.epoch_steps, 2, dtype=torch.float64, device=plan.placement.device)
+        if resumed is not None:  # the steps of the unfinished epoch before the checkpoint
+            step_losses += resumed.epoch_step_losses.to(step_losses.device)
+        device = plan.placement.device
+        # Phases end on finished device work only when --profile asks (it costs overlap).
+        timer = StepTimer(plan.config.trace_steps, device_waiter(device) if plan.config.profile else lambda: None)
+        return cls(step=resumed.step if resumed else 0, start_step=resumed.step if resumed else 0,
+                   progress=resumed.progress if resumed else Progress(), epoch_step_losses=step_losses,
+                   checkpointer=checkpointer, timer=timer)
+
+    def record_loss(self, plan: RunPlan, epoch: int, loss: torch.Tensor, samples: int) -> None:
+        """Count one finished step: its loss joins the epoch's per-step sums (on the device, reduced
+        once per epoch, so no step waits for a collective)."""
+        row = self.epoch_step_losses[self.step - epoch * plan.epoch_steps]
+        row[0] += loss.double() * samples
+        row[1] += samples
+        self.step += 1
+
+    def add_history(self, plan: RunPlan, epoch: int, reduced: torch.Tensor) -> None:
+        """Fold one epoch's reduced per-step (loss sum, samples) into the history's blocks of
+        --log-every steps; a block may span epochs, so its running sums are kept in the progress."""
+        history = self.progress.history
+        first = epoch * plan.epoch_steps
+        for offset, (loss_sum, samples) in enumerate(reduced.tolist()):
+            if samples == 0:
+                continue  # a step this run does not take (a --max-steps run's last epoch)
+            step = first + offset + 1
+            history["pending"] = [history["pending"][0] + loss_sum, history["pending"][1] + samples]
+            if step % plan.log_every == 0 or step == plan.total_steps:
+                history["step"].append(step)
+                history["loss"].append(history["pending"][0] / history["pending"][1])
+                history["lr"].append(plan.lr_at(step - 1))
+                history["pending"] = [0.0, 0.0]
+
+
+def _train_epochs(plan: RunPlan, state: RunState, model: nn.Module, optimizer: torch.optim.Optimizer,
+                  preemption: PreemptionWatcher, watchers: Callback) -> None:
+    config, (backend, cluster, device, _, _) = plan.config, plan.placement
+    # One loader for the whole run, so worker processes start once and prefetch across epochs.
+    stream = iterate_batches(plan.train_set, RankSchedule(len(plan.train_set), cluster.world_size, cluster.rank,
+                                                          plan.local_batch, config.seed, plan.total_steps,
+                                                          first_step=state.step),
+                             config.num_workers, device.type == "cuda", config.prefetch)
+    timing_warmup = min(config.timing_warmup_steps, (plan.total_steps - state.start_step) // 2)
+    progress_bar = _progress_bar(plan.total_steps - state.start_step, cluster.is_main and sys.stderr.isatty())
+    for epoch in range(state.step // plan.epoch_steps, plan.num_epochs):
+        epoch_last_step = min((epoch + 1) * plan.epoch_steps, plan.total_steps)
+        epoch_start = _synchronised(plan)  # windows open and close at barriers: they span the slowest rank
+        if state.step - state.start_step >= timing_warmup:
+            state.timer.open_window()
+        state.timer.waiting_for_data()
+        for images, labels in itertools.islice(stream, epoch_last_step - state.step):
+            loss, lr = _train_step(plan, state, model, optimizer, images, labels, epoch)
+            watchers.on_step_end(StepEnd(state.step, epoch, loss, lr, labels.numel(), cluster.rank))
+            if progress_bar is not None:
+                progress_bar.update(1)
+            if state.step - state.start_step == timing_warmup:  # start-up (allocations, first collectives) left out
+                _synchronised(plan)
+                state.timer.open_window()
+            state.preempted = preemption.stop_agreed(state.step, cluster.rank, backend, device)  # a collective
+            if state.preempted:
+                break
+            if state.checkpointer is not None and state.checkpointer.due(state.step) and state.step < epoch_last_step:
+                pause = _checkpoint(plan, state, "every --checkpoint-every steps")
+                epoch_start += pause  # not training time
+                state.timer.pause(pause)
+            state.timer.waiting_for_data()
+        if state.preempted and state.step < epoch_last_step:  # stopped mid-epoch: checkpoint where every rank stopped
+            if state.checkpointer is not None:
+                _checkpoint(plan, state, "preempted")
+            raise _preempted(state, preemption, plan.total_steps, cluster.is_main)
+        _end_epoch(plan, state, epoch, epoch_start, progress_bar, watchers)
+        if state.preempted and epoch < plan.num_epochs - 1:
+            raise _preempted(state, preemption, plan.total_steps, cluster.is_main)
+    preemption.settle()
+    stream.close()
+    if progress_bar is not None:
+        progress_bar.close()
+
+
+def _train_step(plan: RunPlan, state: RunState, model: nn.Module, optimizer: torch.optim.Optimizer,
+                images: torch.Tensor, labels: torch.Tensor, epoch: int) -> Tuple[torch.Tensor, float]:
+    """One optimizer step on this rank's batch, its phases timed; (this rank's loss, the step's LR)."""
+    backend, device, timer = plan.placement.backend, plan.placement.device, state.timer
+    images, labels = plan.transform(images.to(device, non_blocking=True), epoch, state.step), labels.to(device)
+    timer.data_ready()
+    lr = plan.lr_at(state.step)  # a pure function of the step, written into the optimizer for every backend
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    # Gradient accumulation: each micro-batch adds its share of the step's mean loss; only the last
+    # one communicates (DDP no_sync, Horovod's count of backward passes, DeepSpeed's boundary).
+    loss = torch.zeros((), device=device)
+    for first in range(0, plan.local_batch, plan.micro_batch):
+        sync = first + plan.micro_batch >= plan.local_batch
+        with backend.no_sync(sync):
+            with plan.precision.autocast(device):
+                micro_loss = F.cross_entropy(model(images[first:first + plan.micro_batch]),
+                                             labels[first:first + plan.micro_batch]) / plan.config.grad_accum
+            backend.backward(micro_loss, sync)
+        loss += micro_loss.detach().float()
+    backend.finish_gradient_sync()
+    timer.gradients_ready()
+    backend.step()
+    timer.stepped()
+    state.record_loss(plan, epoch, loss, labels.numel())
+    return loss, lr
+
+
+def _synchronised(plan: RunPlan) -> float:
+    """Wait for the device's queued work and for every rank; the time then."""
+    device_waiter(plan.placement.device)()
+    plan.placement.backend.barrier()
+    return time.perf_counter()
+
+
+def _end_epoch(plan: RunPlan, state: RunState, epoch: int, epoch_start: float, progress_bar: Any,
+               watchers: Callback) -> None:
+    """Close the timed window, reduce the epoch's losses (one collective), evaluate, log, checkpoint."""
+    config, (backend, cluster, device, _, _) = plan.config, plan.placement
+    epoch_end = _synchronised(plan)
+    window = state.timer.close_window()
+    state.epoch_times.append(epoch_end - epoch_start)
+    throughput = None
+    if window is not None and window[1]:
+        throughput = window[1] * plan.global_batch / window[0]
+        state.epoch_throughputs.append(throughput)
+    reduced = backend.all_reduce_sum(state.epoch_step_losses.clone())
+    loss_sum, samples = reduced.sum(dim=0).tolist()
+    state.progress.train_losses.append(loss_sum / samples)
+    state.add_history(plan, epoch, reduced)
+    state.epoch_step_losses.zero_()
+    last = epoch == plan.num_epochs - 1
+    evaluated = last or bool(config.eval_every and (epoch + 1) % config.eval_every == 0)
+    if evaluated:
+        state.progress.evaluation = evaluate(backend.evaluation_model(plan.make_model), plan.test_set, backend,
+                                             cluster, device, plan.precision)
+    lr = plan.lr_at(state.step - 1)
+    if cluster.is_main:
+        line = (f"epoch {epoch + 1}/{plan.num_epochs} | train loss {state.progress.train_losses[-1]:.4f} | "
+                f"lr {lr:.4g} | {throughput or float('nan'):,.0f} samples/s | {state.epoch_times[-1]:.1f} s")
+        if evaluated:
+            evaluation = state.progress.evaluation
+            line += f" | eval loss {evaluation['eval_loss']:.4f} acc {100 * evaluation['eval_accuracy']:.2f}%"
+        (progress_bar.write if progress_bar is not None else log.info)(line)
+    watchers.on_epoch_end(EpochEnd(epoch, state.step, state.progress.train_losses[-1], lr,
+                                   dict(state.progress.evaluation) if evaluated else None, throughput, cluster.rank,
+                                   cluster.world_size))
+    if state.checkpointer is not None:
+        _checkpoint(plan, state, "epoch end")
+
+
+def _checkpoint(plan: RunPlan, state: RunState, reason: str) -> float:
+    """Write a checkpoint after `state.step` (a collective); the seconds it took."""
+    assert state.checkpointer is not None
+    return state.checkpointer.save(state.step, state.progress, state.epoch_step_losses, reason)
+
+
+def _preempted(state: RunState, preemption: PreemptionWatcher, total_steps: int, is_main: bool) -> Preempted:
+    """The exception that ends a preempted run, once its checkpoint (if any) is written."""
+    checkpointer = state.checkpointer
+    saved = (f"checkpoint {checkpointer.last_path} is written; resubmit with --resume auto to continue"
+             if checkpointer is not None else "nothing was saved (no --checkpoint-dir)")
+    return Preempted(f"stopped by {preemption.signal_name()} after step {state.step} of {total_steps}; {saved} "
+                     f"(exit status {EXIT_PREEMPTED})", is_main)
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="step", leave=False, dynamic_ncols=True)
+
+
+def _calibration_batches(plan: RunPlan) -> List[Any]:
+    """The rank's last --calibration-steps + 1 micro-batches of the run, on the device, for calibration."""
+    config, cluster, device = plan.config, plan.placement.cluster, plan.placement.device
+    steps = config.calibration_steps
+    if not steps:
+        return []
+    last_epoch = (plan.total_steps - 1) // plan.epoch_steps
+    batches = train_batches(len(plan.train_set), cluster.world_size, cluster.rank, plan.local_batch, config.seed,
+                            last_epoch)[:plan.total_steps - last_epoch * plan.epoch_steps]
+    chosen = []
+    for indices in batches[-(steps + 1):]:
+        images, labels = plan.train_set.fetch(indices[:plan.micro_batch])
+        chosen.append((plan.transform(images.to(device), last_epoch, 0), labels.to(device)))
+    return chosen
+
+
+def _finish(plan: RunPlan, state: RunState, started: float) -> Dict[str, Any]:
+    """The run's record: counts over the whole run, timings of this segment, the gathered breakdown."""
+    config, (backend, cluster, device, threads, cpu_malloc) = plan.config, plan.placement
+    # Outside every timed window: calibrate compute on the last micro-batches, then gather every rank.
+    calibration = _calibration_batches(plan)
+
+    def compute_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+        with plan.precision.autocast(device):
+            return F.cross_entropy(model(batch[0]), batch[1]) * config.grad_accum  # a whole step's compute
+
+    compute_per_step = calibrated_compute_per_step(plan.make_model(), compute_loss, calibration, device)
+    if compute_per_step is not None:
+        compute_per_step *= config.grad_accum  # calibrated on one micro-batch; a step runs grad_accum of them
+    peak_memory = float(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+    breakdown = gather_breakdown(backend.all_reduce_sum, cluster.rank, cluster.world_size, device, state.timer,
+                                 compute_per_step, config.calibration_steps,
+                                 exact=device.type != "cuda" or config.profile, peak_memory=peak_memory)
+    timer = state.timer
+    throughput = timer.steps * plan.global_batch / timer.seconds if timer.seconds else None
+    progress = state.progress
+    history = {key: progress.history[key] for key in ("step", "loss", "lr")}
+    return {
+        "run_id": uuid.uuid4().hex[:12], "started": started, "wall_time": time.time() - started,
+        "backend": config.backend, "launcher": cluster.launcher, "world_size": cluster.world_size,
+        "local_world_size": cluster.local_world_size, "local_batch": plan.local_batch,
+        "micro_batch": plan.local_batch // config.grad_accum, "grad_accum": config.grad_accum,
+        "global_batch": plan.global_batch, "model": config.model, "dataset": config.dataset,
+        "train_set_size": len(plan.train_set), "device": device.type,
+        "threads_per_rank": threads if device.type == "cpu" else None,
+        "lr_base": config.lr, "base_batch": plan.base_batch, "lr_effective": plan.peak_lr,
+        "warmup_steps": plan.warmup_steps,
+        # Counts cover the whole run, each step once, however many segments (resumes) it took;
+        # timings (timed_*, throughput, epoch_*, wall_time) cover this segment only.
+        "steps": state.step, "epochs": plan.num_epochs, "steps_per_epoch": plan.epoch_steps,
+        "samples_seen": state.step * plan.global_batch,
+        "resumed_from_step": state.start_step, "segments": progress.segments,
+        "checkpoint_seconds": state.checkpointer.seconds if state.checkpointer is not None else 0.0,
+        "timed_steps": timer.steps, "timed_seconds": timer.seconds,
+        "timing_warmup_steps": min(config.timing_warmup_steps, (plan.total_steps - state.start_step) // 2),
+        "throughput": throughput, "throughput_ci95": mean_and_ci95(state.epoch_throughputs)["ci95"],
+        "throughput_per_worker": throughput / cluster.world_size if throughput else None,
+        "epoch_times": state.epoch_times, "epoch_throughputs": state.epoch_throughputs,
+        **breakdown,
+        "train_loss": progress.train_losses[-1], "train_losses": progress.train_losses,
+        "history": {"log_every": plan.log_every, **history},
+        "lr_final": plan.lr_at(state.step - 1),
+        "skipped_steps": backend.skipped_steps,
+        **progress.evaluation,
+        "math": backend.math_settings(config),
+        "tuning": {**backend.tuning(), "cpu_malloc": cpu_malloc},
+        "versions": {**library_versions(), **backend.versions()},
+        "host": host_info(),
+        **({"gpu": _gpu_facts(device, config)} if device.type == "cuda" else {}),
+        "config": config.to_dict(), "tags": dict(config.tags),
+    }
+
+
+def _gpu_facts(device: torch.device, config: TrainConfig) -> Dict[str, Any]:
+    """What a GPU run's record states about the hardware and its software."""
+    nccl = torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else None
+    return {"name": torch.cuda.get_device_name(device), "cuda": torch.version.cuda,
+            "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
+            "ranks_per_gpu": config.procs_per_gpu, "profile_synchronised": config.profile,
+            "channels_last": config.channels_last}

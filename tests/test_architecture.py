@@ -1,0 +1,136 @@
+"""The shape the tree promises: no import cycles inside the package, one loop that never asks which
+backend it runs, and backend knowledge inside harness/backends/ only.
+
+Read from the source with `ast`, imports inside functions included (a deferred import is still a
+dependency; deferring it only hides a cycle).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from typing import Dict, List, Set
+
+from .conftest import REPO
+
+PACKAGE = os.path.join(REPO, "harness")
+
+
+def _modules() -> Dict[str, str]:
+    found = {}
+    for root, _, names in os.walk(PACKAGE):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                module = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                found[module[:-len(".__init__")] if module.endswith(".__init__") else module] = path
+    return found
+
+
+def _type_checking_lines(path: str) -> Set[int]:
+    lines = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            for inner in ast.walk(node):
+                if hasattr(inner, "lineno"):
+                    lines.add(inner.lineno)
+    return lines
+
+
+def import_graph() -> Dict[str, Set[str]]:
+    """module -> the package modules it imports at run time (TYPE_CHECKING imports left out)."""
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        skip = _type_checking_lines(path)
+        source = open(path).read().splitlines()
+        kept = "\n".join("" if number + 1 in skip else line for number, line in enumerate(source))
+        graph[module] = _imports_from_source(module, path, kept, set(modules))
+    return graph
+
+
+def _imports_from_source(module: str, path: str, source: str, known: Set[str]) -> Set[str]:
+    package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+    targets = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                name = f"{base}.{node.module}" if node.module else base
+            else:
+                name = node.module or ""
+            candidates = [f"{name}.{alias.name}" for alias in node.names] + [name]
+        elif isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        else:
+            continue
+        for candidate in candidates:
+            while candidate and candidate not in known:
+                candidate = candidate.rsplit(".", 1)[0] if "." in candidate else ""
+            if candidate and candidate != module:
+                targets.add(candidate)
+                break
+    return targets
+
+
+def find_cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """Each import cycle once, as the list of modules around it (packages import their submodules
+    by design, so an edge from a package to its own submodule does not close a cycle)."""
+    cycles, seen = [], set()
+
+    def visit(node: str, path: List[str]) -> None:
+        for target in sorted(graph.get(node, ())):
+            if node == target.rsplit(".", 1)[0] and target.startswith(node + "."):
+                continue
+            if target in path:
+                cycle = path[path.index(target):]
+                key = frozenset(cycle)
+                if key not in seen:
+                    seen.add(key)
+                    cycles.append(cycle + [target])
+            elif len(path) < 12:
+                visit(target, path + [target])
+
+    for start in sorted(graph):
+        visit(start, [start])
+    return cycles
+
+
+def test_the_package_has_no_import_cycles():
+    cycles = find_cycles(import_graph())
+    assert cycles == [], "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_config_is_a_leaf_below_the_backends():
+    graph = import_graph()
+    assert not {"harness.backends", "harness.checkpoint", "harness.loop", "harness.cli"} & graph["harness.config"]
+
+
+def _backend_names() -> List[str]:
+    from harness.backends import BACKENDS
+
+    return list(BACKENDS)
+
+
+def test_the_loop_never_asks_which_backend_it_runs():
+    source = open(os.path.join(PACKAGE, "loop.py")).read()
+    for name in _backend_names():
+        assert not re.search(rf"""["']{name}["']""", source), f"loop.py mentions backend {name!r}"
+    assert "isinstance(backend" not in source and "config.backend ==" not in source
+
+
+def test_backend_names_appear_only_inside_backends():
+    """Outside harness/backends/, code finds backends through the registry, never by name."""
+    offenders = []
+    for module, path in _modules().items():
+        if module.startswith("harness.backends"):
+            continue
+        for number, line in enumerate(open(path).read().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if "backend" not in code:
+                continue
+            for name in _backend_names():
+                if re.search(rf"""(==|!=|in \(|\bis\b)\s*["']{name}["']|["']{name}["']\s*(==|!=)""", code):
+                    offenders.append(f"{os.path.relpath(path, REPO)}:{number}: {line.strip()}")
+    assert offenders == [], "\n".join(offenders)

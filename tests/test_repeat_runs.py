@@ -1,0 +1,73 @@
+"""Any sequence of runs in one process behaves as if each were the first (notebook engines run
+several): the record names the real launcher every time, no run's settings leak into the next,
+every run trains the same weights, and a process group or Horovod the caller set up is used and
+left as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+import harness
+from harness import TrainConfig
+from harness.equivalence import UPDATE_BOUND, update_differences, worst
+from harness.launch import launcher_command
+from harness.models import build_model
+
+from .conftest import REPO, run
+
+SCRIPT = os.path.join(REPO, "tests", "repeat_runs.py")
+COMMON = dict(model="cnn", dataset="digits", dropout=0.0, seed=0, lr=0.05, lr_scaling="none", max_steps=10,
+              threads=1, eval_every=0, calibration_steps=0, timing_warmup_steps=1)
+# Every backend's knobs as a first run in a fresh process applies them.
+FIRST_RUN_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "process_group": "gloo"},
+                    "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False},
+                    "deepspeed": {"zero_stage": 0, "process_group": "gloo"}}
+
+
+def _max_difference(first: dict, second: dict) -> float:
+    return max((first[key] - second[key]).abs().max().item() for key in first)
+
+
+def _update_difference(weights: dict, reference: dict) -> float:
+    torch.manual_seed(0)
+    return worst(update_differences(weights, reference, build_model("cnn", 1, 28, 10, 0.0).state_dict()))[1]
+
+
+@pytest.mark.slow
+def test_ddp_horovod_deepspeed_ddp_in_the_same_two_mpi_processes(tmp_path):
+    result = run(launcher_command("mpirun", 2, [SCRIPT, str(tmp_path)]), timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    reference_path = tmp_path / "reference.pt"
+    harness.train(TrainConfig(batch_size=32, save_model=str(reference_path), **COMMON))
+    reference = torch.load(reference_path, weights_only=True)
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert [entry["backend"] for entry in seen] == ["ddp", "horovod", "deepspeed", "ddp", "ddp", "horovod"]
+        for entry in seen:
+            assert entry["launcher"] == "openmpi", entry
+            weights = torch.load(entry["weights"], weights_only=True)
+            assert _update_difference(weights, reference) <= UPDATE_BOUND, entry
+        for entry in seen[:4]:
+            assert entry["tuning"] == {**FIRST_RUN_TUNING[entry["backend"]], "cpu_malloc": "reuse"}, entry
+            assert entry["left_behind"] == [], entry
+            assert entry["train_function"].startswith("<function train")
+        assert all(entry["kept"] for entry in seen[4:]), seen[4:]
+
+
+def test_the_single_process_backend_twice_in_this_process(tmp_path):
+    before = dict(os.environ), torch.get_num_threads()
+    records = [harness.train(TrainConfig(batch_size=32, save_model=str(tmp_path / f"{n}.pt"), **COMMON))
+               for n in range(2)]
+    assert (dict(os.environ), torch.get_num_threads()) == before
+    assert [r["launcher"] for r in records] == ["none", "none"]
+    assert records[0]["train_losses"] == records[1]["train_losses"]
+    first, second = (torch.load(tmp_path / f"{n}.pt", weights_only=True) for n in range(2))
+    assert _max_difference(first, second) == 0.0
+    from harness import train
+
+    assert callable(train) and train is harness.train and callable(sys.modules["harness"].train)
