@@ -1,18 +1,31 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast lab exercises gpu-check bench clean
 setup:
 	@bash tools/setup.sh
 
 demo: setup
 	@$(PY) -m harness demo
 
+# Everything, slow multi-process tests, notebooks and scheduler tests included (not the GPU ones).
 test: setup
 	@$(PY) -m pytest -q -ra tests
 
 test-fast: setup
-	@$(PY) -m pytest -q -ra -m "not slow" tests
+	@$(PY) -m pytest -q -ra -m "not slow and not gpu" tests
+
+# JupyterLab from the kit's environment, opened on the notebooks.
+lab: setup
+	@$(VENV)/bin/jupyter lab --notebook-dir=. notebooks/
+
+# Regenerate exercises/ from solutions/ (a test fails when they differ).
+exercises: setup
+	@$(PY) tools/make_exercises.py
+
+# On a GPU node: the GPU tests and the GPU benchmarks, in one command.
+gpu-check: setup
+	@bash tools/gpu_check.sh $(ARGS)
 
 # Benchmarks print ratios measured side by side in one run; run them on a quiet machine.
 bench: setup

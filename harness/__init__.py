@@ -8,6 +8,7 @@ Python API (what notebooks, exercises and job templates use; every CLI command h
     print(harness.scaling_report(result.records))                              # harness report
     figures = harness.scaling_figures(result.records)                          # harness plot
     harness.evaluate_model_file(harness.TrainConfig(...), "model.pt")          # harness evaluate
+    harness.check_script("exercises/02_ddp.py")                                # harness check
 
 `train` runs on the rank of whatever launcher started the process, and can be called again and
 again in one process (see harness.loop). The names here are functions and classes that stay what
@@ -56,6 +57,13 @@ def evaluate_model_file(config: TrainConfig, model_file: str) -> dict:
     return evaluate(config, model_file)
 
 
+def check_script(path: str, ranks: int = 2):
+    """Run an exercise's script at `ranks` ranks and judge it (see harness.checker.check_script)."""
+    from .checker import check_script as check
+
+    return check(path, ranks=ranks)
+
+
 def read_results(paths) -> list:
     """The records of JSONL results files (see harness.results.read_results)."""
     from .results import read_results as read
@@ -72,6 +80,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'harness' has no attribute {name!r}")
 
 
-__all__ = ["Callback", "EpochEnd", "PeerFailure", "Preempted", "StepEnd", "SweepResult", "SweepSettings",
+__all__ = ["Callback", "EpochEnd", "check_script", "PeerFailure", "Preempted", "StepEnd", "SweepResult", "SweepSettings",
            "TrainConfig", "UsageError", "evaluate_model_file", "read_results", "run_sweep", "scaling_figures",
            "scaling_report", "train", "__version__"]

@@ -1,4 +1,4 @@
-"""Command line: `harness train | launch | env | demo | evaluate | data | sweep | plot | report`.
+"""Command line: `harness train | launch | env | demo | evaluate | data | sweep | plot | report | check`.
 
 A thin layer over the Python API.
 """
@@ -124,6 +124,12 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    from .checker import check_command
+
+    return check_command(args.file, ranks=args.ranks, timeout=args.timeout)
+
+
 def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.ArgumentParser:
     """The `harness` parser with all subcommands; `train_defaults` replace `harness train`'s defaults."""
     parser = OneLineParser(prog="harness", description="Data-parallel training harness: DDP, Horovod, DeepSpeed.")
@@ -220,6 +226,17 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
     plot.add_argument("results", nargs="+", help="JSONL results file(s)")
     plot.add_argument("-o", "--output", required=True, help="prefix of the figure files, e.g. figures/weak")
     plot.set_defaults(run=_plot)
+
+    check = commands.add_parser(
+        "check", help="run an exercise's distributed script at 2 ranks under its real launcher and say what is wrong",
+        description="Runs FILE (e.g. exercises/02_ddp.py) at --ranks ranks with a fixed seed and a few steps and "
+                    "compares with what must happen: identical weights on every rank, equal to one process on "
+                    "the whole batch; every training sample seen once per epoch; every test sample scored once; "
+                    "only rank 0 writes. Prints PASS, or one line per failed property naming its TODO.")
+    check.add_argument("file", help="the script to check, e.g. exercises/02_ddp.py")
+    check.add_argument("--ranks", type=int, default=2, help="ranks to run it on (default: 2)")
+    check.add_argument("--timeout", type=float, default=300.0, help="seconds before the run is stopped (default: 300)")
+    check.set_defaults(run=_check)
 
     report = commands.add_parser("report", help="Markdown table of a scaling study: throughput, efficiency, POP")
     report.add_argument("results", nargs="+", help="JSONL results file(s)")

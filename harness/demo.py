@@ -70,7 +70,7 @@ def run_demo(results: Optional[str] = None, epochs: int = 3, verbose: bool = Fal
     verbose = verbose or os.environ.get(VERBOSE_VARIABLE) == "1"
     stamp = time.strftime("demo-%Y%m%d-%H%M%S")
     results = results or os.path.join("runs", f"{stamp}.jsonl")
-    log_dir = os.path.join(os.path.dirname(os.path.abspath(results)), stamp)
+    log_dir = os.path.splitext(results)[0]  # runs/demo-<time>/<backend>.log beside runs/demo-<time>.jsonl
     os.makedirs(log_dir, exist_ok=True)
     failed: List[str] = []
     for backend, ranks in demo_runs():

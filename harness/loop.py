@@ -32,7 +32,7 @@ from .checkpoint import (Checkpointer, Progress, ResumeState, RunLayout, check_c
 from .cluster import ClusterEnv, default_threads, detect_cluster, select_device
 from .config import TrainConfig
 from .data import DATASETS, DataOptions, ImageArrays, load_split
-from .data.loader import iterate_batches
+from .data.loader import iterate_batches, to_device_ahead
 from .data.sharding import RankSchedule, eval_range, steps_per_epoch, train_batches
 from .data.transforms import TrainTransform, train_transform
 from .errors import EXIT_PREEMPTED, Preempted, UsageError, unknown_choice
@@ -331,10 +331,9 @@ def _train_epochs(plan: RunPlan, state: RunState, model: nn.Module, optimizer: t
                   preemption: PreemptionWatcher, watchers: Callback) -> None:
     config, (backend, cluster, device, _, _) = plan.config, plan.placement
     # One loader for the whole run, so worker processes start once and prefetch across epochs.
-    stream = iterate_batches(plan.train_set, RankSchedule(len(plan.train_set), cluster.world_size, cluster.rank,
-                                                          plan.local_batch, config.seed, plan.total_steps,
-                                                          first_step=state.step),
-                             config.num_workers, device.type == "cuda", config.prefetch)
+    stream = to_device_ahead(iterate_batches(plan.train_set, RankSchedule(
+        len(plan.train_set), cluster.world_size, cluster.rank, plan.local_batch, config.seed, plan.total_steps,
+        first_step=state.step), config.num_workers, device.type == "cuda", config.prefetch), device)
     timing_warmup = min(config.timing_warmup_steps, (plan.total_steps - state.start_step) // 2)
     progress_bar = _progress_bar(plan.total_steps - state.start_step, cluster.is_main and sys.stderr.isatty())
     for epoch in range(state.step // plan.epoch_steps, plan.num_epochs):
@@ -376,7 +375,7 @@ def _train_step(plan: RunPlan, state: RunState, model: nn.Module, optimizer: tor
                 images: torch.Tensor, labels: torch.Tensor, epoch: int) -> Tuple[torch.Tensor, float]:
     """One optimizer step on this rank's batch, its phases timed; (this rank's loss, the step's LR)."""
     backend, device, timer = plan.placement.backend, plan.placement.device, state.timer
-    images, labels = plan.transform(images.to(device, non_blocking=True), epoch, state.step), labels.to(device)
+    images = plan.transform(images, epoch, state.step)  # on the device already (to_device_ahead)
     timer.data_ready()
     lr = plan.lr_at(state.step)  # a pure function of the step, written into the optimizer for every backend
     for group in optimizer.param_groups:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence, Tuple
+from typing import Iterable, Iterator, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -47,3 +47,43 @@ def iterate_batches(arrays: ImageArrays, batches: Sequence[np.ndarray], num_work
                         pin_memory=pin_memory, prefetch_factor=prefetch_factor, generator=torch.Generator(),
                         worker_init_fn=ignore_preemption_signals)
     yield from loader
+
+
+def to_device_ahead(batches: Iterable[Tuple[torch.Tensor, torch.Tensor]],
+                    device: torch.device) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    """Yield `batches` on `device`. On a GPU the next batch is copied on a side stream while the
+    current one computes, so the host-to-device copy (38 MB of uint8 per ResNet-50 batch of 256)
+    overlaps the step instead of delaying it; the compute stream waits for its batch's copy only.
+    The batches must be in pinned memory (iterate_batches pins them on GPU runs)."""
+    iterator = iter(batches)
+    try:
+        if device.type != "cuda":
+            for images, labels in iterator:
+                yield images.to(device), labels.to(device)
+            return
+        copies = torch.cuda.Stream(device)
+        compute = torch.cuda.current_stream(device)
+
+        def start(batch: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+            with torch.cuda.stream(copies):
+                return tuple(tensor.to(device, non_blocking=True) for tensor in batch)  # type: ignore
+
+        pending = None
+        for batch in iterator:
+            ready, pending = pending, start(batch)
+            if ready is not None:
+                yield _handed_over(ready, copies, compute)
+        if pending is not None:
+            yield _handed_over(pending, copies, compute)
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:  # stops data-loader workers when the run ends early
+            close()
+
+
+def _handed_over(batch: Tuple[torch.Tensor, torch.Tensor], copies: "torch.cuda.Stream",
+                 compute: "torch.cuda.Stream") -> Tuple[torch.Tensor, torch.Tensor]:
+    compute.wait_stream(copies)  # the compute stream waits for this batch's copy, the host does not
+    for tensor in batch:
+        tensor.record_stream(compute)  # its memory is not reused before the compute stream is done with it
+    return batch

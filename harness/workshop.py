@@ -1,0 +1,264 @@
+"""What the hands-on scripts share, so that neighbouring steps differ only in their distributed code.
+
+The steps in solutions/ (01_serial.py ... 05_warmup.py) use torch, Horovod and DeepSpeed directly:
+that is what attendees learn. From here they take only what is not about data parallelism:
+
+- `parse_args`: the flags every step accepts (epochs, per-process batch, LR, seed, dropout, ...);
+- `digits`: the embedded digits (harness.data.builtin) as a torch Dataset;
+- `build_model`: the workshop CNN (harness.models.WorkshopCNN);
+- `evaluate` and `report`: a model's summed test loss and correct count, and the epoch's line;
+- `use_launcher_environment`: torchrun's variables under any launcher (harness.cluster), so that
+  `init_process_group`'s default env:// works under srun, mpiexec and horovodrun as well;
+- `skip_deepspeed_shm_op`: DeepSpeed on a CPU without the op it would compile for inference;
+- `todo`: what an exercise runs where a step is left to the attendee.
+
+The TODO convention. A solution marks each piece of distributed code that the exercise leaves out:
+
+    # TODO(shard): each rank trains on its own part of every epoch      <- key and title
+    # DistributedSampler(...) deals each rank every world_size-th ...   <- comments: kept as the hint
+    sampler = DistributedSampler(train_set, ...)                         <- code: left to the attendee
+    # END TODO
+
+tools/make_exercises.py numbers the blocks in order and writes the exercise with each block's
+code replaced by `todo(N, "title")`, which stops the run with "TODO N of FILE is not done yet:
+title". `harness check` (harness.checker) names the TODO that governs a failed property by its key,
+and watches a run through OBSERVERS: what each rank fetched, the model it built, its flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import List, NoReturn, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from .cluster import ClusterEnv, detect_cluster
+from .data.builtin import load_digits
+from .models import WorkshopCNN
+
+# harness.checker appends an object with batch_fetched(split, indices), model_built(model) and
+# arguments_parsed(args); nothing else does, so a normal run only pays an empty loop.
+OBSERVERS: List[object] = []
+
+TODO_START = re.compile(r"^(?P<indent>\s*)# TODO\((?P<key>[a-z0-9-]+)\): (?P<title>.+)$")
+TODO_END = re.compile(r"^\s*# END TODO\s*$")
+
+
+class TodoNotDone(SystemExit):
+    """An exercise reached a step the attendee has not written yet. A SystemExit: Python prints its
+    one-line message without a traceback and exits with status 1."""
+
+
+def todo(number: int, title: str) -> NoReturn:
+    """Stop here: "TODO `number` of FILE is not done yet: `title`" (what an unfinished exercise step runs)."""
+    caller = sys._getframe(1).f_code.co_filename
+    where = os.path.basename(caller) if caller.endswith(".py") else "this notebook"
+    raise TodoNotDone(f"TODO {number} of {where} is not done yet: {title}")
+
+
+@dataclass(frozen=True)
+class TodoBlock:
+    """One marked block of a solution: lines first..last (0-based, markers included)."""
+
+    number: int
+    key: str
+    title: str
+    first: int
+    last: int
+
+
+def todo_blocks(text: str, name: str = "solution") -> List[TodoBlock]:
+    """The TODO blocks of a solution's text, numbered from 1 in order. Raises ValueError for an
+    unclosed, nested or stray marker, or a key used twice."""
+    blocks: List[TodoBlock] = []
+    start: Optional[Tuple[int, re.Match]] = None
+    for index, line in enumerate(text.splitlines()):
+        opening, closing = TODO_START.match(line), TODO_END.match(line)
+        if opening and start is not None:
+            raise ValueError(f"{name}:{index + 1}: TODO block opened inside the one of line {start[0] + 1}")
+        if closing and start is None:
+            raise ValueError(f"{name}:{index + 1}: END TODO without a TODO(key) line above it")
+        if opening:
+            start = (index, opening)
+        elif closing:
+            line_number, match = start  # type: ignore[misc]
+            if match["key"] in {block.key for block in blocks}:
+                raise ValueError(f"{name}:{line_number + 1}: TODO key {match['key']!r} is used twice")
+            blocks.append(TodoBlock(len(blocks) + 1, match["key"], match["title"].strip(), line_number, index))
+            start = None
+    if start is not None:
+        raise ValueError(f"{name}:{start[0] + 1}: TODO block has no END TODO")
+    return blocks
+
+
+def exercise_text(solution: str, name: str = "solution") -> str:
+    """The exercise of a solution: each TODO block becomes its numbered heading, the block's leading
+    comment lines (the hint) and a `todo(N, "title")` call in place of its code."""
+    lines = solution.splitlines()
+    output: List[str] = []
+    position = 0
+    for block in todo_blocks(solution, name):
+        output.extend(lines[position:block.first])
+        indent = TODO_START.match(lines[block.first])["indent"]  # type: ignore[index]
+        output.append(f"{indent}# TODO {block.number}: {block.title}")
+        body = lines[block.first + 1:block.last]
+        hint_lines = 0
+        while hint_lines < len(body) and body[hint_lines].strip().startswith("#"):
+            hint_lines += 1
+        output.extend(body[:hint_lines])
+        output.append(f"{indent}todo({block.number}, {block.title!r})")
+        position = block.last + 1
+    output.extend(lines[position:])
+    return "\n".join(output) + "\n"
+
+
+def _in_notebook() -> bool:
+    # A Jupyter kernel's argv holds its own flags (-f kernel.json), not the script's.
+    return "ipykernel" in sys.modules
+
+
+def parse_args(description: str, warmup: bool = False, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The flags of a hands-on step. In a notebook the defaults, unless `argv` is given.
+
+    `--batch-size` is per process and `--lr` is the learning rate for one process's batch: what
+    the global batch makes of it is the script's business (that is the lesson).
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--epochs", type=int, default=3, help="passes over the training set (default: 3)")
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per process and step (default: 32)")
+    parser.add_argument("--lr", type=float, default=0.05,
+                        help="learning rate for one process's batch of --batch-size (default: 0.05)")
+    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the weights and the data order (default: 0)")
+    parser.add_argument("--dropout", type=float, default=None,
+                        help="both dropout rates of the CNN; 0 turns dropout off (default: 0.25 and 0.5)")
+    parser.add_argument("--train-samples", type=int, default=None,
+                        help="train on the first N of the 1,500 training images only (default: all)")
+    parser.add_argument("--save", default="model.pt", help="file the trained weights are saved to (default: model.pt)")
+    if warmup:
+        parser.add_argument("--warmup-epochs", type=float, default=1.0,
+                            help="epochs over which the LR ramps up from --lr to the scaled LR (default: 1)")
+    if argv is None and _in_notebook():
+        argv = []
+    args = parser.parse_args(argv)
+    training_images = len(load_digits("train"))
+    for flag, value, low in (("--epochs", args.epochs, 1), ("--batch-size", args.batch_size, 1),
+                             ("--train-samples", args.train_samples, 1)):
+        if value is not None and value < low:
+            parser.error(f"{flag} must be at least {low}, got {value}")
+    if args.train_samples is not None and args.train_samples > training_images:
+        parser.error(f"--train-samples must be at most {training_images}, got {args.train_samples}")
+    if not args.lr > 0:
+        parser.error(f"--lr must be positive, got {args.lr}")
+    for observer in OBSERVERS:
+        observer.arguments_parsed(args)
+    return args
+
+
+class Digits(Dataset):
+    """A split of the embedded digits: normalised float images [1, 28, 28] and int64 labels.
+
+    A DataLoader fetches a batch through __getitems__ in one call; both fetch paths tell the
+    OBSERVERS which samples went out.
+    """
+
+    def __init__(self, split: str, samples: Optional[int] = None) -> None:
+        arrays = load_digits(split)
+        count = len(arrays) if samples is None else samples
+        images, labels = arrays.fetch(np.arange(count))
+        self.images = arrays.normaliser(torch.device("cpu"))(images)
+        self.labels = labels
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _observe(self, indices: Sequence[int]) -> None:
+        for observer in OBSERVERS:
+            observer.batch_fetched(self.split, indices)
+
+    def __getitem__(self, index: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        self._observe([int(index)])
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: Sequence[int]) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        indices = [int(index) for index in indices]
+        self._observe(indices)
+        return [(self.images[index], self.labels[index]) for index in indices]
+
+
+def digits(split: str, samples: Optional[int] = None) -> Digits:
+    """The "train" (1,500 images) or "test" (297) split of the embedded digits; `samples` keeps the first N."""
+    return Digits(split, samples)
+
+
+def build_model(dropout: Optional[float] = None) -> nn.Module:
+    """A freshly initialised workshop CNN (from torch's global RNG: seed it first)."""
+    model = WorkshopCNN(dropout=dropout)
+    for observer in OBSERVERS:
+        observer.model_built(model)
+    return model
+
+
+def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> torch.Tensor:
+    """[summed loss, correct predictions, samples] over `loader`: sums and counts, which add up
+    over batches and over ranks (averages of averages would not)."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(3, device=device)
+    with torch.no_grad():
+        for images, labels in loader:
+            images, labels = images.to(device), labels.to(device)
+            logits = model(images)
+            sums += torch.stack([F.cross_entropy(logits, labels, reduction="sum"),
+                                 (logits.argmax(1) == labels).sum().float(),
+                                 torch.tensor(float(len(labels)), device=device)])
+    model.train(was_training)
+    return sums
+
+
+def report(epoch: int, train_sums: torch.Tensor, test_sums: torch.Tensor) -> None:
+    """Print an epoch's line from [summed loss, samples] of training and evaluate()'s test sums."""
+    train_loss, train_samples = train_sums.tolist()
+    test_loss, correct, test_samples = test_sums.tolist()
+    print(f"epoch {epoch + 1}: train loss {train_loss / train_samples:.4f} | test loss {test_loss / test_samples:.4f}, "
+          f"accuracy {correct / test_samples:.1%} ({test_samples:.0f} images)", flush=True)
+
+
+def use_launcher_environment() -> ClusterEnv:
+    """Export torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT) from whichever launcher started this process, as harness.cluster discovers them;
+    variables already set are kept. Under torchrun and the deepspeed launcher this changes nothing;
+    under srun, mpiexec or horovodrun it lets torch.distributed's env:// find the other ranks. A
+    process started without a launcher is rank 0 of 1."""
+    cluster = detect_cluster()
+    for name, value in (("RANK", cluster.rank), ("WORLD_SIZE", cluster.world_size),
+                        ("LOCAL_RANK", cluster.local_rank), ("LOCAL_WORLD_SIZE", cluster.local_world_size),
+                        ("MASTER_ADDR", cluster.master_addr), ("MASTER_PORT", cluster.master_port)):
+        os.environ.setdefault(name, str(value))
+    return cluster
+
+
+def skip_deepspeed_shm_op() -> None:
+    """Start DeepSpeed's communication layer without its CPU shared-memory allreduce op.
+
+    On Linux CPUs DeepSpeed 0.19 JIT-compiles that op when deepspeed.init_distributed() runs (about
+    45 s the first time) and maps a 66 MB /dev/shm segment per rank that it never frees; only
+    inference uses it. The harness's DeepSpeed backend goes without it for the same reasons (see
+    DeepSpeedBackend.init). On GPUs DeepSpeed never builds it, so this changes nothing there.
+    """
+    from .backends.deepspeed import _no_shm_allreduce
+
+    # (deepspeed.comm's attribute `torch` is the torch package, so the module is looked up by name.)
+    comm_torch = importlib.import_module("deepspeed.comm.torch")
+    if hasattr(comm_torch, "build_shm_op"):
+        comm_torch.build_shm_op = _no_shm_allreduce

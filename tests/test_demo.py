@@ -1,0 +1,30 @@
+"""`make demo` shows the harness's progress and the comparison table, not framework logging; a
+failing run shows the end of its log (no rank's error is hidden)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .conftest import harness
+
+
+@pytest.mark.slow
+def test_the_demo_prints_progress_and_a_table_and_keeps_framework_logging_in_logs(tmp_path):
+    results = tmp_path / "demo.jsonl"
+    result = harness("demo", "--epochs", "1", "--results", str(results), timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    rows = [line for line in out.splitlines() if re.match(r"^\|\s+(none|ddp|horovod|deepspeed) \|", line)]
+    assert [row.split("|")[1].strip() for row in rows] == ["none", "ddp", "horovod", "deepspeed"]
+    assert out.count("   epoch 1/1 | train loss") == 4  # rank 0's progress line of every run, once
+    # Launcher prefixes and DeepSpeed's INFO logging stay in the per-run logs.
+    assert "<stdout>" not in out and "[INFO]" not in out and "[WARNING]" not in out
+    logs = sorted(path.name for path in (tmp_path / "demo").iterdir())  # runs/<stamp>/ beside the results
+    assert logs == ["ddp.log", "deepspeed.log", "horovod.log", "none.log"]
+    assert "[INFO]" in (tmp_path / "demo" / "deepspeed.log").read_text()
+    assert "built successfully" not in (tmp_path / "demo" / "deepspeed.log").read_text()  # no JIT compile
+    # The 2-rank rows train the same model: same losses.
+    losses = {row.split("|")[1].strip(): row.split("|")[8].strip() for row in rows}
+    assert losses["ddp"] == losses["horovod"] == losses["deepspeed"]
