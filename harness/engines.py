@@ -202,14 +202,15 @@ def start_engines(n: Optional[int] = None, launcher: str = "mpi", timeout: float
     Raises EnginesError, after stopping whatever started, when the engines do not register within
     `timeout` seconds.
     """
+    if launcher not in LAUNCHERS:
+        raise unknown_choice("engine launcher", launcher, LAUNCHERS)
+    # Read once, when ipyparallel is first imported: set it before.
+    os.environ.setdefault("IPP_NONINTERACTIVE", "1")
     import ipyparallel as ipp
     from traitlets.config import Config
 
-    if launcher not in LAUNCHERS:
-        raise unknown_choice("engine launcher", launcher, LAUNCHERS)
     gpus = _gpu_count()
     count, procs_per_gpu = default_placement(gpus, n)
-    os.environ.setdefault("IPP_NONINTERACTIVE", "1")
     port = free_port()
     config = Config()
     config.Cluster.engine_timeout = int(timeout)
@@ -227,7 +228,7 @@ def start_engines(n: Optional[int] = None, launcher: str = "mpi", timeout: float
         config[name].environment = engine_environment(port)
         config.Cluster.controller_ip = "*"
         config.Cluster.controller_location = socket.gethostname()
-    cluster = ipp.Cluster(engines=launcher, n=count, config=config, log_level=logging.WARNING)
+    cluster = ipp.Cluster(engines=launcher, n=count, config=config, log_level=logging.ERROR)
     try:
         client = cluster.start_and_connect_sync(n=count)
     except BaseException as exc:
@@ -237,19 +238,28 @@ def start_engines(n: Optional[int] = None, launcher: str = "mpi", timeout: float
                            f"the engines' output ends with:\n{output}") from exc
     view = client[:]
     view.block = True
-    if activate and _in_ipython():
-        view.activate()
+    if activate:
+        _activate_magics(view)
     engine_set = cluster.engine_set
     command = list(getattr(engine_set, "args", []) or [])
     return Engines(cluster, client, view, count, procs_per_gpu, "cuda" if gpus else "cpu", port, command)
 
 
-def _in_ipython() -> bool:
+def _activate_magics(view: Any) -> None:
+    """Register %px / %%px for `view` in IPython (as view.activate() does), without progress bars:
+    they fill a stored notebook with noise, and a cell's output still shows when it ends."""
     try:
         from IPython import get_ipython
     except ImportError:
-        return False
-    return get_ipython() is not None
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    from ipyparallel.client.magics import ParallelMagics
+
+    magics = ParallelMagics(shell, view, "")
+    magics.progress_after_seconds = -1
+    shell.magics_manager.register(magics)
 
 
 def _engine_output(cluster: Any, lines: int = 20) -> str:

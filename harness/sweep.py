@@ -167,7 +167,10 @@ def _study_flags(settings: SweepSettings) -> List[str]:
 
     if "--backend" in settings.train_args or any(a.startswith("--backend=") for a in settings.train_args):
         raise UsageError("a sweep runs every backend of --backends; drop --backend")
-    config = parse_train_flags(settings.train_args)
+    # Checked as every run will see them: with --checkpoint-root each gets a checkpoint directory
+    # (so --checkpoint-every is valid) and resumes from it.
+    run_checkpoint_flags = ["--checkpoint-dir", settings.checkpoint_root, "--resume", "auto"] if settings.checkpoint_root else []
+    config = parse_train_flags([*settings.train_args, *run_checkpoint_flags])
     check_config(config)
     extra: List[str] = []
     if settings.scaling == "weak":

@@ -20,15 +20,17 @@ The TODO convention. A solution marks each piece of distributed code that the ex
     # END TODO
 
 tools/make_exercises.py numbers the blocks in order and writes the exercise with each block's
-code replaced by `todo(N, "title")`, which stops the run with "TODO N of FILE is not done yet:
+code replaced by `workshop.todo(N, "title")`, which stops the run with "TODO N of FILE is not done yet:
 title". `harness check` (harness.checker) names the TODO that governs a failed property by its key,
-and watches a run through OBSERVERS: what each rank fetched, the model it built, its flags.
+and watches a run through OBSERVERS: what each rank fetched, the model it built, its flags, what it
+reported.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import re
 import sys
@@ -45,12 +47,16 @@ from .cluster import ClusterEnv, detect_cluster
 from .data.builtin import load_digits
 from .models import WorkshopCNN
 
-# harness.checker appends an object with batch_fetched(split, indices), model_built(model) and
-# arguments_parsed(args); nothing else does, so a normal run only pays an empty loop.
+# harness.checker appends an object with batch_fetched(split, indices), model_built(model),
+# arguments_parsed(args) and reported(epoch, train_sums, test_sums); nothing else does, so a normal
+# run only pays an empty loop.
 OBSERVERS: List[object] = []
 
 TODO_START = re.compile(r"^(?P<indent>\s*)# TODO\((?P<key>[a-z0-9-]+)\): (?P<title>.+)$")
 TODO_END = re.compile(r"^\s*# END TODO\s*$")
+# A solution that builds on an earlier step may exercise only some of its blocks; the others stay
+# in its exercise as given code: "# exercise: only TODO(warmup)" (or "TODO(a), TODO(b)").
+EXERCISE_ONLY = re.compile(r"^# exercise: only (?P<keys>TODO\([a-z0-9-]+\)(?:, TODO\([a-z0-9-]+\))*)\s*$")
 
 
 class TodoNotDone(SystemExit):
@@ -67,21 +73,26 @@ def todo(number: int, title: str) -> NoReturn:
 
 @dataclass(frozen=True)
 class TodoBlock:
-    """One marked block of a solution: lines first..last (0-based, markers included)."""
+    """One marked block of a solution: lines first..last (0-based, markers included). `number` is
+    its TODO number in the exercise, None for a block the exercise keeps as given code."""
 
-    number: int
     key: str
     title: str
     first: int
     last: int
+    number: Optional[int]
 
 
 def todo_blocks(text: str, name: str = "solution") -> List[TodoBlock]:
-    """The TODO blocks of a solution's text, numbered from 1 in order. Raises ValueError for an
-    unclosed, nested or stray marker, or a key used twice."""
-    blocks: List[TodoBlock] = []
+    """The TODO blocks of a solution's text in order, the exercised ones numbered from 1. Raises
+    ValueError for an unclosed, nested or stray marker, a key used twice, or an `exercise: only`
+    line naming a key that has no block."""
+    lines = text.splitlines()
+    only = [re.findall(r"TODO\(([a-z0-9-]+)\)", match["keys"]) for match in map(EXERCISE_ONLY.match, lines) if match]
+    exercised = set(only[0]) if only else None
+    found: List[Tuple[str, str, int, int]] = []
     start: Optional[Tuple[int, re.Match]] = None
-    for index, line in enumerate(text.splitlines()):
+    for index, line in enumerate(lines):
         opening, closing = TODO_START.match(line), TODO_END.match(line)
         if opening and start is not None:
             raise ValueError(f"{name}:{index + 1}: TODO block opened inside the one of line {start[0] + 1}")
@@ -90,35 +101,50 @@ def todo_blocks(text: str, name: str = "solution") -> List[TodoBlock]:
         if opening:
             start = (index, opening)
         elif closing:
-            line_number, match = start  # type: ignore[misc]
-            if match["key"] in {block.key for block in blocks}:
-                raise ValueError(f"{name}:{line_number + 1}: TODO key {match['key']!r} is used twice")
-            blocks.append(TodoBlock(len(blocks) + 1, match["key"], match["title"].strip(), line_number, index))
+            first, match = start  # type: ignore[misc]
+            if match["key"] in {key for key, *_ in found}:
+                raise ValueError(f"{name}:{first + 1}: TODO key {match['key']!r} is used twice")
+            found.append((match["key"], match["title"].strip(), first, index))
             start = None
     if start is not None:
         raise ValueError(f"{name}:{start[0] + 1}: TODO block has no END TODO")
+    unknown = (exercised or set()) - {key for key, *_ in found}
+    if unknown:
+        raise ValueError(f"{name}: 'exercise: only' names TODO({', '.join(sorted(unknown))}), which has no block")
+    blocks, number = [], 0
+    for key, title, first, last in found:
+        if exercised is None or key in exercised:
+            number += 1
+            blocks.append(TodoBlock(key, title, first, last, number))
+        else:
+            blocks.append(TodoBlock(key, title, first, last, None))
     return blocks
 
 
 def exercise_text(solution: str, name: str = "solution") -> str:
-    """The exercise of a solution: each TODO block becomes its numbered heading, the block's leading
-    comment lines (the hint) and a `todo(N, "title")` call in place of its code."""
+    """The exercise of a solution. An exercised TODO block becomes its numbered heading, its leading
+    comment lines (the hint) and `workshop.todo(N, "title")` in place of its code; a given block keeps its
+    code, its title as a plain comment. The `exercise: only` line is left out."""
     lines = solution.splitlines()
     output: List[str] = []
     position = 0
     for block in todo_blocks(solution, name):
         output.extend(lines[position:block.first])
         indent = TODO_START.match(lines[block.first])["indent"]  # type: ignore[index]
-        output.append(f"{indent}# TODO {block.number}: {block.title}")
         body = lines[block.first + 1:block.last]
-        hint_lines = 0
-        while hint_lines < len(body) and body[hint_lines].strip().startswith("#"):
-            hint_lines += 1
-        output.extend(body[:hint_lines])
-        output.append(f"{indent}todo({block.number}, {block.title!r})")
+        if block.number is None:
+            output.append(f"{indent}# {block.title[0].upper()}{block.title[1:]}")
+            output.extend(body)
+        else:
+            hint_lines = 0
+            while hint_lines < len(body) and body[hint_lines].strip().startswith("#"):
+                hint_lines += 1
+            output.append(f"{indent}# TODO {block.number}: {block.title}")
+            output.extend(body[:hint_lines])
+            output.append(f"{indent}workshop.todo({block.number}, {json.dumps(block.title, ensure_ascii=False)})")
         position = block.last + 1
     output.extend(lines[position:])
-    return "\n".join(output) + "\n"
+    return "\n".join(line for line in output if not EXERCISE_ONLY.match(line)) + "\n"
 
 
 def _in_notebook() -> bool:
@@ -135,8 +161,8 @@ def parse_args(description: str, warmup: bool = False, argv: Optional[Sequence[s
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--epochs", type=int, default=3, help="passes over the training set (default: 3)")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per process and step (default: 32)")
-    parser.add_argument("--lr", type=float, default=0.05,
-                        help="learning rate for one process's batch of --batch-size (default: 0.05)")
+    parser.add_argument("--lr", type=float, default=0.03,
+                        help="learning rate for one process's batch of --batch-size (default: 0.03)")
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the weights and the data order (default: 0)")
     parser.add_argument("--dropout", type=float, default=None,
@@ -228,6 +254,8 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> torc
 
 def report(epoch: int, train_sums: torch.Tensor, test_sums: torch.Tensor) -> None:
     """Print an epoch's line from [summed loss, samples] of training and evaluate()'s test sums."""
+    for observer in OBSERVERS:
+        observer.reported(epoch, train_sums, test_sums)
     train_loss, train_samples = train_sums.tolist()
     test_loss, correct, test_samples = test_sums.tolist()
     print(f"epoch {epoch + 1}: train loss {train_loss / train_samples:.4f} | test loss {test_loss / test_samples:.4f}, "

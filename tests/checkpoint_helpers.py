@@ -144,7 +144,8 @@ def processes_mentioning(marker: str) -> List[int]:
 def shared_memory_segments() -> set:
     """Names in /dev/shm (POSIX shared memory, which is RAM): a job must leave none behind.
 
-    OpenMPI's own segments (vader_segment.*) are left out: they belong to mpirun jobs, which these
-    tests do not start, and another job on the machine may create or remove one meanwhile."""
+    OpenMPI's own segments (vader_segment.*) and Python multiprocessing's semaphores (sem.mp-*) are
+    left out: they belong to mpirun jobs and data-loader workers of other jobs, which may create or
+    remove one meanwhile on a shared machine; the leak these tests guard against is DeepSpeed's."""
     names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
-    return {name for name in names if not name.startswith("vader_segment")}
+    return {name for name in names if not name.startswith(("vader_segment", "sem.mp-"))}

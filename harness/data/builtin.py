@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import gzip
-from importlib import resources
+import importlib.util
+from pathlib import Path
 from typing import Dict, Tuple
 
 import numpy as np
@@ -19,9 +20,13 @@ SYNTHETIC_LENGTH = {"train": 60_000, "test": 2_000}
 
 
 def _read_digits_csv() -> np.ndarray:
-    # Read scikit-learn's bundled file directly: importing sklearn costs about a second per rank.
-    path = resources.files("sklearn.datasets") / "data" / "digits.csv.gz"
-    with path.open("rb") as raw, gzip.open(raw, "rt") as text:
+    # Read scikit-learn's bundled file directly: importing sklearn (and scipy) costs 1-2 s per rank,
+    # and importlib.resources.files("sklearn.datasets") would import it; find_spec only locates it.
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the digits come with scikit-learn, which is not installed: run `make setup`")
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    with gzip.open(path, "rt") as text:
         return np.loadtxt(text, delimiter=",", dtype=np.float32)
 
 

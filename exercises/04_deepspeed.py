@@ -1,0 +1,101 @@
+# %% [markdown]
+# # Step 4: data parallelism with DeepSpeed
+#
+# The same training as step 2, with DeepSpeed's engine in place of DDP. The engine owns model and
+# optimizer: its backward averages the gradients over the ranks, its step updates the weights.
+# Its config has two traps: its batch size is the *global* one, and it clips gradients at norm 1.0
+# unless told otherwise (DDP and Horovod do not clip, so the experiments would differ).
+#
+#     deepspeed --num_gpus 2 exercises/04_deepspeed.py
+#     harness check exercises/04_deepspeed.py
+#
+# `diff solutions/02_ddp.py solutions/04_deepspeed.py` shows what changes from DDP.
+
+# %%
+import os
+
+import deepspeed
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from harness import workshop
+
+args = workshop.parse_args("Step 4: the workshop CNN on the embedded digits, with DeepSpeed")
+torch.manual_seed(args.seed)
+workshop.use_launcher_environment()  # torchrun's variables under any launcher (srun, mpiexec)
+workshop.skip_deepspeed_shm_op()  # on a CPU: no 45 s compile of an op only inference uses
+
+# TODO 1: join the other ranks; one GPU per rank
+# deepspeed.init_distributed() makes the torch.distributed process group (NCCL on GPUs, gloo on
+# CPUs) from the launcher's variables; then dist.get_rank() and dist.get_world_size() work as in
+# step 2. The local rank picks the GPU.
+workshop.todo(1, "join the other ranks; one GPU per rank")
+
+# %% [markdown]
+# The data: sharded as in step 2 (DeepSpeed could build the loader too, with
+# `deepspeed.initialize(training_data=...)`; the sampler would be the same).
+
+# %%
+train_set = workshop.digits("train", args.train_samples)
+test_set = workshop.digits("test")
+# TODO 2: give each rank its own part of every epoch's training samples
+# DistributedSampler(dataset, num_replicas=..., rank=..., seed=...) deals them out; the
+# DataLoader below takes it as its sampler.
+workshop.todo(2, "give each rank its own part of every epoch's training samples")
+train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+# TODO 3: give each rank its own part of the test set, each image exactly once
+# torch.utils.data.Subset(test_set, indices) with a range of indices that differs per rank.
+workshop.todo(3, "give each rank its own part of the test set, each image exactly once")
+test_loader = DataLoader(test_set, batch_size=256)
+
+# %% [markdown]
+# The model, the optimizer and the engine. A torch optimizer keeps the math that of steps 2 and 3
+# (DeepSpeed's own "Adam" would compile a C++ op on a CPU).
+
+# %%
+model = workshop.build_model(args.dropout).to(device)
+# TODO 4: scale the learning rate with the global batch
+# --lr is the rate for one process's batch of --batch-size; the global batch is world_size of them.
+workshop.todo(4, "scale the learning rate with the global batch")
+optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
+# TODO 5: write DeepSpeed's config: per-GPU and global batch, and no gradient clipping
+# "train_micro_batch_size_per_gpu" is one rank's batch, "train_batch_size" the global one
+# (micro-batch x gradient accumulation steps x ranks). "gradient_clipping" is 1.0 unless you set
+# it: 0 turns it off. "zero_optimization": {"stage": 0} keeps ZeRO off; stages 1-3 partition the
+# optimizer state, gradients and weights over the ranks, and then a torch optimizer needs
+# "zero_allow_untested_optimizer": True.
+workshop.todo(5, "write DeepSpeed's config: per-GPU and global batch, and no gradient clipping")
+# TODO 6: wrap model and optimizer in DeepSpeed's engine
+# deepspeed.initialize(model=..., optimizer=..., config=...) returns (engine, optimizer, _, _);
+# the engine broadcasts rank 0's weights to every rank.
+workshop.todo(6, "wrap model and optimizer in DeepSpeed's engine")
+
+# %% [markdown]
+# Training. Only rank 0 prints, after the ranks' sums and counts are added up.
+
+# %%
+for epoch in range(args.epochs):
+    # TODO 7: make the sampler deal out a new order this epoch, the same on every rank
+    # Without it, every epoch repeats the first one's order. sampler.set_epoch(...)
+    workshop.todo(7, "make the sampler deal out a new order this epoch, the same on every rank")
+    train_sums = torch.zeros(2, device=device)  # summed loss, samples
+    for images, labels in train_loader:
+        images, labels = images.to(device), labels.to(device)
+        loss = F.cross_entropy(engine(images), labels)
+        # TODO 8: backward and step through the engine
+        # engine.backward(loss) averages the gradients over the ranks; engine.step() updates the
+        # weights and zeroes the gradients.
+        workshop.todo(8, "backward and step through the engine")
+        train_sums += torch.stack([loss.detach() * len(labels), torch.tensor(float(len(labels)), device=device)])
+    test_sums = workshop.evaluate(engine.module, test_loader, device)  # summed loss, correct, samples
+    # TODO 9: add up the sums and counts of all ranks, then print them once
+    # dist.all_reduce(tensor) sums a tensor over the ranks in place (never average the ranks'
+    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums).
+    workshop.todo(9, "add up the sums and counts of all ranks, then print them once")
+
+# TODO 10: save the weights once, from rank 0, and leave the process group
+# Every rank holds the same weights; engine.module is the model inside the engine. (With ZeRO
+# stages 1-3, engine.save_checkpoint writes each rank's partition, from every rank.)
+workshop.todo(10, "save the weights once, from rank 0, and leave the process group")

@@ -1,0 +1,112 @@
+# %% [markdown]
+# # Step 5: learning-rate warmup
+#
+# Step 2 with a gradual warmup (Goyal et al. 2017): the scaled learning rate is too large for the
+# first steps of a fresh model, so the LR starts at `--lr`, the rate of one process, and climbs
+# linearly at every step to `--lr` x `world_size` over `--warmup-epochs`; then it stays there.
+#
+#     torchrun --nproc-per-node 2 exercises/05_warmup.py --warmup-epochs 1
+#     harness check exercises/05_warmup.py
+#
+# `diff solutions/02_ddp.py solutions/05_warmup.py` shows what warmup adds.
+
+# %%
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from harness import workshop
+
+args = workshop.parse_args("Step 5: DDP with learning-rate warmup", warmup=True)
+torch.manual_seed(args.seed)
+workshop.use_launcher_environment()  # torchrun's variables under any launcher (srun, mpiexec)
+
+# Join the other ranks in a process group; one GPU per rank
+# The launcher tells each rank its place (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR...):
+# init_process_group reads them. NCCL talks between GPUs, gloo between CPUs.
+# The local rank (the rank within its node) picks the GPU.
+dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+rank, world_size = dist.get_rank(), dist.get_world_size()
+local_rank = int(os.environ["LOCAL_RANK"])
+device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+if device.type == "cuda":
+    torch.cuda.set_device(device)
+
+# %% [markdown]
+# The data. Every epoch one permutation of the training set, the same on every rank, is dealt
+# out: rank r takes every `world_size`-th sample from position r. So one step's batches of all
+# ranks together hold the samples one process would take with the `world_size` times larger batch.
+#
+# Evaluation scores every test image exactly once: DistributedSampler would pad the 297 images
+# to 298 with a duplicate so that both ranks get 149.
+
+# %%
+train_set = workshop.digits("train", args.train_samples)
+test_set = workshop.digits("test")
+# Give each rank its own part of every epoch's training samples
+# DistributedSampler(dataset, num_replicas=..., rank=..., seed=...) deals them out; the
+# DataLoader below takes it as its sampler.
+sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)
+train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+# Give each rank its own part of the test set, each image exactly once
+# torch.utils.data.Subset(test_set, indices) with a range of indices that differs per rank.
+test_set = Subset(test_set, range(rank, len(test_set), world_size))
+test_loader = DataLoader(test_set, batch_size=256)
+
+# %% [markdown]
+# The model and the optimizer. The global batch is `world_size` times the batch of one process,
+# so the learning rate is too (linear scaling, Goyal et al. 2017): then each step moves the weights
+# as one process with the whole global batch would.
+
+# %%
+model = workshop.build_model(args.dropout).to(device)
+# Wrap the model in DistributedDataParallel
+# DDP broadcasts rank 0's weights to every rank when it is built, and averages the gradients over
+# the ranks during backward. device_ids: the rank's GPU, or None on the CPU.
+model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+# Scale the learning rate with the global batch
+# --lr is the rate for one process's batch of --batch-size; the global batch is world_size of them.
+lr = args.lr * world_size
+optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
+warmup_steps = round(args.warmup_epochs * len(train_loader))
+
+# %% [markdown]
+# Training. Only rank 0 prints, after the ranks' sums and counts are added up.
+
+# %%
+for epoch in range(args.epochs):
+    # Make the sampler deal out a new order this epoch, the same on every rank
+    # Without it, every epoch repeats the first one's order. sampler.set_epoch(...)
+    sampler.set_epoch(epoch)
+    train_sums = torch.zeros(2, device=device)  # summed loss, samples
+    for batch, (images, labels) in enumerate(train_loader):
+        step = epoch * len(train_loader) + batch  # counted from 0 over the whole run
+        # TODO 1: set this step's learning rate: from args.lr at step 0 up to lr at warmup_steps
+        # Linear in the step, then constant at lr. The optimizer reads it from
+        # optimizer.param_groups: for group in optimizer.param_groups: group["lr"] = ...
+        workshop.todo(1, "set this step's learning rate: from args.lr at step 0 up to lr at warmup_steps")
+        images, labels = images.to(device), labels.to(device)
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        train_sums += torch.stack([loss.detach() * len(labels), torch.tensor(float(len(labels)), device=device)])
+    # The plain model: DDP's forward may talk to the other ranks, which score other numbers of batches.
+    test_sums = workshop.evaluate(model.module, test_loader, device)  # summed loss, correct, samples
+    # Add up the sums and counts of all ranks, then print them once
+    # dist.all_reduce(tensor) sums a tensor over the ranks in place (never average the ranks'
+    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums).
+    dist.all_reduce(train_sums)
+    dist.all_reduce(test_sums)
+    if rank == 0:
+        workshop.report(epoch, train_sums, test_sums)
+
+# Save the weights once, from rank 0, and leave the process group
+# Every rank holds the same weights; model.module is the model inside DDP.
+if rank == 0:
+    torch.save(model.module.state_dict(), args.save)
+dist.destroy_process_group()

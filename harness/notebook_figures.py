@@ -1,0 +1,167 @@
+"""Figures the workshop notebooks draw besides the scaling ones (harness.plot), in the same slide
+style: large text, labelled axes with units, matplotlib Figure objects without pyplot state (a
+notebook displays one by evaluating it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Sequence
+
+import numpy as np
+
+from .data.sharding import dropped_tail, epoch_permutation, rank_slice, steps_per_epoch
+from .plot import FIGSIZE, PALETTE, SLIDE_STYLE
+
+
+def _figure(size: Any = FIGSIZE) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=size, layout="constrained")
+
+
+def accuracy_figure(records: Sequence[Mapping[str, Any]], labels: Sequence[str], chance: float = 0.1,
+                    title: str = "Final test accuracy") -> Any:
+    """Each run's final eval accuracy (%) as a labelled bar, with the accuracy of guessing dashed."""
+    from matplotlib import rc_context
+
+    with rc_context(SLIDE_STYLE):
+        fig = _figure()
+        ax = fig.add_subplot()
+        values = [100 * record["eval_accuracy"] for record in records]
+        bars = ax.barh(range(len(values)), values, color=[PALETTE[1 + i % (len(PALETTE) - 1)] for i in range(len(values))])
+        ax.bar_label(bars, labels=[f"{value:.1f}%" for value in values], padding=4)
+        ax.axvline(100 * chance, color="black", linestyle="--", linewidth=1.6, label=f"guessing ({100 * chance:.0f}%)")
+        ax.set_yticks(range(len(values)))
+        ax.set_yticklabels(labels)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 112)
+        ax.set_xlabel("test accuracy (%, every test sample once)")
+        ax.set_title(title)
+        ax.grid(False, axis="y")
+        ax.legend(loc="lower right")
+    return fig
+
+
+def sharding_figure(num_samples: int, global_batch: int, world_sizes: Sequence[int], seed: int = 0,
+                    epoch: int = 0) -> Any:
+    """One epoch of harness sharding at several world sizes with the same global batch: each row is
+    one world size, each cell a position in the epoch's order labelled with the sample it holds,
+    coloured by the rank that trains it; thick lines separate steps (global batches); grey cells are
+    the dropped tail (fewer than one global batch)."""
+    from matplotlib import rc_context
+    from matplotlib.patches import Patch, Rectangle
+
+    order = epoch_permutation(num_samples, seed, epoch)
+    steps = steps_per_epoch(num_samples, 1, global_batch)
+    tail = set(dropped_tail(num_samples, 1, global_batch, seed, epoch).tolist())
+    with rc_context({**SLIDE_STYLE, "axes.grid": False}):
+        fig = _figure((max(10, 0.55 * num_samples), 1.9 + 1.1 * len(world_sizes)))
+        ax = fig.add_subplot()
+        for row, world in enumerate(world_sizes):
+            local = global_batch // world
+            owner = {}
+            for step in range(steps):
+                for rank in range(world):
+                    for sample in rank_slice(order, step, world, rank, local):
+                        owner[int(sample)] = rank
+            for position, sample in enumerate(order.tolist()):
+                colour = "#d9d9d9" if sample in tail else PALETTE[1 + owner[sample] % (len(PALETTE) - 1)]
+                ax.add_patch(Rectangle((position, row), 1, 0.8, facecolor=colour, edgecolor="white"))
+                ax.text(position + 0.5, row + 0.4, str(sample), ha="center", va="center", fontsize=10)
+            for step in range(1, steps + 1):
+                ax.plot([step * global_batch] * 2, [row - 0.1, row + 0.9], color="black", linewidth=2.5)
+        ax.set_xlim(0, num_samples)
+        ax.set_ylim(len(world_sizes) - 0.1, -0.2)
+        ax.set_yticks([row + 0.4 for row in range(len(world_sizes))])
+        ax.set_yticklabels([f"{world} rank(s)\n{global_batch // world} per rank" for world in world_sizes])
+        ax.set_xlabel(f"position in epoch {epoch}'s order (sample id in each cell); "
+                      f"black lines end each global batch of {global_batch}")
+        ax.set_xticks([])
+        ranks = max(world_sizes)
+        handles = [Patch(color=PALETTE[1 + rank % (len(PALETTE) - 1)], label=f"rank {rank}") for rank in range(ranks)]
+        handles.append(Patch(color="#d9d9d9", label="dropped this epoch"))
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncols=min(len(handles), 5))
+        ax.set_title(f"Sharding of {num_samples} samples, global batch {global_batch} (seed {seed})")
+    return fig
+
+
+def padded_evaluation_figure(evaluations: Sequence[Any]) -> Any:
+    """Test accuracy (%) against world size: what a DistributedSampler evaluation reports (padded)
+    and the exact value, with the duplicates counted on a second axis
+    (harness.pipeline.PaddedEvaluation items)."""
+    from matplotlib import rc_context
+
+    worlds = [e.world_size for e in evaluations]
+    with rc_context(SLIDE_STYLE):
+        fig = _figure()
+        ax = fig.add_subplot()
+        ax.plot(worlds, [100 * e.padded_accuracy for e in evaluations], marker="o", color=PALETTE[3],
+                label="DistributedSampler (padded, mean of ranks)")
+        ax.plot(worlds, [100 * e.exact_accuracy for e in evaluations], marker="s", color=PALETTE[1], linestyle="--",
+                label="harness (every sample once)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(worlds)
+        ax.set_xticklabels([str(w) for w in worlds])
+        ax.minorticks_off()
+        ax.set_xlabel("ranks evaluating")
+        ax.set_ylabel("test accuracy reported (%)")
+        twin = ax.twinx()
+        twin.bar(worlds, [e.duplicates for e in evaluations], width=[w * 0.35 for w in worlds], alpha=0.3,
+                 color="grey", label="samples counted twice")
+        twin.set_ylabel("samples counted twice")
+        twin.grid(False)
+        ax.set_zorder(twin.get_zorder() + 1)
+        ax.patch.set_visible(False)
+        lines, names = ax.get_legend_handles_labels()
+        bars, bar_names = twin.get_legend_handles_labels()
+        ax.legend(lines + bars, names + bar_names, loc="lower left")
+        ax.set_title(f"The same model, evaluated on {evaluations[0].test_samples} test samples by N ranks")
+    return fig
+
+
+def loading_figure(measurements: Sequence[Any]) -> Any:
+    """Throughput (samples/s) and AU of each loading configuration side by side
+    (harness.pipeline.LoadingMeasurement items)."""
+    from matplotlib import rc_context
+
+    labels = [f"{m.source}\n{m.num_workers} worker(s)" + (f", prefetch {m.prefetch}" if m.num_workers else "")
+              for m in measurements]
+    colours = {"per-sample": PALETTE[3], "prepared": PALETTE[1]}
+    with rc_context(SLIDE_STYLE):
+        fig = _figure((FIGSIZE[0] + 4, FIGSIZE[1]))
+        left, right = fig.subplots(1, 2)
+        positions = np.arange(len(measurements))
+        for ax, values, label in ((left, [m.throughput for m in measurements], "training throughput (samples/s)"),
+                                  (right, [m.au for m in measurements], "AU = compute / (compute + data wait)")):
+            bars = ax.barh(positions, values, color=[colours[m.source] for m in measurements])
+            ax.bar_label(bars, labels=[f"{v:,.0f}" if v > 2 else f"{v:.2f}" for v in values], padding=3)
+            ax.set_yticks(positions)
+            ax.set_yticklabels(labels if ax is left else [])
+            ax.invert_yaxis()
+            ax.set_xlabel(label)
+            ax.grid(False, axis="y")
+            ax.set_xlim(0, max(values) * 1.25)
+        right.set_xlim(0, 1.15)
+        fig.suptitle("Per-sample image decoding vs prepared arrays, same model and loop")
+    return fig
+
+
+def packing_figure(rows: Sequence[Dict[str, Any]], title: str = "Several ranks per device") -> Any:
+    """Throughput (samples/s) per placement (harness.packing.packing_rows), with the speedup over
+    the first placement written on each bar."""
+    from matplotlib import rc_context
+
+    with rc_context(SLIDE_STYLE):
+        fig = _figure()
+        ax = fig.add_subplot()
+        labels = [(f"{row['ranks per device']} rank(s) per GPU" if row["device"] == "cuda"
+                   else f"{row['ranks']} rank(s) x {row['threads per rank']} thread(s)") for row in rows]
+        bars = ax.bar(range(len(rows)), [row["samples/s"] for row in rows], color=PALETTE[1], width=0.6)
+        ax.bar_label(bars, labels=[f"{row['samples/s']:,.0f}\n(x{row['speedup']:.2f})" for row in rows], padding=3)
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels(labels)
+        ax.set_ylabel("throughput (samples/s, all ranks)")
+        ax.set_ylim(0, max(row["samples/s"] for row in rows) * 1.3)
+        ax.grid(False, axis="x")
+        ax.set_title(title)
+    return fig

@@ -1,0 +1,229 @@
+"""Measuring the input side of data-parallel training (notebook 04): evaluation with a padding
+sampler against the exact one, and per-sample image transforms against prepared arrays.
+
+Evaluation. The workshop scripts evaluate with torch's `DistributedSampler`, which pads the test
+set with repeated samples until it divides by the world size, and average the ranks' accuracies.
+`padded_evaluation` computes what that reports at any world size from each test sample's
+correctness (`sample_correctness`), with torch's own sampler choosing the indices, so it can be
+set beside the harness's exact evaluation (every sample once, global sums; harness.loop.evaluate).
+
+Loading. `write_image_tree` writes a dataset as one PNG per sample (an ImageNet-style tree, the
+form raw data arrives in); `measure_loading` trains the model on it for a few steps either the
+textbook way, decoding and transforming every sample in a torchvision `ImageFolder` behind a
+`DataLoader`, or the harness's way, from the arrays `harness data prepare` decoded once. Both go
+through the same timed loop, so throughput and AU (compute / (compute + data wait), as DLIO and the
+harness's records define it) compare like with like.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Iterator, List, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .config import TrainConfig
+from .data import DataOptions, ImageArrays, load_split
+from .errors import UsageError, unknown_choice
+
+LOADING_SOURCES = ("per-sample", "prepared")
+IMAGE_TREE_SPLITS = (("train", "train"), ("test", "val"))  # harness split -> directory of the tree
+
+
+def sample_correctness(config: TrainConfig, model_file: str) -> np.ndarray:
+    """Whether the model in `model_file` classifies each sample of `config.dataset`'s test split
+    correctly (bool per sample, in order), scored in this process."""
+    from .evaluate import load_model_file
+
+    test_set = load_split(config.dataset, "test", DataOptions(config.data_dir, config.model, config.image_size,
+                                                               config.timeout))
+    channels, size, _ = test_set.shape
+    model = load_model_file(model_file, config, channels, size, test_set.num_classes).eval()
+    normalise = test_set.normaliser(torch.device("cpu"))
+    images, labels = test_set.fetch(np.arange(len(test_set)))
+    with torch.no_grad():
+        predicted = model(normalise(images)).argmax(dim=1)
+    return (predicted == labels).numpy()
+
+
+def padded_indices(num_samples: int, world_size: int, shuffle: bool = True, seed: int = 0) -> np.ndarray:
+    """Every rank's test indices under torch's DistributedSampler, rank after rank."""
+    from torch.utils.data import DistributedSampler
+
+    dataset = range(num_samples)  # the sampler needs only len()
+    return np.concatenate([np.fromiter(DistributedSampler(dataset, num_replicas=world_size, rank=rank,  # type: ignore[arg-type]
+                                                          shuffle=shuffle, seed=seed), dtype=np.int64)
+                           for rank in range(world_size)])
+
+
+@dataclass(frozen=True)
+class PaddedEvaluation:
+    """What an evaluation with DistributedSampler reports at one world size, beside the truth."""
+
+    world_size: int
+    test_samples: int
+    samples_scored: int  # world_size x ceil(test_samples / world_size)
+    duplicates: int  # samples scored twice
+    padded_accuracy: float  # mean of the ranks' accuracies (equal shards): correct among the scored
+    exact_accuracy: float  # every sample once
+
+    @property
+    def accuracy_error(self) -> float:
+        """padded - exact, in accuracy points (fraction)."""
+        return self.padded_accuracy - self.exact_accuracy
+
+
+def padded_evaluation(correct: np.ndarray, world_size: int, shuffle: bool = True, seed: int = 0) -> PaddedEvaluation:
+    """The accuracy a DistributedSampler evaluation reports at `world_size` ranks, from each test
+    sample's correctness. Its shards are equally long, so the mean of the ranks' accuracies equals
+    the accuracy over all the samples scored, duplicates included."""
+    if world_size < 1:
+        raise UsageError(f"world_size must be a positive integer, got {world_size}")
+    indices = padded_indices(len(correct), world_size, shuffle, seed)
+    return PaddedEvaluation(world_size, len(correct), len(indices), len(indices) - len(np.unique(indices)),
+                            float(correct[indices].mean()), float(correct.mean()))
+
+
+# -- per-sample image files against prepared arrays -------------------------------------------------
+
+def write_image_tree(data_dir: str, dataset: str = "digits") -> Dict[str, int]:
+    """Write `dataset` (an embedded one) as PNG files, DATA_DIR/train/<class>/<n>.png and
+    DATA_DIR/val/<class>/<n>.png, the layout of `--dataset imagefolder`; the images written per split."""
+    from PIL import Image
+
+    if os.path.isdir(os.path.join(data_dir, "train")):
+        raise UsageError(f"{data_dir}/train exists already; write the image tree into an empty directory")
+    written = {}
+    for split, folder in IMAGE_TREE_SPLITS:
+        arrays = load_split(dataset, split, DataOptions(data_dir, "cnn", 0, 60.0))
+        for index in range(len(arrays)):
+            image, label = arrays.images[index], int(arrays.labels[index])
+            directory = os.path.join(data_dir, folder, str(label))
+            os.makedirs(directory, exist_ok=True)
+            mode = "L" if image.shape[0] == 1 else "RGB"
+            Image.fromarray(image[0] if mode == "L" else image.transpose(1, 2, 0), mode).save(
+                os.path.join(directory, f"{index:05d}.png"))
+        written[split] = len(arrays)
+    return written
+
+
+@dataclass(frozen=True)
+class LoadingMeasurement:
+    """One loading configuration trained for a few steps: where the time went."""
+
+    source: str  # "per-sample" (ImageFolder + transforms per sample) or "prepared" (arrays, whole batches)
+    num_workers: int
+    prefetch: int
+    batch_size: int
+    steps: int  # timed steps
+    throughput: float  # samples/s over the timed steps
+    au: float  # compute / (compute + data wait)
+    data_wait_ms: float  # per step
+    compute_ms: float  # per step: forward, backward, optimizer
+
+    def as_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+def _per_sample_batches(data_dir: str, image_size: int, arrays: ImageArrays, batch_size: int, num_workers: int,
+                        prefetch: int, seed: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    """The textbook pipeline: every sample opened, decoded, resized and normalised on its own."""
+    from torch.utils.data import DataLoader, RandomSampler
+    from torchvision import datasets, transforms
+
+    transform = transforms.Compose([transforms.Resize(image_size), transforms.CenterCrop(image_size),
+                                    transforms.ToTensor(), transforms.Normalize(arrays.mean, arrays.std)])
+    images = datasets.ImageFolder(os.path.join(data_dir, "train"), transform=transform)
+    sampler = RandomSampler(images, generator=torch.Generator().manual_seed(seed))
+    extra = {"prefetch_factor": prefetch, "persistent_workers": False} if num_workers else {}
+    while True:  # epochs, until the caller has its steps
+        yield from DataLoader(images, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                              drop_last=True, **extra)
+
+
+def _prepared_batches(arrays: ImageArrays, batch_size: int, num_workers: int, prefetch: int, seed: int,
+                      steps: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    """The harness's pipeline: one index into the uint8 array per batch, one normalisation per batch."""
+    from .data.loader import iterate_batches
+    from .data.sharding import RankSchedule
+
+    normalise = arrays.normaliser(torch.device("cpu"))
+    schedule = RankSchedule(len(arrays), 1, 0, batch_size, seed, steps)
+    for images, labels in iterate_batches(arrays, schedule, num_workers, False, prefetch):
+        yield normalise(images), labels
+
+
+def measure_loading(data_dir: str, source: str, num_workers: int = 0, prefetch: int = 2, batch_size: int = 64,
+                    steps: int = 30, warmup_steps: int = 5, image_size: int = 28, threads: int = 1,
+                    seed: int = 0, device: str = "auto") -> LoadingMeasurement:
+    """Train the workshop CNN for `warmup_steps` + `steps` steps on the image tree in `data_dir`
+    (write_image_tree), fed by `source`; time the last `steps`. `threads` torch threads compute
+    (on the CPU); `num_workers` loader processes prefetch `prefetch` batches each. Runs in this
+    process, on GPU 0 when there is one (device "auto"), else on the CPU."""
+    from .models import build_model
+    from .timing import device_waiter
+
+    if source not in LOADING_SOURCES:
+        raise unknown_choice("loading source", source, LOADING_SOURCES)
+    # The prepared arrays (decoded once by `harness data prepare`, here on first use) give the
+    # normalisation statistics to both sources, so both feed the model the same numbers.
+    arrays = load_split("imagefolder", "train", DataOptions(data_dir, "cnn", image_size, 600.0))
+    total = warmup_steps + steps
+    target = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                          "cpu" if device == "auto" else device)
+    finish = device_waiter(target)  # a GPU step is done when the device says so
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    model = build_model("cnn", arrays.shape[0], image_size, arrays.num_classes).to(target)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    batches = (_per_sample_batches(data_dir, image_size, arrays, batch_size, num_workers, prefetch, seed)
+               if source == "per-sample" else _prepared_batches(arrays, batch_size, num_workers, prefetch, seed, total))
+    waited = computed = 0.0
+    try:
+        started = time.perf_counter()
+        for step in range(total):
+            if step == warmup_steps:  # worker start-up and first allocations left out
+                waited = computed = 0.0
+                started = time.perf_counter()
+            before = time.perf_counter()
+            images, labels = next(batches)
+            images, labels = images.to(target), labels.to(target)
+            finish()
+            ready = time.perf_counter()
+            loss = F.cross_entropy(model(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            finish()
+            done = time.perf_counter()
+            waited += ready - before
+            computed += done - ready
+        elapsed = time.perf_counter() - started
+    finally:
+        batches.close()  # stops the loader's workers
+        torch.set_num_threads(previous_threads)
+    return LoadingMeasurement(source, num_workers, prefetch, batch_size, steps, steps * batch_size / elapsed,
+                              computed / (computed + waited), 1000 * waited / steps, 1000 * computed / steps)
+
+
+def loading_table(measurements: List[LoadingMeasurement]) -> str:
+    """Markdown: one row per measurement, throughput relative to the first row."""
+    from .report import markdown_table
+
+    first = measurements[0].throughput if measurements else math.nan
+    return markdown_table([m.as_dict() for m in measurements], (
+        ("source", lambda r: r["source"]),
+        ("loader workers", lambda r: r["num_workers"]),
+        ("prefetch", lambda r: r["prefetch"] if r["num_workers"] else None),
+        ("samples/s", lambda r: r["throughput"]),
+        ("vs first row", lambda r: r["throughput"] / first),
+        ("AU", lambda r: r["au"]),
+        ("data wait ms/step", lambda r: r["data_wait_ms"]),
+        ("compute ms/step", lambda r: r["compute_ms"]),
+    ))

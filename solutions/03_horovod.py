@@ -1,0 +1,105 @@
+# %% [markdown]
+# # Step 3: data parallelism with Horovod
+#
+# The same training as step 2, with Horovod in place of DDP: Horovod's optimizer averages the
+# gradients over the ranks (allreduce), and rank 0's weights are broadcast to all ranks first.
+#
+#     horovodrun -np 2 -H localhost:2 python solutions/03_horovod.py
+#     harness check solutions/03_horovod.py
+#
+# `diff solutions/02_ddp.py solutions/03_horovod.py` shows what changes from DDP.
+
+# %%
+import horovod.torch as hvd
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from harness import workshop
+
+args = workshop.parse_args("Step 3: the workshop CNN on the embedded digits, with Horovod")
+torch.manual_seed(args.seed)
+
+# TODO(init): start Horovod; one GPU per rank
+# hvd.init() finds the other ranks (under horovodrun, mpirun or srun); hvd.rank(), hvd.size() and
+# hvd.local_rank() say where this process stands. The local rank picks the GPU.
+hvd.init()
+rank, world_size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+if device.type == "cuda":
+    torch.cuda.set_device(device)
+# END TODO
+
+# %% [markdown]
+# The data: sharded as in step 2.
+
+# %%
+train_set = workshop.digits("train", args.train_samples)
+test_set = workshop.digits("test")
+# TODO(shard): give each rank its own part of every epoch's training samples
+# DistributedSampler(dataset, num_replicas=..., rank=..., seed=...) deals them out; the
+# DataLoader below takes it as its sampler.
+sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)
+# END TODO
+train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+# TODO(eval-shard): give each rank its own part of the test set, each image exactly once
+# torch.utils.data.Subset(test_set, indices) with a range of indices that differs per rank.
+test_set = Subset(test_set, range(rank, len(test_set), world_size))
+# END TODO
+test_loader = DataLoader(test_set, batch_size=256)
+
+# %% [markdown]
+# The model and the optimizer. Nothing wraps the model: Horovod wraps the optimizer, whose step
+# waits for the averaged gradients. Every rank must start from the same weights, so rank 0's are
+# broadcast (ranks seeded differently, or a checkpoint loaded on rank 0 only, would differ).
+
+# %%
+model = workshop.build_model(args.dropout).to(device)
+# TODO(lr): scale the learning rate with the global batch
+# --lr is the rate for one process's batch of --batch-size; the global batch is world_size of them.
+lr = args.lr * world_size
+# END TODO
+optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
+# TODO(broadcast): start every rank from rank 0's weights and optimizer state
+# hvd.broadcast_parameters(model.state_dict(), root_rank=0), and the same for the optimizer.
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+# END TODO
+# TODO(optimizer): average the gradients over the ranks at every step
+# hvd.DistributedOptimizer(optimizer, named_parameters=..., op=hvd.Average) allreduces each
+# gradient as backward produces it; op=hvd.Sum would add them up instead.
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Average)
+# END TODO
+
+# %% [markdown]
+# Training. Only rank 0 prints, after the ranks' sums and counts are added up.
+
+# %%
+for epoch in range(args.epochs):
+    # TODO(reshuffle): make the sampler deal out a new order this epoch, the same on every rank
+    # Without it, every epoch repeats the first one's order. sampler.set_epoch(...)
+    sampler.set_epoch(epoch)
+    # END TODO
+    train_sums = torch.zeros(2, device=device)  # summed loss, samples
+    for images, labels in train_loader:
+        images, labels = images.to(device), labels.to(device)
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        train_sums += torch.stack([loss.detach() * len(labels), torch.tensor(float(len(labels)), device=device)])
+    test_sums = workshop.evaluate(model, test_loader, device)  # summed loss, correct, samples
+    # TODO(metrics): add up the sums and counts of all ranks, then print them once
+    # hvd.allreduce(tensor, op=hvd.Sum) returns the sum over the ranks (never average the ranks'
+    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums).
+    train_sums = hvd.allreduce(train_sums, op=hvd.Sum)
+    test_sums = hvd.allreduce(test_sums, op=hvd.Sum)
+    if rank == 0:
+        workshop.report(epoch, train_sums, test_sums)
+    # END TODO
+
+# TODO(save): save the weights once, from rank 0
+# Every rank holds the same weights.
+if rank == 0:
+    torch.save(model.state_dict(), args.save)
+# END TODO

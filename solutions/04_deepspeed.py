@@ -1,0 +1,128 @@
+# %% [markdown]
+# # Step 4: data parallelism with DeepSpeed
+#
+# The same training as step 2, with DeepSpeed's engine in place of DDP. The engine owns model and
+# optimizer: its backward averages the gradients over the ranks, its step updates the weights.
+# Its config has two traps: its batch size is the *global* one, and it clips gradients at norm 1.0
+# unless told otherwise (DDP and Horovod do not clip, so the experiments would differ).
+#
+#     deepspeed --num_gpus 2 solutions/04_deepspeed.py
+#     harness check solutions/04_deepspeed.py
+#
+# `diff solutions/02_ddp.py solutions/04_deepspeed.py` shows what changes from DDP.
+
+# %%
+import os
+
+import deepspeed
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from harness import workshop
+
+args = workshop.parse_args("Step 4: the workshop CNN on the embedded digits, with DeepSpeed")
+torch.manual_seed(args.seed)
+workshop.use_launcher_environment()  # torchrun's variables under any launcher (srun, mpiexec)
+workshop.skip_deepspeed_shm_op()  # on a CPU: no 45 s compile of an op only inference uses
+
+# TODO(process-group): join the other ranks; one GPU per rank
+# deepspeed.init_distributed() makes the torch.distributed process group (NCCL on GPUs, gloo on
+# CPUs) from the launcher's variables; then dist.get_rank() and dist.get_world_size() work as in
+# step 2. The local rank picks the GPU.
+deepspeed.init_distributed()
+rank, world_size = dist.get_rank(), dist.get_world_size()
+local_rank = int(os.environ["LOCAL_RANK"])
+device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+if device.type == "cuda":
+    torch.cuda.set_device(device)
+# END TODO
+
+# %% [markdown]
+# The data: sharded as in step 2 (DeepSpeed could build the loader too, with
+# `deepspeed.initialize(training_data=...)`; the sampler would be the same).
+
+# %%
+train_set = workshop.digits("train", args.train_samples)
+test_set = workshop.digits("test")
+# TODO(shard): give each rank its own part of every epoch's training samples
+# DistributedSampler(dataset, num_replicas=..., rank=..., seed=...) deals them out; the
+# DataLoader below takes it as its sampler.
+sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)
+# END TODO
+train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+# TODO(eval-shard): give each rank its own part of the test set, each image exactly once
+# torch.utils.data.Subset(test_set, indices) with a range of indices that differs per rank.
+test_set = Subset(test_set, range(rank, len(test_set), world_size))
+# END TODO
+test_loader = DataLoader(test_set, batch_size=256)
+
+# %% [markdown]
+# The model, the optimizer and the engine. A torch optimizer keeps the math that of steps 2 and 3
+# (DeepSpeed's own "Adam" would compile a C++ op on a CPU).
+
+# %%
+model = workshop.build_model(args.dropout).to(device)
+# TODO(lr): scale the learning rate with the global batch
+# --lr is the rate for one process's batch of --batch-size; the global batch is world_size of them.
+lr = args.lr * world_size
+# END TODO
+optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
+# TODO(config): write DeepSpeed's config: per-GPU and global batch, and no gradient clipping
+# "train_micro_batch_size_per_gpu" is one rank's batch, "train_batch_size" the global one
+# (micro-batch x gradient accumulation steps x ranks). "gradient_clipping" is 1.0 unless you set
+# it: 0 turns it off. "zero_optimization": {"stage": 0} keeps ZeRO off; stages 1-3 partition the
+# optimizer state, gradients and weights over the ranks, and then a torch optimizer needs
+# "zero_allow_untested_optimizer": True.
+ds_config = {
+    "train_micro_batch_size_per_gpu": args.batch_size,
+    "train_batch_size": args.batch_size * world_size,
+    "gradient_clipping": 0.0,
+    "zero_optimization": {"stage": 0},
+    "zero_allow_untested_optimizer": True,
+}
+# END TODO
+# TODO(initialize): wrap model and optimizer in DeepSpeed's engine
+# deepspeed.initialize(model=..., optimizer=..., config=...) returns (engine, optimizer, _, _);
+# the engine broadcasts rank 0's weights to every rank.
+engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+# END TODO
+
+# %% [markdown]
+# Training. Only rank 0 prints, after the ranks' sums and counts are added up.
+
+# %%
+for epoch in range(args.epochs):
+    # TODO(reshuffle): make the sampler deal out a new order this epoch, the same on every rank
+    # Without it, every epoch repeats the first one's order. sampler.set_epoch(...)
+    sampler.set_epoch(epoch)
+    # END TODO
+    train_sums = torch.zeros(2, device=device)  # summed loss, samples
+    for images, labels in train_loader:
+        images, labels = images.to(device), labels.to(device)
+        loss = F.cross_entropy(engine(images), labels)
+        # TODO(engine-step): backward and step through the engine
+        # engine.backward(loss) averages the gradients over the ranks; engine.step() updates the
+        # weights and zeroes the gradients.
+        engine.backward(loss)
+        engine.step()
+        # END TODO
+        train_sums += torch.stack([loss.detach() * len(labels), torch.tensor(float(len(labels)), device=device)])
+    test_sums = workshop.evaluate(engine.module, test_loader, device)  # summed loss, correct, samples
+    # TODO(metrics): add up the sums and counts of all ranks, then print them once
+    # dist.all_reduce(tensor) sums a tensor over the ranks in place (never average the ranks'
+    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums).
+    dist.all_reduce(train_sums)
+    dist.all_reduce(test_sums)
+    if rank == 0:
+        workshop.report(epoch, train_sums, test_sums)
+    # END TODO
+
+# TODO(save): save the weights once, from rank 0, and leave the process group
+# Every rank holds the same weights; engine.module is the model inside the engine. (With ZeRO
+# stages 1-3, engine.save_checkpoint writes each rank's partition, from every rank.)
+if rank == 0:
+    torch.save(engine.module.state_dict(), args.save)
+dist.destroy_process_group()
+# END TODO

@@ -1,0 +1,215 @@
+"""A real one-node Slurm cluster for the job-template tests: munged, slurmctld and slurmd from Debian's
+packages, started on this machine with a private configuration in a temporary directory.
+
+`SlurmCluster(directory).start()` writes a fresh munge key and a slurm.conf (this host as the only
+node, every core, one partition, free ports), starts the three daemons and waits until the node is
+idle; `environ()` is the environment for `sbatch`/`squeue`/`scancel` (SLURM_CONF set); `stop()` ends
+each daemon by the pid in its pid file and waits for it, so nothing keeps running after a test,
+failed or not. Needs root (slurmd starts jobs as any user) and the packages `make setup` installs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from typing import Dict, List, Optional
+
+from harness.launch import free_port
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+
+
+class SlurmUnavailable(RuntimeError):
+    """Slurm or munge is not installed here, or cannot run as this user."""
+
+
+def check_installed() -> None:
+    """Raise SlurmUnavailable (one line naming `make setup`) unless Slurm's daemons and clients are here."""
+    missing = [tool for tool in (*DAEMONS, "sbatch", "squeue", "scancel", "sinfo") if not shutil.which(tool)]
+    if missing:
+        raise SlurmUnavailable(f"{', '.join(missing)} not installed; run `make setup` as root (it installs slurmctld, "
+                               "slurmd, slurm-client and munge) for the job-template tests")
+    if os.geteuid() != 0:
+        raise SlurmUnavailable("the job-template tests start slurmd, which must run as root; run them as root")
+
+
+class SlurmCluster:
+    """munged + slurmctld + slurmd with every file under `directory`."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = os.path.abspath(directory)
+        self.host = socket.gethostname()
+        self.conf = os.path.join(self.directory, "slurm.conf")
+        self.munge_socket = os.path.join(self.directory, "munge", "munge.socket")
+        self._pid_files = {name: os.path.join(self.directory, f"{name}.pid") for name in DAEMONS}
+
+    def environ(self, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+        """This process's environment with SLURM_CONF pointing at the private cluster (plus `extra`)."""
+        env = dict(os.environ)
+        env["SLURM_CONF"] = self.conf
+        env.update(extra or {})
+        return env
+
+    def _write_conf(self) -> None:
+        for sub in ("munge", "state", "spool", "log"):
+            os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
+        ctld_port, slurmd_port = free_port(), free_port()
+        while slurmd_port == ctld_port:
+            slurmd_port = free_port()
+        path = self.directory
+        lines = [
+            f"ClusterName=harness{ctld_port}",
+            f"SlurmctldHost={self.host}",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            "CredType=cred/munge",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"SlurmctldPort={ctld_port}",
+            f"SlurmdPort={slurmd_port}",
+            f"StateSaveLocation={path}/state",
+            f"SlurmdSpoolDir={path}/spool",
+            f"SlurmctldPidFile={self._pid_files['slurmctld']}",
+            f"SlurmdPidFile={self._pid_files['slurmd']}",
+            f"SlurmctldLogFile={path}/log/slurmctld.log",
+            f"SlurmdLogFile={path}/log/slurmd.log",
+            "ProctrackType=proctrack/pgid",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_CPU",
+            "ReturnToService=2",
+            "SchedulerType=sched/backfill",
+            "MpiDefault=none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "SlurmctldTimeout=30",
+            "SlurmdTimeout=30",
+            "InactiveLimit=0",
+            "MinJobAge=600",
+            "KillWait=10",
+            f"NodeName={self.host} CPUs={os.cpu_count() or 1} Features=gpu State=UNKNOWN",  # perlmutter.sbatch asks -C gpu
+            f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4",
+        ]
+        with open(self.conf, "w") as handle:
+            handle.write("\n".join(lines) + "\n")
+        key = os.path.join(self.directory, "munge", "munge.key")
+        with open(key, "wb") as handle:
+            handle.write(os.urandom(1024))
+        os.chmod(key, 0o400)
+
+    def _daemon_commands(self) -> Dict[str, List[str]]:
+        munge = os.path.join(self.directory, "munge")
+        return {
+            "munged": ["munged", "--force", f"--key-file={munge}/munge.key", f"--socket={self.munge_socket}",
+                       f"--pid-file={self._pid_files['munged']}", f"--log-file={munge}/munged.log",
+                       f"--seed-file={munge}/munged.seed"],
+            "slurmctld": ["slurmctld", "-f", self.conf],
+            "slurmd": ["slurmd", "-f", self.conf],
+        }
+
+    def start(self) -> "SlurmCluster":
+        """Start the daemons and wait until the node takes jobs; on any failure stop what started."""
+        check_installed()
+        self._write_conf()
+        try:
+            for name, command in self._daemon_commands().items():
+                result = subprocess.run(command, capture_output=True, text=True, timeout=30, env=self.environ())
+                if result.returncode != 0:
+                    raise RuntimeError(f"{name} did not start (exit {result.returncode}): "
+                                       f"{(result.stderr or result.stdout).strip()[-2000:]}")
+                self._wait_for_pid_file(name)
+            self._wait_until_idle()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_for_pid_file(self, name: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self._pid(name) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} wrote no pid file within {START_TIMEOUT_S:.0f} s; see {self.log_tail()}")
+            time.sleep(0.1)
+
+    def _wait_until_idle(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        state = ""
+        while time.monotonic() < deadline:
+            result = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=20,
+                                    env=self.environ())
+            state = result.stdout.strip()
+            if result.returncode == 0 and state in ("idle", "mixed", "allocated"):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"the Slurm node is not idle after {START_TIMEOUT_S:.0f} s (state {state!r}); "
+                           f"{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The end of slurmctld's and slurmd's logs, for failure messages."""
+        tails = []
+        for name in ("slurmctld", "slurmd"):
+            path = os.path.join(self.directory, "log", f"{name}.log")
+            if os.path.exists(path):
+                with open(path, errors="replace") as handle:
+                    tails.append(f"--- {path}\n" + "".join(handle.readlines()[-lines:]))
+        return "\n".join(tails)
+
+    def _pid(self, name: str) -> Optional[int]:
+        try:
+            with open(self._pid_files[name]) as handle:
+                text = handle.read().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def cancel_all_jobs(self) -> None:
+        """Cancel every job of this cluster and wait (bounded) until Slurm has ended their processes."""
+        if self._pid("slurmctld") is None:
+            return
+        env = self.environ()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                listed = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=20,
+                                        env=env)
+            except subprocess.TimeoutExpired:
+                return
+            jobs = listed.stdout.split()
+            if listed.returncode != 0 or not jobs:
+                return
+            subprocess.run(["scancel", "--full", *jobs], capture_output=True, timeout=20, env=env)
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        """Cancel the jobs, then end every daemon this cluster started (slurmd first, munged last) and
+        wait until each is gone."""
+        self.cancel_all_jobs()
+        for name in reversed(DAEMONS):
+            pid = self._pid(name)
+            if pid is None or not _alive(pid):
+                continue
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie counts as gone: it has stopped, its parent (not us) just has not reaped it.
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

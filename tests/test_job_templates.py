@@ -1,0 +1,489 @@
+"""The job templates in submissions/, run for real.
+
+- Slurm is real: munged, slurmctld and slurmd from Debian's packages, started here with a private
+  configuration (tests/slurm_cluster.py); `sbatch submissions/slurm-cpu.sbatch` runs a whole study,
+  a preempted job (`scancel --signal=USR1 --batch`) checkpoints, resubmits itself and ends with
+  the weights of an uninterrupted run; `perlmutter.sbatch`, cancelled, checkpoints and stays gone.
+  Jobs are polled every 0.5 s (not `sbatch --wait`) and write their output under tmp_path.
+- PBS is emulated (no PBS package exists for Debian), only what is missing: tests/pbs_emulation
+  has a `qsub` with Polaris's admission rules that runs jobs as PBS does, `qstat -f`, `qsig`, a
+  Cray-PALS-like `mpiexec` that starts the ranks through OpenMPI's mpirun with PALS's rank variables,
+  and a login profile with a no-op `module`. `submissions/polaris.sc` itself runs unchanged.
+- Every shell script passes shellcheck.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import pytest
+
+from harness.results import read_records
+from harness.sweep import SweepSettings, plan_sweep
+
+from .checkpoint_helpers import max_abs_difference, weights
+from .conftest import REPO, launch
+from .slurm_cluster import SlurmCluster, SlurmUnavailable, check_installed
+
+SUBMISSIONS = os.path.join(REPO, "submissions")
+EMULATION = os.path.join(REPO, "tests", "pbs_emulation")
+SLURM_CPU = os.path.join(SUBMISSIONS, "slurm-cpu.sbatch")
+PERLMUTTER = os.path.join(SUBMISSIONS, "perlmutter.sbatch")
+POLARIS = os.path.join(SUBMISSIONS, "polaris.sc")
+# Tiny runs: the point is the job's plumbing, not the numbers.
+QUICK_TRAIN_ARGS = "--eval-every 0 --calibration-steps 2 --timing-warmup-steps 2"
+STUDY = dict(RANKS="1 2", STEPS="12", CHECKPOINT_EVERY="10", BATCH_SIZE="32", THREADS="1", MODEL="cnn",
+             DATASET="digits", PRECISION="fp32", TRAIN_ARGS=QUICK_TRAIN_ARGS, PYTHON_ENV="venv")
+# Preemption runs: 40 steps (23 per epoch at 2 x 32 of the 1,500 digits, so the resumed run crosses
+# an epoch), a checkpoint every 5, so the signal surely lands mid-run; dropout on, so the resumed run
+# must restore every RNG to match.
+PREEMPTED_STEPS = 40
+PREEMPTED_STUDY = dict(STUDY, RANKS="2", STEPS=str(PREEMPTED_STEPS), CHECKPOINT_EVERY="5")
+FIGURE_KINDS = ("throughput", "efficiency", "breakdown")
+JOB_TIMEOUT_S = 600
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, details: Callable[[], str]) -> None:
+    """Poll `condition` until it holds; fail the test naming `what` (and `details()`) at `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout:.0f} s\n{details()}", pytrace=False)
+        time.sleep(0.5)
+
+
+def read_text(path: str) -> str:
+    """The file's text; empty while it does not exist yet."""
+    if not os.path.exists(path):
+        return ""
+    with open(path) as handle:
+        return handle.read()
+
+
+def job_events(job_dir: str) -> List[List[str]]:
+    """jobs.txt as [time, job id, event] rows."""
+    return [line.split("\t") for line in read_text(os.path.join(job_dir, "jobs.txt")).splitlines()]
+
+
+def job_outputs(directory: str) -> str:
+    """Every job output file under `directory`, for failure messages."""
+    parts = []
+    for path in sorted(glob.glob(os.path.join(directory, "**", "*.out"), recursive=True)
+                       + glob.glob(os.path.join(directory, "**", "*.o[0-9]*"), recursive=True)):
+        parts.append(f"--- {path}\n{read_text(path)[-6000:]}")
+    return "\n".join(parts)
+
+
+def has_checkpoint(run_directory: str) -> bool:
+    return bool(glob.glob(os.path.join(run_directory, "step-*")))
+
+
+def assert_job_directory(job_dir: str, backends: Sequence[str], ranks: Sequence[int], launcher: str,
+                         launch_word: str) -> List[dict]:
+    """What every job template leaves in its one job directory; returns the study's records."""
+    records = read_records([os.path.join(job_dir, "results.jsonl")])
+    name = os.path.basename(job_dir)
+    assert sorted((r["backend"], r["world_size"]) for r in records) == sorted(
+        (backend, n) for backend in backends for n in ranks), "one record per backend x rank count"
+    for record in records:
+        assert record["tags"] == {"sweep_id": name, "scaling": "weak", "repeat": "0"}
+        assert record["launcher"] == launcher
+    for kind in FIGURE_KINDS:
+        for extension in ("png", "svg", "json"):
+            assert os.path.getsize(os.path.join(job_dir, "figures", f"scaling-{kind}.{extension}")) > 0
+    report = read_text(os.path.join(job_dir, "report.md"))
+    assert "Weak scaling" in report and all(f" {backend} |" in report for backend in backends)
+    logs = sorted(os.path.basename(p) for p in glob.glob(os.path.join(job_dir, "logs", "*.log")))
+    assert len(logs) == len(records) and all(any(f"-{b}-{n}r-rep0.log" in log for log in logs)
+                                             for b in backends for n in ranks), logs
+    commands = [line for line in read_text(os.path.join(job_dir, "logs", "commands.txt")).splitlines()
+                if line and not line.startswith("#")]
+    assert any(c.endswith("python -m harness env") and c.startswith(launch_word) for c in commands)
+    runs = [shlex.split(c) for c in commands if " -m harness train " in c]
+    assert {(c[c.index("--backend") + 1]) for c in runs} == set(backends)
+    assert all(c[0] == launch_word for c in runs)
+    discovery = [json.loads(line) for path in glob.glob(os.path.join(job_dir, "discovery-*.jsonl"))
+                 for line in read_text(path).splitlines()]
+    assert discovery, "the first step prints what discovery sees"
+    assert all(d["launcher"] == launcher and d["world_size"] == max(ranks) for d in discovery)
+    assert {d["rank"] for d in discovery} == set(range(max(ranks)))
+    assert os.path.exists(os.path.join(job_dir, "settings.env"))
+    assert job_events(job_dir)[-1][2] == "study complete"
+    return records
+
+
+# -- shellcheck and the helpers on their own -------------------------------------------------------
+
+def shell_scripts() -> List[str]:
+    found = [os.path.join(SUBMISSIONS, name) for name in sorted(os.listdir(SUBMISSIONS))]
+    found += sorted(glob.glob(os.path.join(EMULATION, "bin", "*")) + glob.glob(os.path.join(EMULATION, "lib", "*.sh")))
+    return found
+
+
+def test_every_job_script_passes_shellcheck():
+    if not shutil.which("shellcheck"):
+        pytest.fail("shellcheck is not installed; run `make setup` as root (it installs it)", pytrace=False)
+    scripts = shell_scripts()
+    assert len(scripts) >= 12
+    result = subprocess.run(["shellcheck", "-x", *[os.path.relpath(p, REPO) for p in scripts]], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout
+
+
+def test_sweep_accepts_checkpoint_every_with_a_checkpoint_root(tmp_path):
+    # Every run of such a sweep gets a checkpoint directory, so --checkpoint-every is valid for it.
+    runs = plan_sweep(SweepSettings(backends=["ddp"], ranks=[2], scaling="weak", results=str(tmp_path / "r.jsonl"),
+                                    train_args=["--checkpoint-every", "5"], checkpoint_root=str(tmp_path / "ck")),
+                      environ={})
+    flags = runs[0].command
+    assert flags[flags.index("--checkpoint-dir") + 1] == str(tmp_path / "ck" / "ddp-2r-rep0")
+
+
+@pytest.mark.parametrize("procs_per_gpu, expected", [("1", "3 2 1 0 3 2 1 0"), ("2", "3 3 2 2 1 1 0 0")])
+def test_polaris_gpu_affinity_maps_local_ranks_in_reverse(procs_per_gpu, expected):
+    seen = []
+    for local_rank in range(8):
+        env = dict(os.environ, GPUS_PER_NODE="4", PROCS_PER_GPU=procs_per_gpu, PMI_LOCAL_RANK=str(local_rank))
+        result = subprocess.run([os.path.join(SUBMISSIONS, "set_affinity_gpu_polaris.sh"), "sh", "-c",
+                                 'echo "$CUDA_VISIBLE_DEVICES"'], env=env, capture_output=True, text=True, timeout=30)
+        seen.append(result.stdout.strip())
+    assert " ".join(seen) == expected
+
+
+def test_mps_helper_starts_waits_for_and_stops_the_daemon(tmp_path):
+    # nvidia-cuda-mps-control is replaced by a recorder: what the helper asks of it, in which order.
+    stub = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    stub.parent.mkdir()
+    calls = tmp_path / "calls"
+    stub.write_text("#!/bin/bash\n"
+                    f'if [[ "${{1:-}}" == -d ]]; then echo "daemon $CUDA_MPS_PIPE_DIRECTORY" >> {calls}; '
+                    f'touch {tmp_path}/running; exit 0; fi\n'
+                    f'read -r command; [[ -e {tmp_path}/running ]] || exit 1; echo "$command" >> {calls}\n')
+    stub.chmod(0o755)
+    env = dict(os.environ, PATH=f"{stub.parent}:{os.environ['PATH']}", CUDA_MPS_PIPE_DIRECTORY=str(tmp_path / "pipe"),
+               CUDA_MPS_LOG_DIRECTORY=str(tmp_path / "log"), SLURM_LOCALID="0")
+    helper = os.path.join(SUBMISSIONS, "mps.sh")
+    wrapped = subprocess.run([helper, "wrap", "sh", "-c", "echo rank ran >> " + str(calls)], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert wrapped.returncode == 0, wrapped.stderr
+    assert calls.read_text().splitlines() == [f"daemon {tmp_path / 'pipe'}", "get_server_list", "rank ran", "quit"]
+    assert (tmp_path / "pipe").is_dir() and (tmp_path / "log").is_dir()
+    missing = subprocess.run([helper, "start"], env={**env, "CUDA_MPS_PIPE_DIRECTORY": ""}, capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode != 0 and "CUDA_MPS_PIPE_DIRECTORY" in missing.stderr
+
+
+def test_pbs_jobs_warn_themselves_before_the_walltime():
+    # polaris.sc's timer: SIGUSR1 to the batch shell STOP_BEFORE_WALLTIME s before the walltime
+    # (qstat -f says 3 s here, so 2 s after the start), and no signal once it is disarmed.
+    script = (f"source {shlex.quote(os.path.join(SUBMISSIONS, 'common.sh'))}\n"
+              "qstat() { echo '    Resource_List.walltime = 00:00:03'; }\n"
+              'PBS_JOBID=7 STOP_BEFORE_WALLTIME=1\n'
+              'trap \'echo "USR1 after $SECONDS s"; kill "$sleeper"; exit 0\' USR1\n'
+              'arm_stop_before_walltime\n'
+              'sleep 10 & sleeper=$!\n'
+              'wait "$sleeper"\n'
+              'echo "no signal"\n')
+    fired = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert fired.stdout.strip().splitlines()[-1] in ("USR1 after 2 s", "USR1 after 3 s"), fired.stdout + fired.stderr
+    disarmed = subprocess.run(["bash", "-c", script.replace("arm_stop_before_walltime\n",
+                                                            "arm_stop_before_walltime\ndisarm_stop_timer\n")
+                               .replace("sleep 10", "sleep 4")], capture_output=True, text=True, timeout=60)
+    assert disarmed.stdout.strip().splitlines()[-1] == "no signal", disarmed.stdout + disarmed.stderr
+
+
+# -- Slurm: a real slurmctld and slurmd ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    try:
+        check_installed()
+    except SlurmUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    cluster = SlurmCluster(str(tmp_path_factory.mktemp("slurm"))).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def sbatch(cluster: SlurmCluster, arguments: Sequence[str], settings: Dict[str, str], cwd: str,
+           timeout: float = 60) -> subprocess.CompletedProcess:
+    """`sbatch ARGUMENTS` from `cwd` with the settings in the environment it passes to the job."""
+    return subprocess.run(["sbatch", *arguments], env=cluster.environ({"KIT_DIR": REPO, **settings}), cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def slurm_job_field(cluster: SlurmCluster, job_id: str, name: str) -> str:
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=cluster.environ(), capture_output=True,
+                           text=True, timeout=30).stdout
+    return next((field.split("=", 1)[1] for field in shown.split() if field.startswith(f"{name}=")), "")
+
+
+def wait_for_slurm_state(cluster: SlurmCluster, job_id: str, wanted: str) -> None:
+    def state() -> str:
+        return slurm_job_field(cluster, job_id, "JobState")
+
+    wait_for(lambda: state() == wanted, 60, f"Slurm job {job_id} {wanted}", state)
+
+
+SLURM_END_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                    "DEADLINE", "PREEMPTED"}
+
+
+def run_slurm_job(cluster: SlurmCluster, arguments: Sequence[str], settings: Dict[str, str], cwd: str,
+                  timeout: float = JOB_TIMEOUT_S) -> int:
+    """Submit a batch job, wait until it has ended and return its exit status. Polled here rather than
+    with `sbatch --wait`, which sleeps up to 32 s between its own polls."""
+    submitted = sbatch(cluster, ["--parsable", *arguments], settings, cwd)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    wait_for(lambda: slurm_job_field(cluster, job, "JobState") in SLURM_END_STATES, timeout,
+             f"Slurm job {job} ending", lambda: job_outputs(cwd))
+    return int(slurm_job_field(cluster, job, "ExitCode").split(":")[0])
+
+
+@pytest.mark.slow
+def test_slurm_cpu_template_runs_the_study_into_one_job_directory(slurm, tmp_path):
+    job_dir = str(tmp_path / "study")
+    settings = dict(STUDY, BACKENDS="ddp horovod", JOB_DIR=job_dir)
+    started = time.monotonic()
+    status = run_slurm_job(slurm, ["--output", str(tmp_path / "%j.out"), SLURM_CPU], settings, str(tmp_path))
+    elapsed = time.monotonic() - started
+    assert status == 0, job_outputs(str(tmp_path))
+    records = assert_job_directory(job_dir, ["ddp", "horovod"], [1, 2], launcher="slurm", launch_word="srun")
+    # The job moved its output file from where it was submitted into its directory.
+    assert glob.glob(str(tmp_path / "*.out")) == []
+    assert "study complete" in "".join(read_text(p) for p in glob.glob(os.path.join(job_dir, "*.out")))
+    assert all(r["steps"] == 12 for r in records)
+    print(f"\nsbatch slurm-cpu.sbatch: submission to figures and report in {elapsed:.0f} s (4 runs)")
+
+
+@pytest.mark.slow
+def test_slurm_preemption_checkpoints_resubmits_and_ends_with_uninterrupted_weights(slurm, tmp_path):
+    job_dir = str(tmp_path / "preempted")
+    model = os.path.join(job_dir, "model.pt")
+    settings = dict(PREEMPTED_STUDY, BACKENDS="ddp", JOB_DIR=job_dir,
+                    TRAIN_ARGS=f"{QUICK_TRAIN_ARGS} --save-model {model}")
+    submitted = sbatch(slurm, ["--parsable", "--output", str(tmp_path / "%j.out"), SLURM_CPU], settings,
+                       str(tmp_path))
+    assert submitted.returncode == 0, submitted.stderr
+    first_job = submitted.stdout.strip().split(";")[0]
+    run_dir = os.path.join(job_dir, "checkpoints", "ddp-2r-rep0")
+    wait_for(lambda: has_checkpoint(run_dir), 300, "the run's first checkpoint", lambda: job_outputs(str(tmp_path)))
+    # What `#SBATCH --signal=B:USR1@120` does before the time limit: signal the batch shell only.
+    signalled = subprocess.run(["scancel", "--signal=USR1", "--batch", first_job], env=slurm.environ(),
+                               capture_output=True, text=True, timeout=30)
+    assert signalled.returncode == 0, signalled.stderr
+    wait_for(lambda: any(event[2] == "study complete" for event in job_events(job_dir)), JOB_TIMEOUT_S,
+             "the resubmitted job finishing the study", lambda: job_outputs(str(tmp_path)) + read_text(
+                 os.path.join(job_dir, "jobs.txt")))
+
+    events = job_events(job_dir)
+    resubmitted = [event[2].split()[-1] for event in events if event[2].startswith("resubmitted as ")]
+    assert len(resubmitted) == 1 and resubmitted[0] != first_job
+    second_job = resubmitted[0]
+    assert [e[2] for e in events if e[1] == first_job][1:] == ["signal USR1", "end: sweep status 3",
+                                                                f"resubmitted as {second_job}"]
+    assert [e[2] for e in events if e[1] == second_job][-2:] == ["end: sweep status 0", "study complete"]
+    assert "study complete" in read_text(os.path.join(job_dir, f"harness-scaling-cpu-{second_job}.out"))
+    for job in (first_job, second_job):  # the preempted job did its part: checkpointed and resubmitted
+        wait_for_slurm_state(slurm, job, "COMPLETED")
+        assert slurm_job_field(slurm, job, "ExitCode") == "0:0"
+
+    log = read_text(os.path.join(job_dir, "logs", "001-ddp-2r-rep0.log"))
+    stopped = [line for line in log.splitlines() if "stopped by SIGUSR1 after step" in line]
+    assert len(stopped) == 1, log[-3000:]
+    checkpoint_step = int(stopped[0].split("after step ")[1].split()[0])
+    assert 5 <= checkpoint_step < PREEMPTED_STEPS
+    (record,) = read_records([os.path.join(job_dir, "results.jsonl")])
+    assert (record["segments"], record["resumed_from_step"], record["steps"]) == (2, checkpoint_step, PREEMPTED_STEPS)
+
+    # The same run, uninterrupted, from the command the sweep recorded.
+    command = next(shlex.split(line) for line in read_text(os.path.join(job_dir, "logs", "commands.txt")).splitlines()
+                   if " -m harness train " in line)
+    reference = os.path.join(str(tmp_path), "uninterrupted.pt")
+    launch(2, "ddp", [*train_flags_without_outputs(command), "--save-model", reference])
+    difference = max_abs_difference(weights(model), weights(reference))
+    assert difference <= 1e-6
+    print(f"\npreempted job {first_job}: checkpoint at step {checkpoint_step} of {PREEMPTED_STEPS}, resubmitted as job "
+          f"{second_job}, which finished; max |w - w_uninterrupted| = {difference:.3g}")
+
+
+@pytest.mark.slow
+def test_a_cancelled_perlmutter_job_checkpoints_and_does_not_come_back(slurm, tmp_path):
+    # The GPU template on this GPU-less node, its #SBATCH resources overridden on the command line
+    # as on any cluster: discovery and one srun step per run. scancel sends SIGTERM, not the USR1
+    # warning: the run checkpoints, and the chain stops there.
+    job_dir = str(tmp_path / "cancelled")
+    settings = dict(STUDY, BACKENDS="ddp", RANKS="2", RANKS_PER_NODE="2", GPUS_PER_NODE="0", STEPS="100000",
+                    CHECKPOINT_EVERY="5", JOB_DIR=job_dir)
+    submitted = sbatch(slurm, ["--parsable", "--output", str(tmp_path / "%j.out"), "--nodes=1", "--ntasks-per-node=2",
+                               "--cpus-per-task=1", "--gpus-per-node=0", PERLMUTTER], settings, str(tmp_path))
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    wait_for(lambda: has_checkpoint(os.path.join(job_dir, "checkpoints", "ddp-2r-rep0")), 300,
+             "the run's first checkpoint", lambda: job_outputs(str(tmp_path)))
+    cancelled = subprocess.run(["scancel", job], env=slurm.environ(), capture_output=True, text=True, timeout=30)
+    assert cancelled.returncode == 0, cancelled.stderr
+    wait_for_slurm_state(slurm, job, "CANCELLED")
+    assert [e[2] for e in job_events(job_dir)][1:] == ["signal TERM", "end: sweep status 3"]
+    assert "stopped by SIGTERM after step" in read_text(os.path.join(job_dir, "logs", "001-ddp-2r-rep0.log"))
+    assert "not resubmitting" in read_text(os.path.join(job_dir, f"{job}.out"))
+    queued = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm.environ(), capture_output=True, text=True,
+                            timeout=30)
+    assert queued.stdout.split() == []
+    discovery = [json.loads(line) for line in read_text(os.path.join(job_dir, f"discovery-{job}.jsonl")).splitlines()]
+    assert sorted((d["launcher"], d["rank"], d["world_size"]) for d in discovery) == [("slurm", 0, 2), ("slurm", 1, 2)]
+    (run,) = [shlex.split(line) for line in read_text(os.path.join(job_dir, "logs", "commands.txt")).splitlines()
+              if " -m harness train " in line]
+    assert run[:run.index("-m") - 1] == ["srun", "--nodes", "1", "--ntasks", "2", "--ntasks-per-node", "2",
+                                         "--cpus-per-task", "1", "--cpu-bind", "cores"], run
+
+
+def train_flags_without_outputs(command: Sequence[str]) -> List[str]:
+    """A recorded `harness train` command's flags, less --backend and what only names outputs."""
+    flags = list(command[list(command).index("train") + 1:])
+    dropped = {"--backend", "--results", "--tag", "--checkpoint-dir", "--resume", "--save-model", "--checkpoint-every"}
+    kept = []
+    while flags:
+        flag = flags.pop(0)
+        if flag in dropped:
+            flags.pop(0)
+        else:
+            kept.append(flag)
+    return kept
+
+
+def test_bad_settings_stop_the_job_before_anything_runs(slurm, tmp_path):
+    job_dir = tmp_path / "bad"
+    status = run_slurm_job(slurm, ["--output", str(tmp_path / "bad.out"), SLURM_CPU],
+                           dict(STUDY, BACKENDS="ddp dpp", JOB_DIR=str(job_dir)), str(tmp_path), timeout=120)
+    assert status == 2
+    errors = [line for line in read_text(str(tmp_path / "bad.out")).splitlines() if "error" in line]
+    assert errors[0] == "harness sweep: error: unknown backend 'dpp'; choose one of none, ddp, horovod, deepspeed"
+    assert errors[1].startswith("job: error: the sweep's settings were refused")
+    assert not job_dir.exists()
+
+
+# -- PBS (Polaris): emulated qsub, qstat, qsig and PALS mpiexec; polaris.sc itself unchanged -------
+
+class EmulatedPbs:
+    """The emulated PBS server of one test module: its spool, and its clients on PATH."""
+
+    def __init__(self, spool: str) -> None:
+        self.spool = spool
+
+    def environ(self, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+        env = dict(os.environ, PBS_EMULATION_SPOOL=self.spool, PATH=f"{EMULATION}/bin:{os.environ['PATH']}")
+        env.update(extra or {})
+        return env
+
+    def run(self, command: Sequence[str], cwd: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(list(command), env=self.environ(), cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def state(self, number: int) -> str:
+        return read_text(os.path.join(self.spool, f"{number}.state")).strip()
+
+    def stop(self) -> None:
+        """End every process of every job (on a failed test): each job runs in a session of its own,
+        its runner's, and OpenMPI gives each rank a process group of its own within it."""
+        sessions = {read_text(path).strip() for path in glob.glob(os.path.join(self.spool, "*.runner_pid"))}
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/stat") as handle:
+                    session = handle.read().rsplit(")", 1)[1].split()[3]
+                if session in sessions:
+                    os.kill(int(pid), signal.SIGKILL)
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile, or not a process
+
+
+@pytest.fixture(scope="module")
+def pbs(tmp_path_factory):
+    emulation = EmulatedPbs(str(tmp_path_factory.mktemp("pbs-spool")))
+    try:
+        yield emulation
+    finally:
+        emulation.stop()
+
+
+def qsub_variables(settings: Dict[str, str]) -> str:
+    """qsub -v's list: NAME=VALUE,... (the values hold no commas)."""
+    assert not any("," in value for value in settings.values())
+    return ",".join(f"{name}={value}" for name, value in settings.items())
+
+
+@pytest.mark.parametrize("directive, message", [
+    ("#PBS -A", "qsub: Polaris requires a project: pass -A <project> or add '#PBS -A <project>' to"),
+    ("#PBS -l walltime", "qsub: Polaris requires a walltime: pass -l walltime=HH:MM:SS"),
+    ("#PBS -l filesystems", "qsub: Polaris requires the file systems the job uses: pass -l filesystems=home:eagle"),
+    ("#PBS -l select", "qsub: Polaris requires the nodes: pass -l select=<nodes>:system=polaris"),
+])
+def test_emulated_qsub_refuses_what_polaris_refuses(pbs, tmp_path, directive, message):
+    script = tmp_path / "polaris.sc"
+    script.write_text("".join(line for line in read_text(POLARIS).splitlines(keepends=True)
+                              if not line.startswith(directive)))
+    jobs_before = glob.glob(os.path.join(pbs.spool, "*.state"))
+    result = pbs.run(["qsub", str(script)], cwd=str(tmp_path))
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(message), result.stderr
+    assert glob.glob(os.path.join(pbs.spool, "*.state")) == jobs_before
+
+
+@pytest.mark.slow
+def test_polaris_template_under_emulated_pbs_runs_preempts_and_resubmits_itself(pbs, tmp_path):
+    job_dir = str(tmp_path / "study")
+    # The rank counts are the template's own: its node counts (the 1 selected node) x RANKS_PER_NODE.
+    settings = {name: value for name, value in STUDY.items() if name != "RANKS"}
+    settings.update(BACKENDS="ddp deepspeed", RANKS_PER_NODE="2", STEPS="30", CHECKPOINT_EVERY="5", JOB_DIR=job_dir,
+                    KIT_DIR=REPO)
+    started = time.monotonic()
+    # The script's own #PBS lines, with the project and the queue given on the command line (they win).
+    submitted = pbs.run(["qsub", "-A", "harness-test", "-q", "debug", "-l", "select=1:system=polaris",
+                         "-v", qsub_variables(settings), POLARIS], cwd=str(tmp_path))
+    assert submitted.returncode == 0, submitted.stderr
+    first_job = submitted.stdout.strip()
+    number = int(first_job.split(".")[0])
+    # PBS has no --signal: SIGUSR1 to the batch shell is what the job's own timer sends before the
+    # walltime (test_pbs_jobs_warn_themselves_before_the_walltime); qsig delivers it mid-run here.
+    run_dir = os.path.join(job_dir, "checkpoints", "ddp-2r-rep0")
+    wait_for(lambda: has_checkpoint(run_dir), 300, "the first run's first checkpoint", lambda: job_outputs(str(tmp_path)))
+    signalled = pbs.run(["qsig", "-s", "USR1", first_job], cwd=str(tmp_path))
+    assert signalled.returncode == 0, signalled.stderr
+    wait_for(lambda: pbs.state(number + 1) == "F", JOB_TIMEOUT_S, "the resubmitted job finishing",
+             lambda: job_outputs(str(tmp_path)) + read_text(os.path.join(job_dir, "jobs.txt")))
+    elapsed = time.monotonic() - started
+
+    records = assert_job_directory(job_dir, ["ddp", "deepspeed"], [2], launcher="mpich", launch_word="mpiexec")
+    preempted = next(record for record in records if record["backend"] == "ddp")
+    assert preempted["segments"] == 2 and 5 <= preempted["resumed_from_step"] < 30 and preempted["steps"] == 30
+    events = job_events(job_dir)
+    second_job = f"{number + 1}.polaris-pbs-emulated"
+    assert [e[2] for e in events if e[1] == first_job][1:] == ["signal USR1", "end: sweep status 3",
+                                                                f"resubmitted as {second_job}"]
+    assert "continues as job" in read_text(os.path.join(job_dir, f"harness-scaling.o{number}"))  # moved here
+    assert not glob.glob(str(tmp_path / "harness-scaling.*"))
+    assert "study complete" in read_text(os.path.join(job_dir, f"harness-scaling.o{number + 1}"))
+    assert sorted(os.path.basename(p) for p in glob.glob(os.path.join(job_dir, "discovery-*.jsonl"))) == [
+        f"discovery-{number}.jsonl", f"discovery-{number + 1}.jsonl"]
+    first, second = (pbs.run(["qstat", "-f", job], cwd=str(tmp_path)).stdout for job in (first_job, second_job))
+    for attribute in ("Account_Name = harness-test", "queue = debug", "Resource_List.select = 1:system=polaris",
+                      "Resource_List.place = scatter", "Resource_List.walltime = 01:00:00",
+                      "Resource_List.filesystems = home:eagle", "Exit_status = 0"):
+        assert attribute in first and attribute in second, (attribute, first, second)
+    runs = [line for line in read_text(os.path.join(job_dir, "logs", "commands.txt")).splitlines()
+            if " -m harness train " in line]
+    assert all(" --depth 16 --cpu-bind depth --env OMP_NUM_THREADS=1 " in line
+               and "submissions/set_affinity_gpu_polaris.sh" in line for line in runs)
+    print(f"\nqsub polaris.sc (emulated PBS): preempted at step {preempted['resumed_from_step']}, resubmitted as "
+          f"{second_job}, study complete in {elapsed:.0f} s")
