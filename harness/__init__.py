@@ -65,7 +65,7 @@ def check_script(path: str, ranks: int = 2):
 
 
 def read_results(paths) -> list:
-    """The records of JSONL results files (see harness.results.read_results)."""
+    """The records of JSONL results files, or of a job directory's results.jsonl (see harness.results.read_results)."""
     from .results import read_results as read
 
     return read([paths] if isinstance(paths, str) else paths)

@@ -223,7 +223,7 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
     sweep.set_defaults(run=_sweep, accepts_train_flags=True)
 
     plot = commands.add_parser("plot", help="scaling figures (PNG + SVG) from results files")
-    plot.add_argument("results", nargs="+", help="JSONL results file(s)")
+    plot.add_argument("results", nargs="+", help="JSONL results file(s), or job directories (their results.jsonl)")
     plot.add_argument("-o", "--output", required=True, help="prefix of the figure files, e.g. figures/weak")
     plot.set_defaults(run=_plot)
 
@@ -239,7 +239,7 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
     check.set_defaults(run=_check)
 
     report = commands.add_parser("report", help="Markdown table of a scaling study: throughput, efficiency, POP")
-    report.add_argument("results", nargs="+", help="JSONL results file(s)")
+    report.add_argument("results", nargs="+", help="JSONL results file(s), or job directories (their results.jsonl)")
     report.set_defaults(run=_report)
     return parser
 

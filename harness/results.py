@@ -63,11 +63,17 @@ def append_record(path: str, record: Dict[str, Any]) -> None:
         os.close(fd)
 
 
+JOB_RESULTS = "results.jsonl"  # what the job templates in submissions/ write at the top of a job's directory
+
+
 def read_results(paths: Iterable[str]) -> List[Dict[str, Any]]:
-    """The records of results files that must exist (a missing one is a UsageError naming the fix)."""
+    """The records of results files that must exist (a missing one is a UsageError naming the fix).
+
+    A directory stands for the results.jsonl of a job directory that the job templates write (its
+    other JSONL files, such as discovery-<job>.jsonl, are not run records)."""
     from .errors import UsageError
 
-    paths = list(paths)
+    paths = [os.path.join(path, JOB_RESULTS) if os.path.isdir(path) else path for path in paths]
     missing = [path for path in paths if not os.path.isfile(path)]
     if missing:
         raise UsageError(f"results file {missing[0]} does not exist; run `harness sweep --results FILE` first")

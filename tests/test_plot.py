@@ -85,3 +85,18 @@ def test_plot_cli_names_a_missing_results_file(tmp_path):
     assert result.returncode == 2
     assert "missing.jsonl does not exist; run `harness sweep --results FILE` first" in result.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_a_job_directory_reads_as_its_results_file_and_nothing_else(tmp_path):
+    """Notebook 03 and `harness report/plot` take a job template's directory: its results.jsonl, not
+    the discovery-<job>.jsonl beside it."""
+    import harness
+
+    job = tmp_path / "polaris-1234"
+    job.mkdir()
+    runs = weak_study()
+    (job / "results.jsonl").write_text("".join(json.dumps(run) + "\n" for run in runs))
+    (job / "discovery-1234.jsonl").write_text(json.dumps({"rank": 0, "world_size": 2}) + "\n")
+    assert harness.read_results(str(job)) == runs
+    with pytest.raises(UsageError, match="results.jsonl does not exist"):
+        harness.read_results(str(tmp_path))
