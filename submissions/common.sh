@@ -35,7 +35,7 @@ EXIT_PEER_FAILURE=4
 # every job of a chain runs the same study. Templates add their own (DEPTH, SRUN_MPI, ...).
 STUDY_SETTINGS=(BACKENDS NODES RANKS RANKS_PER_NODE SCALING REPEATS MODEL DATASET DATA_DIR BATCH_SIZE
                 GLOBAL_BATCH EPOCHS STEPS PRECISION THREADS CHECKPOINT_EVERY TRAIN_ARGS PROCS_PER_GPU
-                GPUS_PER_NODE SWEEP_ID RUN_TIMEOUT RESUBMIT MAX_RESUBMISSIONS PYTHON_ENV)
+                GPUS_PER_NODE SWEEP_ID RUN_TIMEOUT RESUBMIT MAX_RESUBMISSIONS PYTHON_ENV TRACE_STEPS)
 
 job_say() {  # progress lines in the job's output
     printf '[job %s] %s\n' "$(date '+%F %T')" "$*"
@@ -136,6 +136,9 @@ resolve_settings() {
     # Defaults every template shares; a template sets its own (MODEL, BACKENDS, ...) before this.
     : "${SCALING:=weak}" "${REPEATS:=1}" "${DATA_DIR:=}" "${GLOBAL_BATCH:=}" "${EPOCHS:=1000}"
     : "${TRAIN_ARGS:=}" "${PROCS_PER_GPU:=1}" "${RUN_TIMEOUT:=3600}" "${RESUBMIT:=1}" "${MAX_RESUBMISSIONS:=10}"
+    # Notebook 03 draws a per-rank timeline from these steps of each run; bounded, so cheap.
+    : "${TRACE_STEPS:=10}"
+    [[ "$TRACE_STEPS" =~ ^[0-9]+$ ]] || job_fail "TRACE_STEPS=$TRACE_STEPS: a number of steps to trace per run (0: no timeline)"
     : "${NODES:=$(powers_of_two_up_to "$ALLOCATED_NODES")}"
     require_positive ALLOCATED_NODES RANKS_PER_NODE REPEATS EPOCHS STEPS BATCH_SIZE THREADS PROCS_PER_GPU RUN_TIMEOUT
     local nodes ranks per_node=()
@@ -193,7 +196,7 @@ build_sweep_command() {
                    --checkpoint-root "$JOB_DIR/checkpoints" --run-timeout "$RUN_TIMEOUT"
                    --model "$MODEL" --dataset "$DATASET" --batch-size "$BATCH_SIZE" --epochs "$EPOCHS"
                    --max-steps "$STEPS" --precision "$PRECISION" --threads "$THREADS"
-                   --checkpoint-every "$CHECKPOINT_EVERY" "${extra[@]}" "${user_args[@]}")
+                   --checkpoint-every "$CHECKPOINT_EVERY" --trace-steps "$TRACE_STEPS" "${extra[@]}" "${user_args[@]}")
 }
 
 save_settings() {

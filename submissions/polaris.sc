@@ -28,6 +28,7 @@
 #   PRECISION=bf16 REPEATS=1            `--precision`; runs per configuration, interleaved
 #   CHECKPOINT_EVERY=100                steps between checkpoints (and on the preemption signal)
 #   TRAIN_ARGS="--channels-last"        any other `harness train` flags, for every run
+#   TRACE_STEPS=10                      steps of each run whose per-rank timeline is recorded (notebook 03; 0: none)
 #   PROCS_PER_GPU=1                     K > 1: K ranks per GPU (AccDP) under NVIDIA MPS
 #   GPUS_PER_NODE=<nvidia-smi -L>       RANKS_PER_NODE=GPUS_PER_NODE x PROCS_PER_GPU
 #   CORES_PER_NODE=32 DEPTH=            cores per rank for --depth/--cpu-bind depth (default 32 / ranks per node)

@@ -264,6 +264,8 @@ def test_slurm_cpu_template_runs_the_study_into_one_job_directory(slurm, tmp_pat
     assert glob.glob(str(tmp_path / "*.out")) == []
     assert "study complete" in "".join(read_text(p) for p in glob.glob(os.path.join(job_dir, "*.out")))
     assert all(r["steps"] == 12 for r in records)
+    # Notebook 03 reads the job's directory and draws a per-rank timeline from its multi-rank runs.
+    assert all(r["timeline"]["per_rank"] for r in records if r["world_size"] > 1)
     print(f"\nsbatch slurm-cpu.sbatch: submission to figures and report in {elapsed:.0f} s (4 runs)")
 
 
