@@ -175,8 +175,11 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU visible: run this on a GPU node (make gpu-check)")
-    resnet50(args.precisions.split(","), args.batch, args.steps, args.repeats, args.workers)
-    ranks_per_gpu([int(k) for k in args.procs_per_gpu.split(",")], args.steps, args.repeats)
+    # An empty list skips that part, e.g. --procs-per-gpu "" for ResNet-50 alone.
+    resnet50([p for p in args.precisions.split(",") if p], args.batch, args.steps, args.repeats, args.workers)
+    procs = [int(k) for k in args.procs_per_gpu.split(",") if k]
+    if procs:
+        ranks_per_gpu(procs, args.steps, args.repeats)
 
 
 if __name__ == "__main__":

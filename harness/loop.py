@@ -158,7 +158,12 @@ class RunPlan:
         channels, size, _ = self.train_set.shape
         model = build_model(self.config.model, channels, size, self.train_set.num_classes, self.config.dropout)
         model = model.to(self.placement.device)
-        return model.to(memory_format=torch.channels_last) if self.config.channels_last else model
+        return model.to(memory_format=torch.channels_last) if self.channels_last_weights else model
+
+    @property
+    def channels_last_weights(self) -> bool:
+        """--channels-last also reorders the weights (else only the images): see Backend.channels_last_weights."""
+        return self.config.channels_last and self.placement.backend.channels_last_weights
 
 
 def plan_run(config: TrainConfig, placement: Placement) -> RunPlan:
@@ -530,7 +535,7 @@ def _finish(plan: RunPlan, state: RunState, started: float) -> Dict[str, Any]:
         "skipped_steps": backend.skipped_steps,
         **progress.evaluation,
         "math": backend.math_settings(config),
-        "tuning": {**backend.tuning(), "cpu_malloc": cpu_malloc},
+        "tuning": {**backend.tuning(), "cpu_malloc": cpu_malloc, "channels_last_weights": plan.channels_last_weights},
         "versions": {**library_versions(), **backend.versions()},
         "host": host_info(),
         **({"gpu": _gpu_facts(device, config)} if device.type == "cuda" else {}),

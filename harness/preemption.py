@@ -8,7 +8,9 @@ ranks sum their flags in an allreduce of a single number, so all of them stop af
 even when the signal reached only some ranks, or reached them during different steps. Then a
 checkpoint is written and the run exits with EXIT_PREEMPTED (3). The allreduce of a step's flags
 runs in the background during the next step and is read after it, so the check adds no round trip
-to a step (benchmarks/checkpoint.py measures it) and the ranks stop one step after the signal.
+to a step (benchmarks/checkpoint.py measures it) and the ranks stop one step after the signal. On
+a GPU the sum reaches the host through a side stream, so reading it waits for the step it
+followed, never for the step queued behind it: the GPU's queue never runs dry at the check.
 
 Peer failure. When a rank dies, the others find out in their next collective: at once when its
 sockets are closed (a killed process), after --timeout seconds when it stops answering (a lost node,
@@ -47,7 +49,7 @@ class PreemptionWatcher:
         self.received: Optional[int] = None
         self.test_signal = test_signal
         self._previous: Dict[int, object] = {}
-        self._vote: Optional[Callable[[], torch.Tensor]] = None  # the allreduce of the last step's flags
+        self._vote: Optional[_Vote] = None  # the allreduce of the last step's flags
 
     def install(self) -> None:
         """Handle the preemption signals from now on (main thread only: Python delivers them there)."""
@@ -77,21 +79,52 @@ class PreemptionWatcher:
         if self.test_signal is not None:
             self.test_signal.fire(step, rank)
         previous, self._vote = self._vote, None
-        if previous is not None and previous().item() > 0:
+        if previous is not None and previous.read() > 0:
             return True
-        self._vote = backend.start_all_reduce_sum(torch.tensor([0.0 if self.received is None else 1.0], device=device),
-                                                  name=VOTE_NAME)
+        # torch.full, not torch.tensor([...], device=...): a copy from the host would wait for the GPU.
+        flags = torch.full((1,), 0.0 if self.received is None else 1.0, device=device)
+        self._vote = _Vote(flags, backend.start_all_reduce_sum(flags, name=VOTE_NAME))
         return False
 
     def settle(self) -> None:
         """Wait for the vote in flight, so that no collective is left pending (end of training)."""
         if self._vote is not None:
-            self._vote()
+            self._vote.read()
             self._vote = None
 
     def signal_name(self) -> str:
         """The signal this rank received, or a note that another rank received it."""
         return signal.Signals(self.received).name if self.received else "a signal another rank received"
+
+
+class _Vote:
+    """One step's flags on their way through the allreduce to the host.
+
+    `.item()` on the sum would copy it on the compute stream, behind the next step's kernels, and
+    so wait for that step too: the host would then queue the step after it onto an idle GPU, every
+    step. The copy goes through a side stream instead, which waits for the flags and their
+    allreduce only.
+    """
+
+    def __init__(self, flags: torch.Tensor, wait: Callable[[], torch.Tensor]) -> None:
+        self.wait = wait
+        self.device = flags.device
+        self.written: Optional[torch.cuda.Event] = None
+        if flags.is_cuda:
+            self.written = torch.cuda.Event()
+            self.written.record(torch.cuda.current_stream(self.device))  # right after the flags were filled
+
+    def read(self) -> float:
+        """The sum of every rank's flags (waits for the allreduce, not for later work)."""
+        if self.written is None:
+            return self.wait().item()
+        side = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(side):
+            side.wait_event(self.written)
+            total = self.wait()  # a torch.distributed Work makes the current (side) stream wait for it
+            host = torch.empty(1, pin_memory=True).copy_(total, non_blocking=True)
+        side.synchronize()
+        return host.item()
 
 
 def ignore_preemption_signals(worker_id: int = 0) -> None:

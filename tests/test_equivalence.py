@@ -126,3 +126,12 @@ def test_gradient_accumulation_matches_one_large_batch(tmp_path, single_process,
     weights = _train(tmp_path, backend, OPTIMIZERS["sgd"] + ["--grad-accum", "2"], ranks=ranks,
                      batch=2 * LOCAL_BATCH // (2 * ranks))
     assert _difference(weights, single_process["sgd"]) <= UPDATE_BOUND
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend, backend_flags", DISTRIBUTED, ids=DISTRIBUTED_IDS)
+def test_channels_last_weights_match_single_process(tmp_path, single_process, backend, backend_flags):
+    # DeepSpeed broadcasts weights as raw bytes, which a channels-last weight cannot give (seen
+    # on a GPU first); every backend must train channels-last models as it trains plain ones.
+    weights = _train(tmp_path, backend, OPTIMIZERS["sgd"] + backend_flags + ["--channels-last"])
+    assert _difference(weights, single_process["sgd"]) <= UPDATE_BOUND

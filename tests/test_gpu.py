@@ -1,6 +1,7 @@
 """GPU paths: device placement, NCCL, the precision modes under every backend, several ranks on one
-GPU, the exact step breakdown. Marked `gpu`: deselected by default, run by `make gpu-check` on a
-node with an NVIDIA GPU (where a missing GPU is a failure, not a skip)."""
+GPU, stopping on a preemption signal, the exact step breakdown. Marked `gpu`: deselected by
+default, run by `make gpu-check` on a node with an NVIDIA GPU (where a missing GPU is a failure,
+not a skip)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import torch
 
 from harness.cluster import ClusterEnv, select_device
 from harness.errors import UsageError
+from harness.launch import launch_command
 
-from .conftest import launch
+from .conftest import launch, run
 
 pytestmark = pytest.mark.gpu
 BACKENDS = ["none", "ddp", "horovod", "deepspeed"]
@@ -55,6 +57,8 @@ def test_every_backend_trains_on_one_gpu_in_every_precision(tmp_path, backend, p
     gpu = record["gpu"]
     assert gpu["name"] == torch.cuda.get_device_name(0) and gpu["cuda"] == torch.version.cuda
     assert gpu["ranks_per_gpu"] == 1 and gpu["channels_last"] is True
+    # Horovod and DeepSpeed communicate contiguous weights only; their images still go channels-last.
+    assert record["tuning"]["channels_last_weights"] is (backend in ("none", "ddp"))
     assert record["peak_memory_bytes_per_rank"][0] > 0
     if backend in ("ddp", "deepspeed"):
         assert record["tuning"]["process_group"] == "nccl"
@@ -66,6 +70,17 @@ def test_two_ranks_share_one_gpu_through_gloo(tmp_path, backend):
                                             *(["--dropout", "0"] if backend == "ddp" else [])])
     assert record["world_size"] == 2 and record["gpu"]["ranks_per_gpu"] == 2
     assert record["tuning"]["process_group"] == "gloo"  # NCCL refuses two ranks on one GPU
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_signal_stops_every_backend_one_step_later_on_gpu(tmp_path, backend):
+    # The vote on the signal reaches the host through a side stream on GPUs (harness.preemption).
+    checkpoints = tmp_path / "checkpoints"
+    stopped = run(launch_command(1, backend, [*SHORT, "--checkpoint-dir", str(checkpoints)]), timeout=600,
+                  env={"HARNESS_TEST_SIGNAL": "TERM@5"})
+    assert stopped.returncode == 3, stopped.stderr[-3000:]
+    assert "after step 6 of 12" in stopped.stderr + stopped.stdout
+    assert (checkpoints / "step-00000006").is_dir()
 
 
 def test_profile_gives_an_exact_breakdown_on_gpu(tmp_path):

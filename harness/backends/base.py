@@ -55,6 +55,10 @@ class Backend(abc.ABC):
     options: ClassVar[Tuple[str, ...]] = ()
     # Fields whose value changes what this backend saves; resuming with another value is refused.
     resume_must_match: ClassVar[Tuple[str, ...]] = ()
+    # Whether --channels-last may store the weights channels-last too. A backend whose collectives
+    # need contiguous tensors keeps the weights contiguous and only the images go channels-last
+    # (cuDNN still computes channels-last when either operand is).
+    channels_last_weights: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.model: nn.Module

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 import torch
@@ -99,6 +100,9 @@ class DeepSpeedBackend(TorchDistributedBackend):
     checkpoint_format = "deepspeed"
     options = ("zero_stage",)
     resume_must_match = ("zero_stage",)  # ZeRO's files are partitioned by stage
+    # DeepSpeed 0.19 broadcasts each weight as raw bytes (p.data.view(torch.uint8)), which a
+    # channels-last 4-D weight cannot give, and ZeRO flattens weights into contiguous buffers.
+    channels_last_weights = False
 
     @classmethod
     def check_options(cls, config: "TrainConfig") -> None:
@@ -126,8 +130,12 @@ class DeepSpeedBackend(TorchDistributedBackend):
         import deepspeed
         import torch.distributed as dist
 
+        device = next(model.parameters()).device
+        # DeepSpeed moves the engine to GPU LOCAL_RANK unless told; with --procs-per-gpu K the
+        # rank's GPU is local_rank // K, where the loop has put the model already.
+        placement = SimpleNamespace(device_rank=device.index) if device.type == "cuda" else None
         engine, optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=make_optimizer(model.parameters()),
+            args=placement, model=model, optimizer=make_optimizer(model.parameters()),
             config=deepspeed_config(config, local_batch, dist.get_world_size()), dist_init_required=False)
         self.engine = self.model = engine
         self.optimizer = optimizer

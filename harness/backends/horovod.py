@@ -47,6 +47,9 @@ class HorovodBackend(Backend):
     local_launcher = "horovodrun"
     library = "horovod"
     install_hint = "run `make setup` (builds Horovod 0.28.1 against this torch) or load your site's module"
+    # Horovod refuses non-contiguous tensors ("Tensor is required to be contiguous") in its
+    # broadcast and in the gradient allreduce, and a channels-last weight's gradient is one.
+    channels_last_weights = False
     options = ("hvd_fusion_threshold_mb", "hvd_fp16_compression", "hvd_cycle_time_ms")
     resume_must_match = ("hvd_fp16_compression",)  # compressed gradients train other weights
 

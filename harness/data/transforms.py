@@ -40,7 +40,10 @@ class RandomCropFlip:
 
     def __call__(self, images: torch.Tensor, epoch: int, step: int) -> torch.Tensor:
         batch, channels, height, width = images.shape
-        draws = torch.from_numpy(self.draws(epoch, step)[:batch]).to(images.device)
+        draws = torch.from_numpy(self.draws(epoch, step)[:batch])
+        if images.is_cuda:  # from pinned memory the copy does not wait for the GPU's queue
+            draws = draws.pin_memory()
+        draws = draws.to(images.device, non_blocking=True)
         top, left, flip = draws[:, 0:1], draws[:, 1:2], draws[:, 2:3].bool()
         padded = F.pad(images, (self.padding,) * 4)
         rows = top + torch.arange(height, device=images.device)  # [batch, height] rows of the padded image
