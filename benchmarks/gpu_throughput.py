@@ -97,15 +97,16 @@ def _bare_in_subprocess(precision: str, batch: int, steps: int) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def resnet50(precisions: List[str], batch: int, steps: int, repeats: int, workers: int) -> None:
+def resnet50(precisions: List[str], batch: int, steps: int, repeats: int, workers: int,
+             backends: List[str]) -> None:
     for precision in precisions:
         flags = ["--model", "resnet50", "--dataset", "synthetic", "--batch-size", str(batch), "--precision",
                  precision, "--channels-last", "--max-steps", str(steps + 10), "--timing-warmup-steps", "10",
                  "--num-workers", str(workers), "--eval-every", "0", "--calibration-steps", "0", "--lr", "0.01"]
-        samples: Dict[str, List[float]] = {"bare loop": [], **{backend: [] for backend in BACKENDS}}
+        samples: Dict[str, List[float]] = {"bare loop": [], **{backend: [] for backend in backends}}
         for repeat in range(repeats):
             samples["bare loop"].append(_bare_in_subprocess(precision, batch, steps))
-            for backend in BACKENDS:
+            for backend in backends:
                 samples[backend].append(harness_run(backend, 1, flags))
             print(f"{precision} repeat {repeat + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in samples.items()),
                   flush=True)
@@ -172,11 +173,17 @@ def main() -> None:
     parser.add_argument("--precisions", default="bf16,fp16")
     parser.add_argument("--workers", type=int, default=6, help="harness loader workers per rank")
     parser.add_argument("--procs-per-gpu", default="1,2,4")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="harness backends to compare with the bare loop")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU visible: run this on a GPU node (make gpu-check)")
     # An empty list skips that part, e.g. --procs-per-gpu "" for ResNet-50 alone.
-    resnet50([p for p in args.precisions.split(",") if p], args.batch, args.steps, args.repeats, args.workers)
+    backends = [b for b in args.backends.split(",") if b]
+    unknown = sorted(set(backends) - set(BACKENDS))
+    if unknown:
+        raise SystemExit(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
+    resnet50([p for p in args.precisions.split(",") if p], args.batch, args.steps, args.repeats, args.workers,
+             backends)
     procs = [int(k) for k in args.procs_per_gpu.split(",") if k]
     if procs:
         ranks_per_gpu(procs, args.steps, args.repeats)

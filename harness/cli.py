@@ -269,11 +269,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_PEER_FAILURE
 
 
+class _CurrentStdoutHandler(logging.StreamHandler):
+    """A handler that writes to whatever `sys.stdout` is when a line is logged.
+
+    Jupyter kernels and pytest swap `sys.stdout` per cell or per test; a handler bound to the stream
+    of the first call would write into a closed one afterwards ("I/O operation on closed file").
+    """
+
+    def __init__(self) -> None:
+        super().__init__(sys.stdout)
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:  # logging.StreamHandler assigns it; the current stdout wins
+        pass
+
+
 def show_progress() -> None:
     """Print the harness's own progress lines (logger "harness", INFO) on stdout, as a command does."""
     logger = logging.getLogger("harness")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stdout)
+        handler = _CurrentStdoutHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)

@@ -24,9 +24,9 @@ SCRIPT = os.path.join(REPO, "tests", "repeat_runs.py")
 COMMON = dict(model="cnn", dataset="digits", dropout=0.0, seed=0, lr=0.05, lr_scaling="none", max_steps=10,
               threads=1, eval_every=0, calibration_steps=0, timing_warmup_steps=1)
 # Every backend's knobs as a first run in a fresh process applies them.
-FIRST_RUN_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "process_group": "gloo"},
+FIRST_RUN_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "process_group": "gloo"},
                     "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False},
-                    "deepspeed": {"zero_stage": 0, "process_group": "gloo"}}
+                    "deepspeed": {"zero_stage": 0, "process_group": "gloo", "throughput_timer": False}}
 
 
 def _max_difference(first: dict, second: dict) -> float:
@@ -53,7 +53,8 @@ def test_ddp_horovod_deepspeed_ddp_in_the_same_two_mpi_processes(tmp_path):
             weights = torch.load(entry["weights"], weights_only=True)
             assert _update_difference(weights, reference) <= UPDATE_BOUND, entry
         for entry in seen[:4]:
-            assert entry["tuning"] == {**FIRST_RUN_TUNING[entry["backend"]], "cpu_malloc": "reuse"}, entry
+            assert entry["tuning"] == {**FIRST_RUN_TUNING[entry["backend"]], "cpu_malloc": "reuse",
+                                         "channels_last_weights": False}, entry
             assert entry["left_behind"] == [], entry
             assert entry["train_function"].startswith("<function train")
         assert all(entry["kept"] for entry in seen[4:]), seen[4:]

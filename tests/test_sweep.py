@@ -17,8 +17,8 @@ from .conftest import harness
 BACKENDS = ["ddp", "horovod", "deepspeed"]
 # Each framework's speed knobs as the sweep below applies them (defaults; Horovod's cycle is the
 # harness's CPU default, not Horovod's 1 ms).
-DEFAULT_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "process_group": "gloo"},
-                  "deepspeed": {"zero_stage": 0, "process_group": "gloo"},
+DEFAULT_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "process_group": "gloo"},
+                  "deepspeed": {"zero_stage": 0, "process_group": "gloo", "throughput_timer": False},
                   "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False}}
 
 
@@ -134,7 +134,8 @@ def test_sweep_records_are_complete(swept):
         assert record["local_batch"] == 16 and record["global_batch"] == 16 * record["world_size"]
         assert record["timed_steps"] == 7 and record["throughput"] > 0
         assert 0 < record["au"] <= 1
-        assert record["tuning"] == {**DEFAULT_TUNING[record["backend"]], "cpu_malloc": "reuse"}
+        assert record["tuning"] == {**DEFAULT_TUNING[record["backend"]], "cpu_malloc": "reuse",
+                                      "channels_last_weights": False}
         for metric in ("load_balance", "communication_efficiency", "parallel_efficiency"):
             assert 0 < record[metric] <= 1, (record["backend"], metric, record[metric])
         breakdown = record["step_breakdown"]

@@ -66,4 +66,5 @@ fi
 if [ "$SKIP_HOROVOD" != 1 ]; then
   "$VENV/bin/horovodrun" --check-build | sed 's/^/[setup] /'
 fi
-say "ready: $("$PY" -c 'import torch, deepspeed; print("torch", torch.__version__, "| deepspeed", deepspeed.__version__)' 2>/dev/null)"
+# (DeepSpeed logs its accelerator choice on stdout at import: keep the last line, ours.)
+say "ready: $("$PY" -c 'import torch, deepspeed; print("torch", torch.__version__, "| deepspeed", deepspeed.__version__)' 2>/dev/null | tail -n 1)"

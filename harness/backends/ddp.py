@@ -38,9 +38,12 @@ class DDPBackend(TorchDistributedBackend):
         # renamed the switch; the initial broadcast it keeps is harmless, every rank starts equal.)
         no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_PARAMETERS
                           else {"broadcast_buffers": False})
+        # Gradients as views into DDP's allreduce buckets: the same values, without a copy of every
+        # gradient into its bucket and back after each allreduce (two small kernels per parameter
+        # per step, 322 for ResNet-50), and one gradient-sized buffer less.
         self.model = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=self.bucket_cap_mb, **no_buffer_sync)
+            bucket_cap_mb=self.bucket_cap_mb, gradient_as_bucket_view=True, **no_buffer_sync)
         self.optimizer = make_optimizer(self.model.parameters())
         self._local_setup(config)
         return self.model, self.optimizer
@@ -50,7 +53,7 @@ class DDPBackend(TorchDistributedBackend):
         return super().no_sync(sync) if sync else self.model.no_sync()
 
     def tuning(self) -> Dict[str, Any]:
-        return {"bucket_cap_mb": self.bucket_cap_mb, "process_group": self.group_backend}
+        return {"bucket_cap_mb": self.bucket_cap_mb, "gradient_as_bucket_view": True, "process_group": self.group_backend}
 
     def module(self) -> nn.Module:
         return self.model.module
