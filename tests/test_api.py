@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 
 import pytest
 import torch
 
 from harness import Callback, TrainConfig, UsageError, train
+from harness.cli import show_progress
 from harness.models import build_model
 
 RECORD_FIELDS = {"backend", "world_size", "local_batch", "global_batch", "model", "dataset", "steps", "epochs",
@@ -174,3 +178,18 @@ def test_sweep_report_and_figures_from_python(tmp_path):
 def test_new_settings_are_checked_before_anything_runs(config, message):
     with pytest.raises(UsageError, match=message):
         train(config)
+
+
+def test_progress_lines_go_to_the_stdout_of_the_moment(monkeypatch):
+    """Jupyter and pytest swap sys.stdout per cell or test: progress goes to the current one, never
+    to a stream closed since the first run ("Logging error: I/O operation on closed file")."""
+    logger = logging.getLogger("harness")
+    monkeypatch.setattr(logger, "handlers", [])
+    first, second = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(first):
+        show_progress()
+        logger.info("first cell")
+    first.close()
+    with contextlib.redirect_stdout(second):
+        logger.info("second cell")
+    assert second.getvalue() == "second cell\n"

@@ -19,6 +19,9 @@ def test_the_demo_prints_progress_and_a_table_and_keeps_framework_logging_in_log
     rows = [line for line in out.splitlines() if re.match(r"^\|\s+(none|ddp|horovod|deepspeed) \|", line)]
     assert [row.split("|")[1].strip() for row in rows] == ["none", "ddp", "horovod", "deepspeed"]
     assert out.count("   epoch 1/1 | train loss") == 4  # rank 0's progress line of every run, once
+    for backend, launcher in (("none", "python"), ("ddp", "torchrun"), ("horovod", "horovodrun"),
+                              ("deepspeed", "deepspeed")):
+        assert f"== {backend} on {1 if backend == 'none' else 2} process(es) ({launcher} launcher" in out
     # Launcher prefixes and DeepSpeed's INFO logging stay in the per-run logs.
     assert "<stdout>" not in out and "[INFO]" not in out and "[WARNING]" not in out
     logs = sorted(path.name for path in (tmp_path / "demo").iterdir())  # runs/<stamp>/ beside the results
