@@ -1,9 +1,11 @@
 """Several trainings in the same two processes, as a notebook's MPI engines run them.
 
 Run as `mpirun -np 2 python tests/repeat_runs.py OUT_DIR` (tests/test_repeat_runs.py does). Each
-rank trains ddp -> horovod -> deepspeed -> ddp, then ddp in a process group it made itself and
-horovod after its own hvd.init(), and writes OUT_DIR/rank<R>.json with what it saw after each run:
-the record's launcher and tuning, whether the process state was as before, and the weights' file.
+rank trains ddp -> horovod -> deepspeed -> ddp -> deepspeed; then ddp and deepspeed in a process
+group it made itself, deepspeed again in a second group of its own (DeepSpeed caches the groups it
+makes: a stale one breaks the next run), and horovod after its own hvd.init(). It writes
+OUT_DIR/rank<R>.json with what it saw after each run: the record's launcher and tuning, whether the
+process state was as before, and the weights' file.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import torch.distributed as dist
 
 import harness
 
-SEQUENCE = tuple(os.environ.get("REPEAT_SEQUENCE", "ddp,horovod,deepspeed,ddp").split(","))
+SEQUENCE = tuple(os.environ.get("REPEAT_SEQUENCE", "ddp,horovod,deepspeed,ddp,deepspeed").split(","))
+# Runs in process groups the script makes itself, one group per tuple.
+OWN_GROUP_SEQUENCES = (("ddp", "deepspeed"), ("deepspeed",))
 # Every run must end with the weights of one process on the doubled batch (harness.equivalence).
 COMMON = dict(model="cnn", dataset="digits", dropout=0.0, seed=0, lr=0.05, lr_scaling="none", batch_size=16,
               max_steps=10, threads=1, eval_every=0, calibration_steps=0, timing_warmup_steps=1)
@@ -48,16 +52,18 @@ def main(out: str) -> None:
                      "left_behind": changes(before, process_state()), "weights": path,
                      "train_function": repr(harness.train)})
 
-    # A process group the caller made is used and left as it was. (On a port of its own: torch keeps
+    # A process group the caller made is used and left as it was. (On ports of their own: torch keeps
     # a store listening on the ports of groups DDP used, see harness/backends/torch_distributed.py.)
-    port = int(os.environ["MASTER_PORT"]) + 100  # mpirun passes MASTER_PORT (harness.launch)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=MPI.COMM_WORLD.Get_size())
-    path = os.path.join(out, "own-group-ddp.pt")
-    record = harness.train(harness.TrainConfig(backend="ddp", save_model=path, **COMMON))
-    seen.append({"backend": "ddp", "launcher": record["launcher"], "weights": path,
-                 "kept": dist.is_initialized() and dist.get_world_size() == 2})
-    dist.destroy_process_group()
+    for number, backends in enumerate(OWN_GROUP_SEQUENCES):
+        port = int(os.environ["MASTER_PORT"]) + 100 + number  # mpirun passes MASTER_PORT (harness.launch)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=MPI.COMM_WORLD.Get_size())
+        for backend in backends:
+            path = os.path.join(out, f"own-group-{number}-{backend}.pt")
+            record = harness.train(harness.TrainConfig(backend=backend, save_model=path, **COMMON))
+            seen.append({"backend": backend, "launcher": record["launcher"], "weights": path,
+                         "kept": dist.is_initialized() and dist.get_world_size() == 2})
+        dist.destroy_process_group()
 
     # Horovod that the caller initialised is used and left initialised.
     import horovod.torch as hvd

@@ -6,10 +6,12 @@ import importlib
 import os
 import pickle
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed import distributed_c10d
 
 from ..cluster import ClusterEnv
 from ..errors import UsageError, first_line
@@ -68,6 +70,15 @@ def check_loss_scaler(scaler: Optional["torch.amp.GradScaler"]) -> None:
     if settings != LOSS_SCALE:
         raise UsageError(f"DeepSpeed's fp16 loss scaler uses {settings}, the other backends {LOSS_SCALE}; "
                          "the frameworks would not compare fairly: use --precision bf16 or fp32")
+
+
+def process_groups() -> FrozenSet[Any]:
+    """Every process group torch knows in this process, the world group included.
+
+    torch keeps its registry private: `distributed_c10d._world.pg_map` (torch 1.13 to 2.15 at least).
+    tests/test_repeat_runs.py runs DeepSpeed repeatedly in one process and fails if this breaks.
+    """
+    return frozenset(distributed_c10d._world.pg_map)
 
 
 def _no_shm_allreduce() -> None:
@@ -129,11 +140,11 @@ class DeepSpeedBackend(TorchDistributedBackend):
             self._set_attributes(comm_torch, build_shm_op=_no_shm_allreduce)
         super().init(cluster, device, config)
         self.zero_stage = config.zero_stage
+        self._groups_before_run = process_groups()
 
     def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: "TrainConfig",
              local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
         import deepspeed
-        import torch.distributed as dist
 
         device = next(model.parameters()).device
         # DeepSpeed moves the engine to GPU LOCAL_RANK unless told; with --procs-per-gpu K the
@@ -216,3 +227,29 @@ class DeepSpeedBackend(TorchDistributedBackend):
         import deepspeed
 
         return {"deepspeed": deepspeed.__version__}
+
+    def shutdown(self) -> None:
+        self._release_deepspeed_groups()
+        super().shutdown()
+
+    def _release_deepspeed_groups(self) -> None:
+        """Destroy the process groups DeepSpeed made during the run, and its references to them.
+
+        DeepSpeed clones the world group (and ZeRO makes groups of its own) and keeps them in
+        module-level caches for the life of the process. A second run in the same process (a
+        notebook's engines) would find the clone of a group destroyed since, and fail in
+        deepspeed.initialize with "Group ... is not registered"; in a group the caller owns, the
+        clones would stay behind. deepspeed.comm.destroy_process_group releases DeepSpeed's
+        references to the group it destroys.
+        """
+        before = getattr(self, "_groups_before_run", None)
+        if before is None or not dist.is_initialized():
+            return
+        made = [group for group in process_groups() if group not in before]
+        if not made:
+            return
+        comm = importlib.import_module("deepspeed.comm.comm")
+        destroy = comm.destroy_process_group if comm.cdb is not None else dist.destroy_process_group
+        for group in made:
+            destroy(group)
+
