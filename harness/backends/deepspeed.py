@@ -252,4 +252,3 @@ class DeepSpeedBackend(TorchDistributedBackend):
         destroy = comm.destroy_process_group if comm.cdb is not None else dist.destroy_process_group
         for group in made:
             destroy(group)
-
