@@ -38,6 +38,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from harness.errors import unknown_choice  # noqa: E402
 from harness.launch import launch_command, launch_environment  # noqa: E402
 from harness.precision import Precision  # noqa: E402
 
@@ -175,13 +176,13 @@ def main() -> None:
     parser.add_argument("--procs-per-gpu", default="1,2,4")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="harness backends to compare with the bare loop")
     args = parser.parse_args()
+    backends = [b for b in args.backends.split(",") if b]
+    for backend in backends:
+        if backend not in BACKENDS:
+            parser.error(str(unknown_choice("backend", backend, BACKENDS)))
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU visible: run this on a GPU node (make gpu-check)")
     # An empty list skips that part, e.g. --procs-per-gpu "" for ResNet-50 alone.
-    backends = [b for b in args.backends.split(",") if b]
-    unknown = sorted(set(backends) - set(BACKENDS))
-    if unknown:
-        raise SystemExit(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
     resnet50([p for p in args.precisions.split(",") if p], args.batch, args.steps, args.repeats, args.workers,
              backends)
     procs = [int(k) for k in args.procs_per_gpu.split(",") if k]

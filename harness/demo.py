@@ -82,7 +82,7 @@ def run_demo(results: Optional[str] = None, epochs: int = 3, verbose: bool = Fal
             continue
         command = launch_command(ranks, backend, [*DEMO_FLAGS, "--epochs", str(epochs), "--results", results])
         log_path = os.path.join(log_dir, f"{backend}.log")
-        print(f"== {backend} on {ranks} process(es) ({get_backend(backend).local_launcher} launcher"
+        print(f"== {backend} on {ranks} process(es) ({BACKENDS[backend].local_launcher} launcher"
               f"{'' if verbose else f'; full output in {log_path}'})", flush=True)
         started = time.monotonic()
         if verbose:

@@ -39,7 +39,7 @@ def _update_difference(weights: dict, reference: dict) -> float:
 
 
 @pytest.mark.slow
-def test_ddp_horovod_deepspeed_ddp_in_the_same_two_mpi_processes(tmp_path):
+def test_backends_one_after_another_in_the_same_two_mpi_processes(tmp_path):
     result = run(launcher_command("mpirun", 2, [SCRIPT, str(tmp_path)]), timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     reference_path = tmp_path / "reference.pt"
