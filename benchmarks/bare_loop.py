@@ -4,7 +4,7 @@ Same CNN, synthetic uint8 batches normalised the same way, SGD, batch 64 per pro
 between barriers after the same number of warmup steps as the harness. Prints one JSON line:
 {"throughput": samples/s over all processes}. Run under torchrun for the DDP variant, and with
 --horovod under horovodrun or mpirun for the textbook Horovod loop (DistributedOptimizer).
---cpu-malloc reuse applies the harness's CPU memory setting (harness/allocator.py), so the loops
+--cpu-malloc reuse applies the harness's CPU memory setting (harness/process/allocator.py), so the loops
 themselves can be compared with the allocator held equal.
 """
 
@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from harness.allocator import CPU_MALLOC_MODES, reuse_freed_memory
-from harness.models import WorkshopCNN
+from harness.process.allocator import CPU_MALLOC_MODES, reuse_freed_memory
+from harness.training.models import WorkshopCNN
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Reliability figures (issue: checkpoint, preemption, failing ranks), measured in one run.
 
 1. One checkpoint of ResNet-18 (11.7 M parameters, 1000 classes, SGD momentum state) through
-   harness.checkpoint on the single-process backend: bytes on disk; seconds to write it (torch.save
+   harness.training.checkpoint on the single-process backend: bytes on disk; seconds to write it (torch.save
    into the partial directory, fsync, sha256 of every file for the manifest, rename), to verify it
    (sha256 again, as --resume does) and to load it. Medians of --repeats.
 2. The per-step preemption check (one allreduce of one number, overlapped with the next step) next
@@ -35,13 +35,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from harness.backends import get_backend  # noqa: E402
-from harness.checkpoint import Checkpointer, Progress, RunLayout, restore, verify_checkpoint  # noqa: E402
-from harness.cluster import ClusterEnv, detect_cluster  # noqa: E402
+from harness.training.checkpoint import Checkpointer, Progress, RunLayout, restore, verify_checkpoint  # noqa: E402
+from harness.process.discovery import ClusterEnv, detect_cluster  # noqa: E402
 from harness.config import TrainConfig  # noqa: E402
-from harness.launch import launch_command, launch_environment, launcher_command  # noqa: E402
-from harness.models import build_model  # noqa: E402
-from harness.preemption import PreemptionWatcher  # noqa: E402
-from harness.loop import make_optimizer_factory  # noqa: E402
+from harness.process.launchers import launch_environment, launcher_command  # noqa: E402
+from harness.training.launch import launch_command  # noqa: E402
+from harness.training.models import build_model  # noqa: E402
+from harness.process.preemption import PreemptionWatcher  # noqa: E402
+from harness.training.loop import make_optimizer_factory  # noqa: E402
 
 TIMEOUT_S = 20
 FAILURE_ARGS = ["--model", "cnn", "--dataset", "digits", "--batch-size", "64", "--epochs", "20", "--threads", "1",

@@ -24,7 +24,9 @@ from typing import Dict, List
 
 import numpy as np
 
-from harness.launch import launch_command, launch_environment
+from harness.process.launchers import launch_environment
+
+from harness.training.launch import launch_command
 
 TRAIN_IMAGES, TEST_IMAGES = 60_000, 10_000
 

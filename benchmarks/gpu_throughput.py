@@ -39,8 +39,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from harness.errors import unknown_choice  # noqa: E402
-from harness.launch import launch_command, launch_environment  # noqa: E402
-from harness.precision import Precision  # noqa: E402
+from harness.process.launchers import launch_environment  # noqa: E402
+from harness.training.launch import launch_command  # noqa: E402
+from harness.backends.precision import Precision  # noqa: E402
 
 BACKENDS = ("none", "ddp", "horovod", "deepspeed")
 GOAL = 0.97

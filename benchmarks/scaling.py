@@ -21,9 +21,9 @@ import sys
 import tempfile
 from typing import Dict, List
 
-from harness.launch import launch_environment
-from harness.report import scaling_report, scaling_rows
-from harness.results import read_records
+from harness.process.launchers import launch_environment
+from harness.study.report import scaling_report, scaling_rows
+from harness.training.record import read_records
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

@@ -6,7 +6,7 @@
    synchronize spins and its 1 ms cycle wakes the background thread, both costly when ranks fill
    the cores, which the harness's backend avoids (harness/backends/horovod.py).
 
-The harness keeps freed CPU memory for the next step (--cpu-malloc reuse, harness/allocator.py);
+The harness keeps freed CPU memory for the next step (--cpu-malloc reuse, harness/process/allocator.py);
 a bare loop as users write it runs on glibc's defaults, which return it to the kernel every step.
 Each bare loop therefore runs both ways: "as written" is the goal's reference, "reuse" holds the
 allocator equal and isolates the loop's own overhead.
@@ -27,7 +27,9 @@ import sys
 import tempfile
 from typing import Dict, List
 
-from harness.launch import launch_command, launch_environment, launcher_command
+from harness.process.launchers import launch_environment, launcher_command
+
+from harness.training.launch import launch_command
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYSTEM, REUSE = "system", "reuse"

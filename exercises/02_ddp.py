@@ -11,6 +11,7 @@
 # `diff solutions/01_serial.py solutions/02_ddp.py` shows what data parallelism adds.
 
 # %%
+import gc
 import os
 
 import torch
@@ -93,4 +94,7 @@ for epoch in range(args.epochs):
 
 # TODO 8: save the weights once, from rank 0, and leave the process group
 # Every rank holds the same weights; model.module is the model inside DDP.
+# Then leave: DDP holds on to the process group, so free it first (del model; gc.collect(),
+# it sits in reference cycles), else the group's threads outlive Python and the process can
+# abort at exit ("terminate called without an active exception"); then dist.destroy_process_group().
 workshop.todo(8, "save the weights once, from rank 0, and leave the process group")

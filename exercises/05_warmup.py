@@ -11,6 +11,7 @@
 # `diff solutions/02_ddp.py solutions/05_warmup.py` shows what warmup adds.
 
 # %%
+import gc
 import os
 
 import torch
@@ -107,6 +108,11 @@ for epoch in range(args.epochs):
 
 # Save the weights once, from rank 0, and leave the process group
 # Every rank holds the same weights; model.module is the model inside DDP.
+# Then leave: DDP holds on to the process group, so free it first (del model; gc.collect(),
+# it sits in reference cycles), else the group's threads outlive Python and the process can
+# abort at exit ("terminate called without an active exception"); then dist.destroy_process_group().
 if rank == 0:
     torch.save(model.module.state_dict(), args.save)
+del model
+gc.collect()
 dist.destroy_process_group()

@@ -11,70 +11,70 @@ Python API (what notebooks, exercises and job templates use; every CLI command h
     harness.check_script("exercises/02_ddp.py")                                # harness check
 
 `train` runs on the rank of whatever launcher started the process, and can be called again and
-again in one process (see harness.loop). The names here are functions and classes that stay what
+again in one process (see harness.training.loop). The names here are functions and classes that stay what
 they are: no submodule shares a name with them.
 """
 
 from .version import __version__  # noqa: E402
 
-from .callbacks import Callback, EpochEnd, StepEnd  # noqa: E402
+from .training.callbacks import Callback, EpochEnd, StepEnd  # noqa: E402
 from .config import TrainConfig  # noqa: E402
 from .errors import PeerFailure, Preempted, UsageError  # noqa: E402
 
 
 def train(config: TrainConfig, callbacks=()) -> dict:
-    """Train one run on this process's rank and return its results record (see harness.loop.train)."""
-    from .loop import train as run
+    """Train one run on this process's rank and return its results record (see harness.training.loop.train)."""
+    from .training.loop import train as run
 
     return run(config, callbacks=callbacks)
 
 
 def run_sweep(settings):
-    """Run a scaling study; returns a SweepResult with its records (see harness.sweep.run_sweep)."""
-    from .sweep import run_sweep as run
+    """Run a scaling study; returns a SweepResult with its records (see harness.study.sweep.run_sweep)."""
+    from .study.sweep import run_sweep as run
 
     return run(settings)
 
 
 def scaling_report(records) -> str:
-    """The Markdown table of a scaling study's records (see harness.report.scaling_report)."""
-    from .report import scaling_report as report
+    """The Markdown table of a scaling study's records (see harness.study.report.scaling_report)."""
+    from .study.report import scaling_report as report
 
     return report(records)
 
 
 def scaling_figures(records) -> dict:
-    """matplotlib Figures of a scaling study's records (see harness.plot.scaling_figures)."""
-    from .plot import scaling_figures as figures
+    """matplotlib Figures of a scaling study's records (see harness.study.plot.scaling_figures)."""
+    from .study.plot import scaling_figures as figures
 
     return figures(records)
 
 
 def evaluate_model_file(config: TrainConfig, model_file: str) -> dict:
-    """Score a saved model over the launching job's ranks (see harness.evaluate.evaluate_model_file)."""
-    from .evaluate import evaluate_model_file as evaluate
+    """Score a saved model over the launching job's ranks (see harness.training.evaluate.evaluate_model_file)."""
+    from .training.evaluate import evaluate_model_file as evaluate
 
     return evaluate(config, model_file)
 
 
 def check_script(path: str, ranks: int = 2):
-    """Run an exercise's script at `ranks` ranks and judge it (see harness.checker.check_script)."""
-    from .checker import check_script as check
+    """Run an exercise's script at `ranks` ranks and judge it (see harness.workshop.checker.check_script)."""
+    from .workshop.checker import check_script as check
 
     return check(path, ranks=ranks)
 
 
 def read_results(paths) -> list:
-    """The records of JSONL results files, or of a job directory's results.jsonl (see harness.results.read_results)."""
-    from .results import read_results as read
+    """The records of JSONL results files, or of a job directory's results.jsonl (see harness.training.record.read_results)."""
+    from .training.record import read_results as read
 
     return read([paths] if isinstance(paths, str) else paths)
 
 
 def __getattr__(name: str):
-    # SweepSettings and SweepResult live in harness.sweep, which imports torch: load it on first use.
+    # SweepSettings and SweepResult live in harness.study.sweep, which imports torch: load it on first use.
     if name in ("SweepSettings", "SweepResult"):
-        from . import sweep
+        from .study import sweep
 
         return getattr(sweep, name)
     raise AttributeError(f"module 'harness' has no attribute {name!r}")

@@ -17,17 +17,17 @@ from .errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, PeerFailure, 
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .loop import train
+    from .training.loop import train
 
     train(config_from_args(args))
     return 0
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from .launch import run_launch
+    from .training.launch import run_launch
     from .backends import get_backend
 
-    from .loop import check_config
+    from .training.loop import check_config
 
     train_args = list(args.train_args)
     if train_args and train_args[0] == "--":
@@ -46,7 +46,7 @@ def _launch(args: argparse.Namespace) -> int:
 def _env(args: argparse.Namespace) -> int:
     import dataclasses as dc
 
-    from .cluster import default_threads, detect_cluster
+    from .process.discovery import default_threads, detect_cluster
 
     cluster = detect_cluster()
     print(json.dumps({**dc.asdict(cluster), "default_threads": default_threads(cluster)}, sort_keys=True), flush=True)
@@ -54,13 +54,13 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .workshop.demo import run_demo
 
     return run_demo(args.results, args.epochs, verbose=args.verbose)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .evaluate import evaluate_model_file
+    from .training.evaluate import evaluate_model_file
 
     record = evaluate_model_file(config_from_args(args), args.model_file)
     if record["rank"] == 0:
@@ -85,8 +85,8 @@ def _data_prepare(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from .report import scaling_report
-    from .sweep import SweepSettings, parse_list, parse_ranks, run_sweep
+    from .study.report import scaling_report
+    from .study.sweep import SweepSettings, parse_list, parse_ranks, run_sweep
 
     settings = SweepSettings(
         backends=parse_list(args.backends, "backends"), ranks=parse_ranks(args.ranks), scaling=args.scaling,
@@ -108,8 +108,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from .plot import write_figures
-    from .results import read_results
+    from .study.plot import write_figures
+    from .training.record import read_results
 
     for path in write_figures(read_results(args.results), args.output):
         print(path)
@@ -117,15 +117,15 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import scaling_report
-    from .results import read_results
+    from .study.report import scaling_report
+    from .training.record import read_results
 
     print(scaling_report(read_results(args.results)))
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .checker import check_command
+    from .workshop.checker import check_command
 
     return check_command(args.file, ranks=args.ranks, timeout=args.timeout)
 

@@ -3,7 +3,7 @@
 Each field's metadata holds its help text; `harness train`'s flags are generated from it here, so
 the CLI and the Python API cannot drift apart, and `help(TrainConfig)` lists every field. This is a
 leaf module: it checks fields one by one (`validate`); what needs the registries (backend, model and
-dataset names, each backend's own options, checkpoints) is checked by `harness.loop.check_config`.
+dataset names, each backend's own options, checkpoints) is checked by `harness.training.loop.check_config`.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence
 
-from .allocator import CPU_MALLOC_MODES
+from .process.allocator import CPU_MALLOC_MODES
 from .errors import EXIT_USAGE, UsageError, unknown_choice
-from .lr import SCALING_RULES, SCHEDULES
+from .training.lr import SCALING_RULES, SCHEDULES
 
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 # fp32: plain float32. bf16 / fp16: torch.autocast around forward and loss with float32 weights and
-# optimizer state; fp16 adds dynamic loss scaling (harness.precision).
+# optimizer state; fp16 adds dynamic loss scaling (harness.backends.precision).
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -93,7 +93,7 @@ class TrainConfig:
     save_model: Optional[str] = _opt(None, "rank 0 writes the final model state_dict here")
     timeout: float = _opt(120.0, "seconds a collective may wait for a peer before the job fails")
     checkpoint_dir: Optional[str] = _opt(None, "write checkpoints here: at every epoch end, every --checkpoint-every "
-                                               "steps and on SIGTERM/SIGUSR1 (see harness/checkpoint.py)")
+                                               "steps and on SIGTERM/SIGUSR1 (see harness/training/checkpoint.py)")
     checkpoint_every: int = _opt(0, "also checkpoint every N optimizer steps (0 = at epoch ends only)")
     keep_checkpoints: int = _opt(3, "how many of the newest checkpoints --checkpoint-dir keeps")
     resume: Optional[str] = _opt(None, "auto: continue from the newest valid checkpoint in --checkpoint-dir (start "
@@ -109,7 +109,7 @@ class TrainConfig:
                                               type=float)
     zero_stage: int = _opt(0, "deepspeed: ZeRO stage 0-3")
     cpu_malloc: str = _opt("reuse", "CPU runs: reuse (keep freed memory for the next step instead of returning "
-                                    "it to the kernel; see harness/allocator.py) or system (glibc's defaults)")
+                                    "it to the kernel; see harness/process/allocator.py) or system (glibc's defaults)")
 
     def validate(self) -> None:
         """Raise UsageError for a field whose value is malformed on its own (ranges, fixed choices)."""

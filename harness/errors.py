@@ -20,7 +20,7 @@ class UsageError(Exception):
 class Preempted(Exception):
     """A preemption signal stopped the run after its checkpoint was written; exit status 3.
 
-    Resubmitting the job with `--resume auto` continues it (see harness.preemption).
+    Resubmitting the job with `--resume auto` continues it (see harness.process.preemption).
     """
 
     def __init__(self, message: str, is_main: bool) -> None:

@@ -11,6 +11,7 @@
 # `diff solutions/01_serial.py solutions/02_ddp.py` shows what data parallelism adds.
 
 # %%
+import gc
 import os
 
 import torch
@@ -108,7 +109,12 @@ for epoch in range(args.epochs):
 
 # TODO(save): save the weights once, from rank 0, and leave the process group
 # Every rank holds the same weights; model.module is the model inside DDP.
+# Then leave: DDP holds on to the process group, so free it first (del model; gc.collect(),
+# it sits in reference cycles), else the group's threads outlive Python and the process can
+# abort at exit ("terminate called without an active exception"); then dist.destroy_process_group().
 if rank == 0:
     torch.save(model.module.state_dict(), args.save)
+del model
+gc.collect()
 dist.destroy_process_group()
 # END TODO

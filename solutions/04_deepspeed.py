@@ -12,6 +12,7 @@
 # `diff solutions/02_ddp.py solutions/04_deepspeed.py` shows what changes from DDP.
 
 # %%
+import gc
 import os
 
 import deepspeed
@@ -122,7 +123,12 @@ for epoch in range(args.epochs):
 # TODO(save): save the weights once, from rank 0, and leave the process group
 # Every rank holds the same weights; engine.module is the model inside the engine. (With ZeRO
 # stages 1-3, engine.save_checkpoint writes each rank's partition, from every rank.)
+# Then leave: the engine holds on to the process group, so free it first (del engine; gc.collect(),
+# it sits in reference cycles), else the group's threads outlive Python and the process can
+# abort at exit ("terminate called without an active exception"); then dist.destroy_process_group().
 if rank == 0:
     torch.save(engine.module.state_dict(), args.save)
+del engine
+gc.collect()
 dist.destroy_process_group()
 # END TODO

@@ -11,7 +11,9 @@ from typing import Dict, List, NamedTuple, Optional
 
 import torch
 
-from harness.launch import launch_command, launch_environment
+from harness.process.launchers import launch_environment
+
+from harness.training.launch import launch_command
 
 from .conftest import REPO, run
 

@@ -9,7 +9,9 @@ from typing import Dict, List, Optional, Sequence
 
 import pytest
 
-from harness.launch import launch_command, launch_environment
+from harness.process.launchers import launch_environment
+
+from harness.training.launch import launch_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH_TIMEOUT_S = 300
@@ -38,7 +40,7 @@ def launch(ranks: int, backend: str, train_args: List[str], launcher: Optional[s
 @pytest.fixture(autouse=True)
 def _no_stray_launcher_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     # Tests run under plain pytest; a launcher's variables leaking in (e.g. from an sbatch shell)
-    # would change what harness.cluster discovers.
+    # would change what harness.process.discovery discovers.
     for name in list(os.environ):
         if name.startswith(("OMPI_COMM_WORLD", "PMI_", "PALS_", "SLURM_", "HOROVOD_", "PBS_")) or name in (
                 "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):

@@ -9,7 +9,7 @@ def record(backend: str, workers: int, throughput: float, *, scaling: str = "wea
            useful: Optional[Sequence[float]] = None, runtime: float = 1.0, au: float = 0.95,
            repeat: int = 0, model: str = "cnn", dataset: str = "synthetic") -> Dict[str, Any]:
     """One run's record; POP metrics follow from `useful` (per-rank seconds) and `runtime`."""
-    from harness.pop import pop_metrics
+    from harness.training.metrics import pop_metrics
 
     useful = list(useful) if useful is not None else [0.8 * runtime] * workers
     steps = 10

@@ -11,8 +11,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from harness.allocator import reuse_freed_memory
-from harness.models import WorkshopCNN
+from harness.process.allocator import reuse_freed_memory
+from harness.training.models import WorkshopCNN
 
 
 def faults_per_step(steps: int = 10) -> float:

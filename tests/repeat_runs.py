@@ -24,7 +24,7 @@ import harness
 SEQUENCE = tuple(os.environ.get("REPEAT_SEQUENCE", "ddp,horovod,deepspeed,ddp,deepspeed").split(","))
 # Runs in process groups the script makes itself, one group per tuple.
 OWN_GROUP_SEQUENCES = (("ddp", "deepspeed"), ("deepspeed",))
-# Every run must end with the weights of one process on the doubled batch (harness.equivalence).
+# Every run must end with the weights of one process on the doubled batch (harness.study.equivalence).
 COMMON = dict(model="cnn", dataset="digits", dropout=0.0, seed=0, lr=0.05, lr_scaling="none", batch_size=16,
               max_steps=10, threads=1, eval_every=0, calibration_steps=0, timing_warmup_steps=1)
 
@@ -55,7 +55,7 @@ def main(out: str) -> None:
     # A process group the caller made is used and left as it was. (On ports of their own: torch keeps
     # a store listening on the ports of groups DDP used, see harness/backends/torch_distributed.py.)
     for number, backends in enumerate(OWN_GROUP_SEQUENCES):
-        port = int(os.environ["MASTER_PORT"]) + 100 + number  # mpirun passes MASTER_PORT (harness.launch)
+        port = int(os.environ["MASTER_PORT"]) + 100 + number  # mpirun passes MASTER_PORT (harness.process.launchers)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=MPI.COMM_WORLD.Get_size())
         for backend in backends:

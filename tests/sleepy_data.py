@@ -60,8 +60,8 @@ def outside_window_seconds(stamps: List[Tuple[str, float]], warmup_steps: int) -
 
 def main(argv: List[str]) -> None:
     from harness.config import OneLineParser, add_train_flags, config_from_args
-    from harness.cluster import detect_cluster
-    from harness.loop import train
+    from harness.process.discovery import detect_cluster
+    from harness.training.loop import train
 
     out_dir, delays, train_args = argv[0], [float(ms) / 1000 for ms in argv[1].split(",")], argv[2:]
     rank = detect_cluster().rank

@@ -18,7 +18,7 @@ import subprocess
 import time
 from typing import Dict, List, Optional
 
-from harness.launch import free_port
+from harness.process.launchers import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 START_TIMEOUT_S = 60.0

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from harness.allocator import reuse_freed_memory
+from harness.process.allocator import reuse_freed_memory
 
 from .conftest import run
 

@@ -12,7 +12,7 @@ import torch
 
 from harness import Callback, TrainConfig, UsageError, train
 from harness.cli import show_progress
-from harness.models import build_model
+from harness.training.models import build_model
 
 RECORD_FIELDS = {"backend", "world_size", "local_batch", "global_batch", "model", "dataset", "steps", "epochs",
                  "lr_effective", "throughput", "throughput_per_worker", "epoch_times", "train_loss", "eval_loss",
@@ -156,7 +156,7 @@ def test_sweep_report_and_figures_from_python(tmp_path):
     figures = harness.scaling_figures(result.records)
     assert set(figures) == {"throughput", "efficiency", "breakdown"}
     assert all(type(figure).__name__ == "Figure" for figure in figures.values())
-    from harness.plot import timeline_figure
+    from harness.study.plot import timeline_figure
 
     timeline = result.records[0]["timeline"]
     assert len(timeline["per_rank"]) == 1 and len(timeline["per_rank"][0]) == 2

@@ -102,9 +102,94 @@ def test_the_package_has_no_import_cycles():
     assert cycles == [], "\n".join(" -> ".join(cycle) for cycle in cycles)
 
 
-def test_config_is_a_leaf_below_the_backends():
+FOUNDATION = {"harness.errors", "harness.fileio", "harness.version", "harness.config", "harness.lazy"}
+TOP = {"harness", "harness.cli", "harness.__main__"}
+# Each layer package and the packages it may import (itself and the foundation always allowed).
+LAYERS = {
+    "harness.process": set(),
+    "harness.backends": {"harness.process"},
+    "harness.data": {"harness.process"},
+    "harness.training": {"harness.process", "harness.backends", "harness.data"},
+    "harness.study": {"harness.process", "harness.backends", "harness.data", "harness.training"},
+    "harness.workshop": {"harness.process", "harness.backends", "harness.data", "harness.training", "harness.study"},
+}
+FRAMEWORKS = ("horovod", "deepspeed", "torch.nn.parallel", "torch.distributed.fsdp")
+MODULE_LINES = 500
+FUNCTION_LINES = 60
+
+
+def _layer(module: str) -> str:
+    for layer in LAYERS:
+        if module == layer or module.startswith(layer + "."):
+            return layer
+    return module
+
+
+def test_every_module_belongs_to_a_layer_or_the_root():
+    strays = [m for m in _modules() if m not in FOUNDATION | TOP and _layer(m) not in LAYERS]
+    assert strays == [], f"modules outside the layers: {strays}; put each in the package of its layer"
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    offenders = []
+    for module, targets in import_graph().items():
+        layer = _layer(module)
+        if layer not in LAYERS:
+            continue
+        allowed = LAYERS[layer] | {layer}
+        for target in sorted(targets):
+            if target not in FOUNDATION and _layer(target) not in allowed:
+                offenders.append(f"{module} imports {target}")
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_the_foundation_imports_only_itself_and_leaf_modules():
     graph = import_graph()
-    assert not {"harness.backends", "harness.checkpoint", "harness.loop", "harness.cli"} & graph["harness.config"]
+    for module in FOUNDATION:
+        for target in graph[module] - FOUNDATION:
+            assert not graph[target], f"{module} imports {target}, which imports {sorted(graph[target])}"
+
+
+def test_every_layer_says_what_it_is():
+    for layer in LAYERS:
+        path = _modules()[layer]
+        doc = ast.get_docstring(ast.parse(open(path).read()))
+        assert doc and "layer" in doc.split("\n", 1)[0].lower(), f"{path}: the docstring's first line names the layer"
+
+
+def test_no_framework_is_imported_outside_backends():
+    offenders = []
+    for module, path in _modules().items():
+        if module.startswith("harness.backends"):
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for name in names:
+                if any(name == framework or name.startswith(framework + ".") for framework in FRAMEWORKS):
+                    offenders.append(f"{os.path.relpath(path, REPO)}:{node.lineno}: imports {name}")
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_sizes_a_reader_can_hold():
+    too_long = []
+    for module, path in _modules().items():
+        source = open(path).read()
+        if source.count("\n") > MODULE_LINES:
+            too_long.append(f"{os.path.relpath(path, REPO)}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > FUNCTION_LINES and not _is_declaration(node):
+                    too_long.append(f"{os.path.relpath(path, REPO)}:{node.lineno}: {node.name} has {length} lines")
+    assert too_long == [], "\n".join(too_long)
+
+
+def _is_declaration(function: ast.FunctionDef) -> bool:
+    """A parser built from declarations (add_argument calls one after another) may be long."""
+    calls = [n for n in ast.walk(function) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") in
+             ("add_argument", "add_parser", "add_argument_group", "add_mutually_exclusive_group", "set_defaults")]
+    return len(calls) >= 15
 
 
 def _backend_names() -> List[str]:
@@ -114,7 +199,7 @@ def _backend_names() -> List[str]:
 
 
 def test_the_loop_never_asks_which_backend_it_runs():
-    source = open(os.path.join(PACKAGE, "loop.py")).read()
+    source = open(os.path.join(PACKAGE, "training", "loop.py")).read()
     for name in _backend_names():
         assert not re.search(rf"""["']{name}["']""", source), f"loop.py mentions backend {name!r}"
     assert "isinstance(backend" not in source and "config.backend ==" not in source

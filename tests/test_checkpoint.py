@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from harness import TrainConfig, train
-from harness.checkpoint import capture_rng_state, restore_rng_state
+from harness.training.checkpoint import capture_rng_state, restore_rng_state
 from harness.errors import Preempted
 
 from .checkpoint_helpers import checkpoint_steps, max_abs_difference, records, weights

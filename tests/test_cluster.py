@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from harness.cluster import ClusterEnv, detect_cluster
+from harness.process.discovery import ClusterEnv, detect_cluster
 from harness.errors import UsageError
 
 from .conftest import run
@@ -140,7 +140,7 @@ def _discovered(stdout: str):
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["torchrun", "mpirun", "horovodrun", "deepspeed"])
 def test_real_launchers_are_discovered(launcher):
-    from harness.launch import launch_command
+    from harness.training.launch import launch_command
 
     command = launch_command(2, "ddp", [], launcher)
     # Replace `harness train ...` with `harness env`, keeping the launcher's own arguments.

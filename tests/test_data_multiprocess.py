@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from harness import TrainConfig, train
-from harness.launch import launch_command, launch_environment
+from harness.process.launchers import launch_environment
+from harness.training.launch import launch_command
 
 from .conftest import LAUNCH_TIMEOUT_S, REPO, run
 from .test_readers import write_digits_as_mnist

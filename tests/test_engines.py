@@ -1,4 +1,4 @@
-"""harness.engines: where engines go, the batch scripts that start them on compute nodes, and the
+"""harness.workshop.engines: where engines go, the batch scripts that start them on compute nodes, and the
 clean-up that a notebook (and the notebook tests) rely on so that no engine outlives its notebook."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from harness.engines import (CLUSTER_VARIABLE, EnginesError, batch_script, default_placement,
+from harness.workshop.engines import (CLUSTER_VARIABLE, EnginesError, batch_script, default_placement,
                              kill_processes_with_environment, mpi_flavour, processes_with_environment,
                              start_engines)
 from harness.errors import UsageError

@@ -1,6 +1,6 @@
 """Backends at 2 ranks x batch b train the same weights as one process with batch 2b.
 
-Compared relative to how far training moved each tensor, after harness.equivalence's 10 steps and
+Compared relative to how far training moved each tensor, after harness.study.equivalence's 10 steps and
 within its bounds (that module's docstring has the measurements behind them). Each test also
 asserts that the mistake it guards against would land far outside the bound, so the bound is not
 merely loose: DeepSpeed's default gradient clipping and a learning rate scaled otherwise than the
@@ -14,8 +14,8 @@ from typing import Dict, List
 import pytest
 import torch
 
-from harness.equivalence import BF16_UPDATE_BOUND, EQUIVALENCE_STEPS, UPDATE_BOUND, update_differences, worst
-from harness.models import build_model
+from harness.study.equivalence import BF16_UPDATE_BOUND, EQUIVALENCE_STEPS, UPDATE_BOUND, update_differences, worst
+from harness.training.models import build_model
 
 from .conftest import launch
 

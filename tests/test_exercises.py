@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from harness import UsageError, workshop
-from harness.checker import CheckResult, check_script
-from harness.equivalence import UPDATE_BOUND, update_differences, worst
-from harness.launch import free_port, launcher_command
-from harness.models import WorkshopCNN
+from harness.workshop.checker import CheckResult, check_script
+from harness.study.equivalence import UPDATE_BOUND, update_differences, worst
+from harness.process.launchers import free_port, launcher_command
+from harness.training.models import WorkshopCNN
 
 from .conftest import REPO, harness, run
 

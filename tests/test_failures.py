@@ -1,7 +1,7 @@
 """A failing rank ends the whole job with a message, within --timeout + 30 s, for every backend.
 
 The failures are real signals: HARNESS_TEST_SIGNAL=KILL@5:1 makes rank 1 send itself SIGKILL right
-after step 5 (see harness.preemption), as the OOM killer or a crashing node would end it; STOP
+after step 5 (see harness.process.preemption), as the OOM killer or a crashing node would end it; STOP
 freezes it instead, like a hung process or a lost node, whose sockets stay open, so only --timeout
 can end the wait. The surviving rank must say which problem ended it; the job must exit non-zero,
 leaving no process behind, nothing in --results and nothing in /dev/shm. benchmarks/checkpoint.py reports the times.
@@ -15,7 +15,7 @@ from typing import List
 
 import pytest
 
-from harness.launch import launch_command
+from harness.training.launch import launch_command
 
 from .checkpoint_helpers import COMMON, RANKS, launch_may_fail, output, processes_mentioning, shared_memory_segments, time_job
 

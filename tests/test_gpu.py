@@ -10,9 +10,9 @@ import json
 import pytest
 import torch
 
-from harness.cluster import ClusterEnv, select_device
+from harness.process.discovery import ClusterEnv, select_device
 from harness.errors import UsageError
-from harness.launch import launch_command
+from harness.training.launch import launch_command
 
 from .conftest import launch, run
 
@@ -74,7 +74,7 @@ def test_two_ranks_share_one_gpu_through_gloo(tmp_path, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_signal_stops_every_backend_one_step_later_on_gpu(tmp_path, backend):
-    # The vote on the signal reaches the host through a side stream on GPUs (harness.preemption).
+    # The vote on the signal reaches the host through a side stream on GPUs (harness.process.preemption).
     checkpoints = tmp_path / "checkpoints"
     stopped = run(launch_command(1, backend, [*SHORT, "--checkpoint-dir", str(checkpoints)]), timeout=600,
                   env={"HARNESS_TEST_SIGNAL": "TERM@5"})

@@ -26,8 +26,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import pytest
 
-from harness.results import read_records
-from harness.sweep import SweepSettings, plan_sweep
+from harness.training.record import read_records
+from harness.study.sweep import SweepSettings, plan_sweep
 
 from .checkpoint_helpers import max_abs_difference, weights
 from .conftest import REPO, launch

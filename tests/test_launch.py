@@ -37,7 +37,7 @@ def test_dry_run_prints_the_real_launch_command(launcher):
 
 
 def test_each_backend_defaults_to_its_own_launcher():
-    from harness.launch import launch_command
+    from harness.training.launch import launch_command
 
     assert launch_command(1, "none", [])[:3] == [sys.executable, "-m", "harness"]
     assert "torch.distributed.run" in launch_command(2, "ddp", [])

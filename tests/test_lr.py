@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from harness.lr import learning_rate, scaled_lr
+from harness.training.lr import learning_rate, scaled_lr
 
 
 @pytest.mark.parametrize("rule, expected", [("none", 0.1), ("linear", 0.8), ("sqrt", 0.1 * math.sqrt(8))])

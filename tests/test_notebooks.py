@@ -21,7 +21,7 @@ from typing import Iterator
 
 import pytest
 
-from harness.engines import kill_processes_with_environment, processes_with_environment
+from harness.workshop.engines import kill_processes_with_environment, processes_with_environment
 
 from .conftest import REPO
 

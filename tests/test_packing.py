@@ -1,4 +1,4 @@
-"""harness.packing (notebook 05): the placements cover the cores without oversubscribing them, MPS is
+"""harness.workshop.packing (notebook 05): the placements cover the cores without oversubscribing them, MPS is
 started and stopped cleanly where it can be and refused with a reason where it cannot, and a
 packing study's records carry their placement.
 
@@ -13,7 +13,7 @@ import stat
 import pytest
 
 from harness.errors import UsageError
-from harness.packing import (MPS_VARIABLES, Packing, mps_daemon, packing_rows, packing_table, packings,
+from harness.workshop.packing import (MPS_VARIABLES, Packing, mps_daemon, packing_rows, packing_table, packings,
                              run_packing_study)
 
 

@@ -1,4 +1,4 @@
-"""harness.pipeline (notebook 04): DistributedSampler padding counted as torch counts it, per-sample
+"""harness.workshop.pipeline (notebook 04): DistributedSampler padding counted as torch counts it, per-sample
 correctness that reproduces the harness's exact evaluation, and the loading measurement."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from torch.utils.data import DistributedSampler
 from harness import TrainConfig
 from harness.data import DataOptions, load_split
 from harness.errors import UsageError
-from harness.evaluate import evaluate_model_file
-from harness.models import build_model
-from harness.pipeline import (loading_table, measure_loading, padded_evaluation, padded_indices, sample_correctness,
+from harness.training.evaluate import evaluate_model_file
+from harness.training.models import build_model
+from harness.workshop.pipeline import (loading_table, measure_loading, padded_evaluation, padded_indices, sample_correctness,
                               write_image_tree)
 
 DIGITS_TEST_SAMPLES = 297

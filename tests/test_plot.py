@@ -7,8 +7,8 @@ import json
 import pytest
 
 from harness.errors import UsageError
-from harness.plot import breakdown_figure, efficiency_figure, throughput_figure, write_figures
-from harness.report import scaling_rows
+from harness.study.plot import breakdown_figure, efficiency_figure, throughput_figure, write_figures
+from harness.study.report import scaling_rows
 
 from .conftest import harness
 from .handmade_records import record, weak_study

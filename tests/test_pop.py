@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.pop import (accelerator_utilisation, communication_efficiency, load_balance, parallel_efficiency,
+from harness.training.metrics import (accelerator_utilisation, communication_efficiency, load_balance, parallel_efficiency,
                          pop_metrics, rank_breakdown, scaling_efficiency, speedup)
-from harness.report import scaling_report, scaling_rows
+from harness.study.report import scaling_report, scaling_rows
 
 from .handmade_records import record, weak_study
 

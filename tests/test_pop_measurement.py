@@ -21,7 +21,7 @@ from harness import TrainConfig, train
 from harness.backends import BACKENDS
 from harness.backends.single import SingleProcessBackend
 from harness.data import DATASETS
-from harness.launch import free_port
+from harness.process.launchers import free_port
 
 from .conftest import run
 from .sleepy_data import outside_window_seconds, sleepy_loader

@@ -11,7 +11,7 @@ import torch
 
 from harness import TrainConfig, train
 from harness import precision as precision_module
-from harness.precision import LOSS_SCALE, Precision
+from harness.backends.precision import LOSS_SCALE, Precision
 
 from .conftest import launch
 

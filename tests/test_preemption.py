@@ -1,7 +1,7 @@
 """Preemption and exact resume, for every backend under its own launcher.
 
 A SIGTERM reaches one rank mid-epoch (HARNESS_TEST_SIGNAL: a real os.kill at an exact step, see
-harness.preemption). The ranks finish their step and the next (they vote on the signal during it),
+harness.process.preemption). The ranks finish their step and the next (they vote on the signal during it),
 a checkpoint is written, the ranks exit with status 3 and nothing is appended to --results. `--resume auto` then finishes the run: its weights
 equal an uninterrupted run's to 1e-6 and its record counts every sample once.
 """
@@ -16,7 +16,9 @@ import time
 
 import pytest
 
-from harness.launch import launch_command, launch_environment
+from harness.process.launchers import launch_environment
+
+from harness.training.launch import launch_command
 
 from .checkpoint_helpers import (COMMON, RANKS, STEPS_PER_EPOCH, TOTAL_STEPS, checkpoint_steps, launch_may_fail,
                                  max_abs_difference, output, rank_processes, records, signal_all, weights)

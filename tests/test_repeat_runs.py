@@ -14,9 +14,9 @@ import torch
 
 import harness
 from harness import TrainConfig
-from harness.equivalence import UPDATE_BOUND, update_differences, worst
-from harness.launch import launcher_command
-from harness.models import build_model
+from harness.study.equivalence import UPDATE_BOUND, update_differences, worst
+from harness.process.launchers import launcher_command
+from harness.training.models import build_model
 
 from .conftest import REPO, run
 

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from harness.errors import UsageError
-from harness.results import read_records
-from harness.sweep import PBS_TEMPLATE, SweepSettings, plan_sweep
+from harness.training.record import read_records
+from harness.study.sweep import PBS_TEMPLATE, SweepSettings, plan_sweep
 
 from .conftest import harness
 

@@ -2,7 +2,7 @@
 
 For each solutions/NN_name.py it writes
 - exercises/NN_name.py: the solution with each TODO block's code replaced by `workshop.todo(N, ...)`
-  (harness.workshop.exercise_text has the convention), and the commands in its text pointing at
+  (harness.workshop.exercise.exercise_text has the convention), and the commands in its text pointing at
   the exercise instead of the solution;
 - exercises/NN_name.ipynb: the same as a notebook for JupyterLab (the .py files are jupytext
   percent scripts: `# %%` starts a cell), with a last cell that says how to run it on 2 ranks.
@@ -20,7 +20,7 @@ from typing import Dict
 import jupytext
 import nbformat
 
-from harness.workshop import exercise_text
+from harness.workshop.exercise import exercise_text
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,10 @@
-"""Backend registry: name -> class. Adding a backend is one module and one line here."""
+"""Backends layer: how each framework wraps the model, communicates gradients and steps.
+
+`base.Backend` is the interface the training loop talks to; each framework is one module here
+(`single`, `ddp`, `horovod`, `deepspeed`, with `torch_distributed` for the process-group plumbing
+they share) and one entry in the registry below. `precision` holds the numeric semantics every
+backend must keep alike. Nothing outside this package imports a framework.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from .ddp import DDPBackend
 from .deepspeed import DeepSpeedBackend
 from .horovod import HorovodBackend
 from .single import SingleProcessBackend
+from .torch_distributed import process_group_backend
 
 BACKENDS: Dict[str, Type[Backend]] = {
     cls.name: cls for cls in (SingleProcessBackend, DDPBackend, HorovodBackend, DeepSpeedBackend)}
@@ -27,4 +34,4 @@ def get_backend(name: str) -> Backend:
     return backend_class(name)()
 
 
-__all__ = ["BACKENDS", "Backend", "backend_class", "get_backend"]
+__all__ = ["BACKENDS", "Backend", "backend_class", "get_backend", "process_group_backend"]

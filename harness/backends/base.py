@@ -1,7 +1,7 @@
 """The one interface every backend implements.
 
 A backend is a *strategy*: how the model and optimizer are wrapped and how ranks communicate.
-Where rank and size come from is not its business (that is `harness.cluster`). The training loop
+Where rank and size come from is not its business (that is `harness.process.discovery`). The training loop
 talks to this interface only, so it never asks which backend it runs.
 
 The interface is abstract where forgetting an override would silently change the math: joining the
@@ -25,10 +25,10 @@ from typing import (TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Dict
 import torch
 from torch import nn
 
-from ..cluster import ClusterEnv
+from ..process.discovery import ClusterEnv
 from ..errors import UsageError, first_line
 from ..fileio import load_tensors
-from ..precision import Precision
+from .precision import Precision
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -187,7 +187,7 @@ class Backend(abc.ABC):
         """Write model and optimizer state into `directory`; every rank calls it.
 
         Here rank 0 writes one file: every rank holds identical weights and optimizer state (the
-        ranks apply the same averaged gradients). harness.checkpoint makes the directory atomic.
+        ranks apply the same averaged gradients). harness.training.checkpoint makes the directory atomic.
         """
         if rank == 0:
             state = {"model": self.module().state_dict(), "optimizer": self.optimizer.state_dict()}

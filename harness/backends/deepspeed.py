@@ -13,9 +13,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import distributed_c10d
 
-from ..cluster import ClusterEnv
+from ..process.discovery import ClusterEnv
 from ..errors import UsageError, first_line
-from ..precision import LOSS_SCALE, Precision
+from .precision import LOSS_SCALE, Precision
 from .base import OptimizerFactory
 from .torch_distributed import TorchDistributedBackend
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Optional,
 import torch
 from torch import nn
 
-from ..cluster import MPI_LAUNCHERS, ClusterEnv
+from ..process.discovery import MPI_LAUNCHERS, ClusterEnv
 from ..config import flag_name
 from ..errors import UsageError, first_line
 from .base import Backend, OptimizerFactory

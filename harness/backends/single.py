@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Callable, Tuple
 import torch
 from torch import nn
 
-from ..cluster import ClusterEnv
+from ..process.discovery import ClusterEnv
 from ..errors import UsageError
 from .base import Backend, OptimizerFactory
 

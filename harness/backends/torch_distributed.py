@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from ..cluster import ClusterEnv
+from ..process.discovery import ClusterEnv
 from ..errors import UsageError
 from .base import Backend
 
@@ -51,7 +51,7 @@ class TorchDistributedBackend(Backend):
     local_launcher = "torchrun"
 
     def check_launch(self, config: "TrainConfig", cluster: ClusterEnv, device: torch.device) -> None:
-        """Any launcher works: rank and size come from harness.cluster."""
+        """Any launcher works: rank and size come from harness.process.discovery."""
 
     def init(self, cluster: ClusterEnv, device: torch.device, config: "TrainConfig") -> None:
         global _groups_created

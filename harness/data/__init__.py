@@ -1,4 +1,6 @@
-"""Datasets by name. Training never downloads: on-disk datasets are read from --data-dir.
+"""Data layer: datasets by name, exact shards per rank, batches.
+
+Training never downloads: on-disk datasets are read from --data-dir.
 
 `digits` and `synthetic` need no files. `mnist`, `fashion-mnist`, `cifar10` and `imagefolder` are
 read from --data-dir in torchvision's layout (see `disk`), fetched beforehand with `harness data
@@ -15,6 +17,7 @@ from .arrays import ImageArrays, Normaliser
 from .builtin import load_digits, load_synthetic
 from .disk import DISK_DATASETS, DiskDataset
 from .prepare import ensure_prepared, open_prepared
+from .sharding import epoch_permutation, eval_range, rank_slice, steps_per_epoch
 
 
 @dataclass(frozen=True)
@@ -61,4 +64,5 @@ def prepare_dataset(name: str, data_dir: str, image_size: int, timeout: float) -
     return ensure_prepared(DISK_DATASETS[name], data_dir, image_size, timeout)
 
 
-__all__ = ["DATASETS", "DataOptions", "ImageArrays", "Normaliser", "load_split", "prepare_dataset"]
+__all__ = ["DATASETS", "DataOptions", "ImageArrays", "Normaliser", "epoch_permutation", "eval_range", "load_split",
+           "prepare_dataset", "rank_slice", "steps_per_epoch"]

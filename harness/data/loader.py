@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..preemption import ignore_preemption_signals
+from ..process.preemption import ignore_preemption_signals
 from .arrays import ImageArrays
 
 

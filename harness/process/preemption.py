@@ -35,7 +35,7 @@ from typing import Callable, Dict, Mapping, Optional
 
 import torch
 
-from .errors import PeerFailure, UsageError, first_line
+from ..errors import PeerFailure, UsageError, first_line
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 VOTE_NAME = "harness.preemption_vote"

@@ -63,13 +63,13 @@ import torch
 import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from . import workshop
-from .backends.torch_distributed import GLOO_FAILURE_MARKERS
-from .cluster import detect_cluster
-from .equivalence import EQUIVALENCE_STEPS, UPDATE_BOUND, update_differences, worst
-from .errors import EXIT_OK, UsageError, first_line
-from .launch import launch_environment, launcher_command
-from .models import WorkshopCNN
+from . import exercise as workshop
+from ..backends.torch_distributed import GLOO_FAILURE_MARKERS
+from ..process.discovery import detect_cluster
+from ..study.equivalence import EQUIVALENCE_STEPS, UPDATE_BOUND, update_differences, worst
+from ..errors import EXIT_OK, UsageError, first_line
+from ..process.launchers import launch_environment, launcher_command
+from ..training.models import WorkshopCNN
 
 log = logging.getLogger("harness")
 

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import TrainConfig
-from .data import DataOptions, ImageArrays, load_split
-from .errors import UsageError, unknown_choice
+from ..config import TrainConfig
+from ..data import DataOptions, ImageArrays, load_split
+from ..errors import UsageError, unknown_choice
 
 LOADING_SOURCES = ("per-sample", "prepared")
 IMAGE_TREE_SPLITS = (("train", "train"), ("test", "val"))  # harness split -> directory of the tree
@@ -38,7 +38,7 @@ IMAGE_TREE_SPLITS = (("train", "train"), ("test", "val"))  # harness split -> di
 def sample_correctness(config: TrainConfig, model_file: str) -> np.ndarray:
     """Whether the model in `model_file` classifies each sample of `config.dataset`'s test split
     correctly (bool per sample, in order), scored in this process."""
-    from .evaluate import load_model_file
+    from ..training.evaluate import load_model_file
 
     test_set = load_split(config.dataset, "test", DataOptions(config.data_dir, config.model, config.image_size,
                                                                config.timeout))
@@ -149,8 +149,8 @@ def _per_sample_batches(data_dir: str, image_size: int, arrays: ImageArrays, bat
 def _prepared_batches(arrays: ImageArrays, batch_size: int, num_workers: int, prefetch: int, seed: int,
                       steps: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
     """The harness's pipeline: one index into the uint8 array per batch, one normalisation per batch."""
-    from .data.loader import iterate_batches
-    from .data.sharding import RankSchedule
+    from ..data.loader import iterate_batches
+    from ..data.sharding import RankSchedule
 
     normalise = arrays.normaliser(torch.device("cpu"))
     schedule = RankSchedule(len(arrays), 1, 0, batch_size, seed, steps)
@@ -165,8 +165,8 @@ def measure_loading(data_dir: str, source: str, num_workers: int = 0, prefetch: 
     (write_image_tree), fed by `source`; time the last `steps`. `threads` torch threads compute
     (on the CPU); `num_workers` loader processes prefetch `prefetch` batches each. Runs in this
     process, on GPU 0 when there is one (device "auto"), else on the CPU."""
-    from .models import build_model
-    from .timing import device_waiter
+    from ..training.models import build_model
+    from ..training.timing import device_waiter
 
     if source not in LOADING_SOURCES:
         raise unknown_choice("loading source", source, LOADING_SOURCES)
@@ -214,7 +214,7 @@ def measure_loading(data_dir: str, source: str, num_workers: int = 0, prefetch: 
 
 def loading_table(measurements: List[LoadingMeasurement]) -> str:
     """Markdown: one row per measurement, throughput relative to the first row."""
-    from .report import markdown_table
+    from ..study.report import markdown_table
 
     first = measurements[0].throughput if measurements else math.nan
     return markdown_table([m.as_dict() for m in measurements], (

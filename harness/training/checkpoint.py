@@ -13,7 +13,7 @@ Layout of `--checkpoint-dir D`::
     D/.partial-step-...       a checkpoint being written: never read, removed by the next save
 
 What a checkpoint holds: model and optimizer state; the global step, which fixes the LR (a pure
-function of the step, harness.lr) and the sampler position (epoch = step // steps_per_epoch, step
+function of the step, harness.training.lr) and the sampler position (epoch = step // steps_per_epoch, step
 within the epoch = step % steps_per_epoch: the data order is a pure function of seed and epoch,
 harness.data.sharding); every rank's RNG states; the run config; the progress the results record
 needs (train loss per finished epoch, the last evaluation, how many segments the run took).
@@ -51,13 +51,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type
 import numpy as np
 import torch
 
-from .config import TrainConfig, flag_name
-from .errors import UsageError
-from .fileio import fsync_directory, load_tensors
+from ..config import TrainConfig, flag_name
+from ..errors import UsageError
+from ..fileio import fsync_directory, load_tensors
 
 if TYPE_CHECKING:
-    from .backends import Backend
-    from .cluster import ClusterEnv
+    from ..backends import Backend
+    from ..process.discovery import ClusterEnv
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -362,7 +362,7 @@ class Checkpointer:
         return elapsed
 
     def _manifest(self, step: int, progress: Progress, partial: str, reason: str) -> Dict[str, Any]:
-        from .version import __version__
+        from ..version import __version__
 
         files = {}
         for root, _, names in os.walk(partial):

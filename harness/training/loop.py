@@ -24,24 +24,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .allocator import reuse_freed_memory
-from .backends import BACKENDS, Backend, backend_class, get_backend
+from ..process.allocator import reuse_freed_memory
+from ..backends import BACKENDS, Backend, backend_class, get_backend
 from .callbacks import Callback, CallbackList, EpochEnd, StepEnd
 from .checkpoint import (Checkpointer, Progress, ResumeState, RunLayout, check_checkpoint_flags,
                          find_resume_checkpoint, restore)
-from .cluster import ClusterEnv, default_threads, detect_cluster, select_device
-from .config import TrainConfig
-from .data import DATASETS, DataOptions, ImageArrays, load_split
-from .data.loader import iterate_batches, to_device_ahead
-from .data.sharding import RankSchedule, eval_range, steps_per_epoch, train_batches
-from .data.transforms import TrainTransform, train_transform
-from .errors import EXIT_PREEMPTED, Preempted, UsageError, unknown_choice
-from .fileio import atomic_write
+from ..process.discovery import ClusterEnv, default_threads, detect_cluster, select_device
+from ..config import TrainConfig
+from ..data import DATASETS, DataOptions, ImageArrays, load_split
+from ..data.loader import iterate_batches, to_device_ahead
+from ..data.sharding import RankSchedule, eval_range, steps_per_epoch, train_batches
+from ..data.transforms import TrainTransform, train_transform
+from ..errors import EXIT_PREEMPTED, Preempted, UsageError, unknown_choice
+from ..fileio import atomic_write
 from .lr import learning_rate, scaled_lr
 from .models import MODELS, build_model
-from .precision import Precision
-from .preemption import PreemptionWatcher, TestSignal, peer_failure
-from .results import append_record, host_info, library_versions, mean_and_ci95
+from ..backends.precision import Precision
+from ..process.preemption import PreemptionWatcher, TestSignal, peer_failure
+from .record import append_record, host_info, library_versions, mean_and_ci95
 from .timing import StepTimer, calibrated_compute_per_step, device_waiter, gather_breakdown
 
 EVAL_BATCH = 512
@@ -69,7 +69,7 @@ class Placement(NamedTuple):
     cluster: ClusterEnv
     device: torch.device
     threads: int
-    cpu_malloc: str  # the CPU memory mode in effect (harness.allocator)
+    cpu_malloc: str  # the CPU memory mode in effect (harness.process.allocator)
 
 
 def place_process(config: TrainConfig) -> Placement:
@@ -197,7 +197,7 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> Dict[str, 
 
     Every rank returns the same record (metrics are reduced over ranks); rank 0 also appends it to
     `config.results` and writes `config.save_model`. `callbacks` (harness.Callback instances) watch
-    the run on every rank (see harness.callbacks). Bad input raises UsageError before any process
+    the run on every rank (see harness.training.callbacks). Bad input raises UsageError before any process
     group starts; a preempted run raises Preempted, a lost peer PeerFailure. A process group or
     Horovod that the caller initialised is used and left as it was.
     """

@@ -7,7 +7,7 @@ sweep adds the tags `scaling`, `repeat` and `sweep_id` to each record. Repeats a
 (all configurations once, then all again) so slow drifts of a shared machine spread evenly.
 
 Where runs start:
-- locally, through `harness.launch.launch_command`: each backend's real launcher (torchrun,
+- locally, through `harness.process.launchers.launch_command`: each backend's real launcher (torchrun,
   horovodrun, deepspeed, or --launcher for all);
 - inside a PBS or Slurm allocation (PBS_NODEFILE or SLURM_JOB_ID set), or whenever
   --launch-template is given, through the site launcher, from a template whose placeholders are
@@ -41,11 +41,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .backends import BACKENDS, backend_class, get_backend
-from .config import parse_train_flags
-from .errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, UsageError, unknown_choice
-from .launch import launch_command, launch_environment
-from .results import read_records
+from ..backends import BACKENDS, backend_class, get_backend
+from ..config import parse_train_flags
+from ..errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, UsageError, unknown_choice
+from ..process.launchers import launch_environment
+from ..training.launch import launch_command
+from ..training.record import read_records
 
 SCALING_MODES = ("weak", "strong")
 PBS_TEMPLATE = "mpiexec -n {ranks} --ppn {ppn} {python} -m harness train {args}"
@@ -163,7 +164,7 @@ def _gpus_per_node() -> int:
 
 def _study_flags(settings: SweepSettings) -> List[str]:
     """Batch flags that make the runs one weak or one strong scaling study; checks every rank count."""
-    from .loop import check_config
+    from ..training.loop import check_config
 
     if "--backend" in settings.train_args or any(a.startswith("--backend=") for a in settings.train_args):
         raise UsageError("a sweep runs every backend of --backends; drop --backend")

@@ -18,7 +18,7 @@ from typing import Any, ContextManager, Dict, Optional
 
 import torch
 
-from .errors import unknown_choice
+from ..errors import unknown_choice
 
 # torch.amp.GradScaler's defaults, set explicitly so that every backend scales alike.
 LOSS_SCALE = {"init_scale": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}

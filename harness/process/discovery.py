@@ -16,7 +16,7 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, List, Mapping, Optional, Sequence, Tuple
 
-from .errors import UsageError
+from ..errors import UsageError
 
 if TYPE_CHECKING:
     import torch

@@ -17,11 +17,12 @@ import threading
 import time
 from typing import List, Optional, Tuple
 
-from .backends import BACKENDS, get_backend
-from .errors import UsageError
-from .launch import launch_command, launch_environment
-from .report import RUN_COLUMNS, markdown_table
-from .results import read_records
+from ..backends import BACKENDS, get_backend
+from ..errors import UsageError
+from ..process.launchers import launch_environment
+from ..training.launch import launch_command
+from ..study.report import RUN_COLUMNS, markdown_table
+from ..training.record import read_records
 
 # Every backend trains the same experiment: the same global batch, so every row's accuracy is
 # comparable; only the way the work is split differs.

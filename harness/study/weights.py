@@ -2,7 +2,7 @@
 
 `harness.train` builds its model after seeding torch with `config.seed`, identically on every rank
 and backend; `initial_weights(config)` rebuilds those weights, so a notebook can measure every run
-relative to how far training moved it (harness.equivalence.update_differences).
+relative to how far training moved it (harness.study.equivalence.update_differences).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any, Dict, List, Mapping
 
 import torch
 
-from .config import TrainConfig
-from .data import DataOptions, load_split
+from ..config import TrainConfig
+from ..data import DataOptions, load_split
 from .equivalence import BF16_UPDATE_BOUND, UPDATE_BOUND, update_differences, worst
-from .models import build_model
+from ..training.models import build_model
 
 Weights = Dict[str, torch.Tensor]
 
@@ -39,7 +39,7 @@ def load_weights(path: str) -> Weights:
 def compare_with_reference(runs: Mapping[str, Weights], reference: Weights, initial: Weights,
                            bound: float = UPDATE_BOUND) -> List[Dict[str, Any]]:
     """For each run: the tensor farthest from `reference` relative to the update (see
-    harness.equivalence), its value, and whether it is within `bound`. One dict per run, in order."""
+    harness.study.equivalence), its value, and whether it is within `bound`. One dict per run, in order."""
     rows = []
     for label, weights in runs.items():
         name, value = worst(update_differences(weights, reference, initial))

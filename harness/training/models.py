@@ -7,7 +7,7 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import nn
 
-from .errors import UsageError
+from ..errors import UsageError
 
 CNN_DROPOUT = (0.25, 0.5)  # the workshop CNN's rates after the conv block and after fc1
 

@@ -9,8 +9,8 @@ from typing import Any, Dict, Mapping, Sequence
 
 import numpy as np
 
-from .data.sharding import dropped_tail, epoch_permutation, rank_slice, steps_per_epoch
-from .plot import FIGSIZE, PALETTE, SLIDE_STYLE
+from ..data.sharding import dropped_tail, epoch_permutation, rank_slice, steps_per_epoch
+from ..study.plot import FIGSIZE, PALETTE, SLIDE_STYLE
 
 
 def _figure(size: Any = FIGSIZE) -> Any:

@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .pop import STEP_PHASES, scaling_efficiency, speedup
-from .results import mean_and_ci95
+from ..training.metrics import STEP_PHASES, scaling_efficiency, speedup
+from ..training.record import mean_and_ci95
 
 Column = Tuple[str, Callable[[Dict[str, Any]], Any]]
 

@@ -44,8 +44,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .errors import UsageError, unknown_choice
-from .launch import OPENMPI_ENV, free_port
+from ..errors import UsageError, unknown_choice
+from ..process.launchers import OPENMPI_ENV, free_port
 
 ENGINE_TIMEOUT_S = 180  # engines registering, cold imports on a busy node included
 RUN_TIMEOUT_S = 900  # one call on the engines (a training run); harness collectives time out sooner

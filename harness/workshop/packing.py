@@ -22,8 +22,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
-from .cluster import cpu_cores
-from .errors import UsageError
+from ..process.discovery import cpu_cores
+from ..errors import UsageError
 
 GPU_RANKS_PER_DEVICE = (1, 2, 4)
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -130,7 +130,7 @@ def run_packing_study(train_args: Sequence[str], results: str, plan: Optional[Se
     """Train every placement of `plan` (default: packings()) `repeats` times, interleaved, each a
     one-run `harness.run_sweep` appending to `results`. Returns {"records", "mps", "failed"}:
     the records in run order, the MpsState the runs had, the labels of runs that failed."""
-    from .sweep import SweepSettings, run_sweep
+    from ..study.sweep import SweepSettings, run_sweep
 
     plan = list(plan or packings())
     if not plan:
@@ -178,7 +178,7 @@ def packing_rows(records: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
 
 def packing_table(records: Sequence[Mapping[str, Any]]) -> str:
     """Markdown of packing_rows."""
-    from .report import markdown_table
+    from ..study.report import markdown_table
 
     rows = packing_rows(records)
     keys = ("ranks per device", "ranks", "threads per rank", "device", "mps", "runs", "samples/s", "per rank",

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .errors import UsageError
-from .fileio import atomic_write
-from .pop import STEP_PHASES
+from ..errors import UsageError
+from ..fileio import atomic_write
+from ..training.metrics import STEP_PHASES
 from .report import ScalingRow, Study, scaling_rows
 
 FIGURE_KINDS = ("throughput", "efficiency", "breakdown")
@@ -40,7 +40,7 @@ FIGSIZE = (10, 6)
 
 
 def _colour(backend: str, order: Sequence[str]) -> str:
-    from .backends import BACKENDS
+    from ..backends import BACKENDS
 
     known = list(BACKENDS)
     index = known.index(backend) if backend in known else len(known) + order.index(backend)

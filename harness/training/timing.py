@@ -6,7 +6,7 @@ is on the device, the gradients are averaged over ranks (forward + backward + sy
 has stepped. `StepTimer` sums the phases over the timed window (which opens and closes at
 barriers, so it spans the slowest rank's work) and keeps the instants of the first `trace_steps`
 timed steps for a timeline. After training, `gather_breakdown` collects every rank's numbers in one
-collective and derives AU and the POP metrics (harness.pop).
+collective and derives AU and the POP metrics (harness.training.metrics).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from .pop import accelerator_utilisation, pop_metrics, rank_breakdown
+from .metrics import accelerator_utilisation, pop_metrics, rank_breakdown
 
 TRACE_PHASES = ("data_wait", "forward_backward_sync", "optimizer")
 

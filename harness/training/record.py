@@ -35,7 +35,7 @@ def library_versions() -> Dict[str, str]:
     import numpy
     import torch
 
-    from .version import __version__
+    from ..version import __version__
 
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
             "harness": __version__, "cuda": torch.version.cuda or "none"}
@@ -71,7 +71,7 @@ def read_results(paths: Iterable[str]) -> List[Dict[str, Any]]:
 
     A directory stands for the results.jsonl of a job directory that the job templates write (its
     other JSONL files, such as discovery-<job>.jsonl, are not run records)."""
-    from .errors import UsageError
+    from ..errors import UsageError
 
     paths = [os.path.join(path, JOB_RESULTS) if os.path.isdir(path) else path for path in paths]
     missing = [path for path in paths if not os.path.isfile(path)]

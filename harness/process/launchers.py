@@ -1,4 +1,6 @@
-"""`harness launch`: start N local processes with a real launcher (torchrun, mpirun, horovodrun, deepspeed)."""
+"""The launchers: how N local processes of a Python program start under python, torchrun, mpirun,
+horovodrun or deepspeed, and the environment they get. What runs in them is the caller's business
+(harness.training.launch starts `harness train` ranks through these)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,7 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from .backends import backend_class
-from .errors import UsageError, unknown_choice
+from ..errors import UsageError, unknown_choice
 
 LAUNCHERS = ("python", "torchrun", "mpirun", "horovodrun", "deepspeed")
 
@@ -37,21 +38,6 @@ def _tool(name: str) -> str:
     if not found:
         raise UsageError(f"launcher {name!r} is not installed; run `make setup` or choose another with --launcher")
     return found
-
-
-def launch_command(num_processes: int, backend: str, train_args: Sequence[str], launcher: Optional[str] = None,
-                   port: Optional[int] = None, subcommand: str = "train") -> List[str]:
-    """The exact command that starts `num_processes` ranks of `harness train` (or `subcommand`) on this machine."""
-    launcher = launcher or backend_class(backend).local_launcher
-    if launcher not in LAUNCHERS:
-        raise unknown_choice("launcher", launcher, LAUNCHERS)
-    if num_processes < 1:
-        raise UsageError(f"-n must be a positive number of processes, got {num_processes}")
-    limit = backend_class(backend).max_world_size
-    if (launcher == "python" or limit is not None) and num_processes > (limit or 1):
-        raise UsageError(f"backend {backend!r} runs one process; use -n 1 or a distributed backend")
-    program = ["-m", "harness", subcommand, "--backend", backend, *train_args]  # subcommand: train or evaluate
-    return launcher_command(launcher, num_processes, program, port)
 
 
 def launcher_command(launcher: str, num_processes: int, program: Sequence[str], port: Optional[int] = None) -> List[str]:
@@ -82,19 +68,8 @@ def launch_environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]
     for key, value in OPENMPI_ENV.items():
         env.setdefault(key, value)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    # harness.loop sets each rank's threads itself (cores / local ranks); this only keeps
+    # harness.training.loop sets each rank's threads itself (cores / local ranks); this only keeps
     # torchrun from printing its OMP_NUM_THREADS banner.
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra or {})
     return env
-
-
-def run_launch(num_processes: int, backend: str, train_args: Sequence[str], launcher: Optional[str] = None,
-               dry_run: bool = False, timeout: Optional[float] = None) -> int:
-    """Run (or with dry_run print) the launch command; return its exit status."""
-    command = launch_command(num_processes, backend, train_args, launcher)
-    if dry_run:
-        print(shlex.join(command))
-        return 0
-    completed = subprocess.run(command, env=launch_environment(), timeout=timeout)
-    return completed.returncode

@@ -16,12 +16,12 @@ from typing import Any, Dict
 
 import torch
 
-from .config import TrainConfig
-from .data import DataOptions, load_split
-from .errors import UsageError
+from ..config import TrainConfig
+from ..data import DataOptions, load_split
+from ..errors import UsageError
 from .models import build_model
 from .loop import evaluate, place_process, preserved_process_state
-from .results import append_record, library_versions
+from .record import append_record, library_versions
 
 
 def load_model_file(path: str, config: TrainConfig, channels: int, size: int, num_classes: int) -> torch.nn.Module:

@@ -43,9 +43,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from .cluster import ClusterEnv, detect_cluster
-from .data.builtin import load_digits
-from .models import WorkshopCNN
+from ..process.discovery import ClusterEnv, detect_cluster
+from ..data.builtin import load_digits
+from ..training.models import WorkshopCNN
 
 # harness.checker appends an object with batch_fetched(split, indices), model_built(model),
 # arguments_parsed(args) and reported(epoch, train_sums, test_sums); nothing else does, so a normal
@@ -170,6 +170,9 @@ def parse_args(description: str, warmup: bool = False, argv: Optional[Sequence[s
     parser.add_argument("--train-samples", type=int, default=None,
                         help="train on the first N of the 1,500 training images only (default: all)")
     parser.add_argument("--save", default="model.pt", help="file the trained weights are saved to (default: model.pt)")
+    # The deepspeed launcher passes --local_rank=N to every rank unless told --no_local_rank; the
+    # steps read the local rank from the environment (LOCAL_RANK), as under every other launcher.
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     if warmup:
         parser.add_argument("--warmup-epochs", type=float, default=1.0,
                             help="epochs over which the LR ramps up from --lr to the scaled LR (default: 1)")
@@ -284,7 +287,7 @@ def skip_deepspeed_shm_op() -> None:
     inference uses it. The harness's DeepSpeed backend goes without it for the same reasons (see
     DeepSpeedBackend.init). On GPUs DeepSpeed never builds it, so this changes nothing there.
     """
-    from .backends.deepspeed import _no_shm_allreduce
+    from ..backends.deepspeed import _no_shm_allreduce
 
     # (deepspeed.comm's attribute `torch` is the torch package, so the module is looked up by name.)
     comm_torch = importlib.import_module("deepspeed.comm.torch")

@@ -1,0 +1,37 @@
+"""`harness launch`: start N local ranks of `harness train` for a backend with a real launcher."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from typing import List, Optional, Sequence
+
+from ..backends import backend_class
+from ..errors import UsageError, unknown_choice
+from ..process.launchers import LAUNCHERS, launch_environment, launcher_command
+
+
+def launch_command(num_processes: int, backend: str, train_args: Sequence[str], launcher: Optional[str] = None,
+                   port: Optional[int] = None, subcommand: str = "train") -> List[str]:
+    """The exact command that starts `num_processes` ranks of `harness train` (or `subcommand`) on this machine."""
+    launcher = launcher or backend_class(backend).local_launcher
+    if launcher not in LAUNCHERS:
+        raise unknown_choice("launcher", launcher, LAUNCHERS)
+    if num_processes < 1:
+        raise UsageError(f"-n must be a positive number of processes, got {num_processes}")
+    limit = backend_class(backend).max_world_size
+    if (launcher == "python" or limit is not None) and num_processes > (limit or 1):
+        raise UsageError(f"backend {backend!r} runs one process; use -n 1 or a distributed backend")
+    program = ["-m", "harness", subcommand, "--backend", backend, *train_args]  # subcommand: train or evaluate
+    return launcher_command(launcher, num_processes, program, port)
+
+
+def run_launch(num_processes: int, backend: str, train_args: Sequence[str], launcher: Optional[str] = None,
+               dry_run: bool = False, timeout: Optional[float] = None) -> int:
+    """Run (or with dry_run print) the launch command; return its exit status."""
+    command = launch_command(num_processes, backend, train_args, launcher)
+    if dry_run:
+        print(shlex.join(command))
+        return 0
+    completed = subprocess.run(command, env=launch_environment(), timeout=timeout)
+    return completed.returncode
