@@ -15,11 +15,13 @@ test: setup
 test-fast: setup
 	@$(PY) -m pytest -q -ra -m "not slow and not gpu" tests
 
-# JupyterLab from the kit's environment, opened on the notebooks.
+# JupyterLab from the kit's environment on notebooks/: a browser opens here; on a remote node
+# `make lab REMOTE=1` (or LAB_IP=..., LAB_PORT=...) prints the URL and the ssh tunnel (tools/lab.sh).
 lab: setup
-	@$(VENV)/bin/jupyter lab --notebook-dir=. notebooks/
+	@VENV="$(VENV)" bash tools/lab.sh
 
-# Regenerate exercises/ from solutions/ (a test fails when they differ).
+# Regenerate exercises/ from solutions/ (a test fails when they differ). Attendees' copies live in
+# my-exercises/ (`harness exercise start 02`), which this never touches.
 exercises: setup
 	@$(PY) tools/make_exercises.py
 

@@ -29,7 +29,8 @@ workshop.use_launcher_environment()  # torchrun's variables under any launcher (
 # TODO 1: join the other ranks in a process group; one GPU per rank
 # The launcher tells each rank its place (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR...):
 # init_process_group reads them. NCCL talks between GPUs, gloo between CPUs.
-# The local rank (the rank within its node) picks the GPU.
+# The local rank (the rank within its node) picks the GPU, not the global rank: each node
+# numbers its GPUs from 0 (harness check --simulate-nodes 2 runs the ranks as on 2 nodes).
 workshop.todo(1, "join the other ranks in a process group; one GPU per rank")
 
 # %% [markdown]
@@ -64,9 +65,12 @@ model = workshop.build_model(args.dropout).to(device)
 # DDP broadcasts rank 0's weights to every rank when it is built, and averages the gradients over
 # the ranks during backward. device_ids: the rank's GPU, or None on the CPU.
 workshop.todo(4, "wrap the model in DistributedDataParallel")
-# TODO 5: scale the learning rate with the global batch
+# TODO 5: scale the learning rate with the global batch: linearly, for SGD
 # --lr is the rate for one process's batch of --batch-size; the global batch is world_size of them.
-workshop.todo(5, "scale the learning rate with the global batch")
+# SGD, as here, takes the linear rule (Goyal et al. 2017): args.lr x world_size. With Adam the
+# square-root rule, args.lr x sqrt(world_size), is the usual one (notebook 02): harness check
+# expects the rule of the optimizer your script steps.
+workshop.todo(5, "scale the learning rate with the global batch: linearly, for SGD")
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 
 # %% [markdown]
@@ -89,7 +93,8 @@ for epoch in range(args.epochs):
     test_sums = workshop.evaluate(model.module, test_loader, device)  # summed loss, correct, samples
     # TODO 7: add up the sums and counts of all ranks, then print them once
     # dist.all_reduce(tensor) sums a tensor over the ranks in place (never average the ranks'
-    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums).
+    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums). Its own sums
+    # cover only its part of the data.
     workshop.todo(7, "add up the sums and counts of all ranks, then print them once")
 
 # TODO 8: save the weights once, from rank 0, and leave the process group

@@ -29,7 +29,8 @@ workshop.use_launcher_environment()  # torchrun's variables under any launcher (
 # Join the other ranks in a process group; one GPU per rank
 # The launcher tells each rank its place (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR...):
 # init_process_group reads them. NCCL talks between GPUs, gloo between CPUs.
-# The local rank (the rank within its node) picks the GPU.
+# The local rank (the rank within its node) picks the GPU, not the global rank: each node
+# numbers its GPUs from 0 (harness check --simulate-nodes 2 runs the ranks as on 2 nodes).
 dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 rank, world_size = dist.get_rank(), dist.get_world_size()
 local_rank = int(os.environ["LOCAL_RANK"])
@@ -69,8 +70,11 @@ model = workshop.build_model(args.dropout).to(device)
 # DDP broadcasts rank 0's weights to every rank when it is built, and averages the gradients over
 # the ranks during backward. device_ids: the rank's GPU, or None on the CPU.
 model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
-# Scale the learning rate with the global batch
+# Scale the learning rate with the global batch: linearly, for SGD
 # --lr is the rate for one process's batch of --batch-size; the global batch is world_size of them.
+# SGD, as here, takes the linear rule (Goyal et al. 2017): args.lr x world_size. With Adam the
+# square-root rule, args.lr x sqrt(world_size), is the usual one (notebook 02): harness check
+# expects the rule of the optimizer your script steps.
 lr = args.lr * world_size
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 warmup_steps = round(args.warmup_epochs * len(train_loader))
@@ -87,8 +91,9 @@ for epoch in range(args.epochs):
     for batch, (images, labels) in enumerate(train_loader):
         step = epoch * len(train_loader) + batch  # counted from 0 over the whole run
         # TODO 1: set this step's learning rate: from args.lr at step 0 up to lr at warmup_steps
-        # Linear in the step, then constant at lr. The optimizer reads it from
-        # optimizer.param_groups: for group in optimizer.param_groups: group["lr"] = ...
+        # Linear in the step: step 0, the run's first, trains at args.lr, step warmup_steps and every
+        # later one at lr, the steps between on the straight line from one to the other. The optimizer
+        # reads it from optimizer.param_groups: for group in optimizer.param_groups: group["lr"] = ...
         workshop.todo(1, "set this step's learning rate: from args.lr at step 0 up to lr at warmup_steps")
         images, labels = images.to(device), labels.to(device)
         loss = F.cross_entropy(model(images), labels)
@@ -100,7 +105,8 @@ for epoch in range(args.epochs):
     test_sums = workshop.evaluate(model.module, test_loader, device)  # summed loss, correct, samples
     # Add up the sums and counts of all ranks, then print them once
     # dist.all_reduce(tensor) sums a tensor over the ranks in place (never average the ranks'
-    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums).
+    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums). Its own sums
+    # cover only its part of the data.
     dist.all_reduce(train_sums)
     dist.all_reduce(test_sums)
     if rank == 0:

@@ -5,6 +5,9 @@ Python API (what notebooks, exercises and job templates use; every CLI command h
     import harness
     record = harness.train(harness.TrainConfig(backend="ddp", epochs=1))       # harness train
     result = harness.run_sweep(harness.SweepSettings(...))                      # harness sweep
+    bench = harness.bench_allreduce(harness.BenchSettings(backend="ddp", ranks=2))   # harness bench allreduce
+    harness.check_study("polaris", "submissions/polaris.sc", ["-A", "proj"])    # harness study --check
+    status = harness.run_study("polaris")                   # harness study, inside a batch job
     print(harness.scaling_report(result.records))                              # harness report
     figures = harness.scaling_figures(result.records)                          # harness plot
     harness.evaluate_model_file(harness.TrainConfig(...), "model.pt")          # harness evaluate
@@ -36,6 +39,21 @@ def run_sweep(settings):
     return run(settings)
 
 
+def run_study(site: str, kit_dir=None, script=None) -> int:
+    """This batch job's part of a scaling study at `site`; its exit status (see harness.study.job.run_study)."""
+    from .study.job import run_study as run
+
+    return run(site, kit_dir=kit_dir, script=script)
+
+
+def check_study(site: str, script: str, scheduler_args=(), environ=None):
+    """Judge a qsub/sbatch of a study's job script before it is queued: a CheckResult whose problems
+    and warnings are one line each (see harness.study.preflight.check_study)."""
+    from .study.preflight import check_study as check
+
+    return check(site, script, scheduler_args, environ)[0]
+
+
 def scaling_report(records) -> str:
     """The Markdown table of a scaling study's records (see harness.study.report.scaling_report)."""
     from .study.report import scaling_report as report
@@ -48,6 +66,13 @@ def scaling_figures(records) -> dict:
     from .study.plot import scaling_figures as figures
 
     return figures(records)
+
+
+def bench_allreduce(settings) -> dict:
+    """Time a backend's allreduce per message size and fit the ring model (see harness.study.bench)."""
+    from .study.bench import bench_allreduce as bench
+
+    return bench(settings)
 
 
 def evaluate_model_file(config: TrainConfig, model_file: str) -> dict:
@@ -77,9 +102,13 @@ def __getattr__(name: str):
         from .study import sweep
 
         return getattr(sweep, name)
+    if name == "BenchSettings":
+        from .study import allreduce
+
+        return allreduce.BenchSettings
     raise AttributeError(f"module 'harness' has no attribute {name!r}")
 
 
-__all__ = ["Callback", "EpochEnd", "check_script", "PeerFailure", "Preempted", "StepEnd", "SweepResult", "SweepSettings",
-           "TrainConfig", "UsageError", "evaluate_model_file", "read_results", "run_sweep", "scaling_figures",
-           "scaling_report", "train", "__version__"]
+__all__ = ["BenchSettings", "Callback", "EpochEnd", "check_script", "PeerFailure", "Preempted", "StepEnd", "SweepResult",
+           "SweepSettings", "TrainConfig", "UsageError", "bench_allreduce", "check_study", "evaluate_model_file",
+           "read_results", "run_study", "run_sweep", "scaling_figures", "scaling_report", "train", "__version__"]

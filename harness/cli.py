@@ -1,4 +1,5 @@
-"""Command line: `harness train | launch | env | demo | evaluate | data | sweep | plot | report | check`.
+"""Command line: `harness train | launch | env | demo | evaluate | data | sweep | plot | report | bench | predict |
+check | exercise | study`.
 
 A thin layer over the Python API.
 """
@@ -6,14 +7,19 @@ A thin layer over the Python API.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
 import sys
 from typing import Any, Dict, NoReturn, Optional, Sequence
 
-from .config import OneLineParser, TrainConfig, add_train_flags, config_from_args
+from .config import OneLineParser, TrainConfig
+from .training.flags import add_train_flags, config_from_args
 from .errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, PeerFailure, Preempted, UsageError
+
+# How long a finished rank waits in MPI_Finalize for its peers before it gives up (status 1).
+MPI_FINALIZE_LIMIT_S = 60.0
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -27,7 +33,7 @@ def _launch(args: argparse.Namespace) -> int:
     from .training.launch import run_launch
     from .backends import get_backend
 
-    from .training.loop import check_config
+    from .training.placement import check_config
 
     train_args = list(args.train_args)
     if train_args and train_args[0] == "--":
@@ -45,11 +51,14 @@ def _launch(args: argparse.Namespace) -> int:
 
 def _env(args: argparse.Namespace) -> int:
     import dataclasses as dc
+    import socket
 
     from .process.discovery import default_threads, detect_cluster
 
     cluster = detect_cluster()
-    print(json.dumps({**dc.asdict(cluster), "default_threads": default_threads(cluster)}, sort_keys=True), flush=True)
+    # The hostname tells which node each rank landed on (a multi-node job's placement).
+    found = {**dc.asdict(cluster), "default_threads": default_threads(cluster), "hostname": socket.gethostname()}
+    print(json.dumps(found, sort_keys=True), flush=True)
     return 0
 
 
@@ -93,7 +102,7 @@ def _sweep(args: argparse.Namespace) -> int:
         results=args.results, train_args=list(args.pass_through), repeats=args.repeats,
         launch_template=args.launch_template, launcher=args.launcher, ppn=args.ppn, sweep_id=args.sweep_id,
         run_timeout=args.run_timeout, dry_run=args.dry_run, log_dir=args.log_dir,
-        checkpoint_root=args.checkpoint_root)
+        checkpoint_root=args.checkpoint_root, all_cores_baseline=args.all_cores_baseline)
     result = run_sweep(settings)
     if settings.dry_run:
         return 0
@@ -124,10 +133,51 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_allreduce(args: argparse.Namespace) -> int:
+    from .study.allreduce import DEFAULT_SIZES, BenchSettings, format_result, parse_sizes
+    from .study.bench import bench_allreduce
+
+    settings = BenchSettings(backend=args.backend, ranks=args.n, sizes=parse_sizes(args.sizes) if args.sizes else
+                             DEFAULT_SIZES, seconds_per_size=args.seconds_per_size, min_repeats=args.min_repeats,
+                             max_repeats=args.max_repeats, results=args.results, launcher=args.launcher,
+                             device=args.device, timeout=args.timeout)
+    result = bench_allreduce(settings)
+    if result.get("rank", 0) == 0 and not args.quiet:
+        print(format_result(result) + (f"\nwritten to {args.results}" if args.results else ""), flush=True)
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from .study.predict import predict_command
+
+    return predict_command(args)
+
+
+def _predict_flags(parser: argparse.ArgumentParser) -> None:
+    from .study.predict import add_predict_flags
+
+    add_predict_flags(parser)
+
+
+def _study(args: argparse.Namespace) -> int:
+    from .study.preflight import study_command
+
+    scheduler_args = list(args.scheduler_args)
+    if scheduler_args and scheduler_args[0] == "--":
+        scheduler_args = scheduler_args[1:]
+    return study_command(args.site, args.script, args.check, args.submit, scheduler_args)
+
+
 def _check(args: argparse.Namespace) -> int:
     from .workshop.checker import check_command
 
-    return check_command(args.file, ranks=args.ranks, timeout=args.timeout)
+    return check_command(args.file, ranks=args.ranks, timeout=args.timeout, simulate_nodes=args.simulate_nodes)
+
+
+def _exercise_start(args: argparse.Namespace) -> int:
+    from .workshop.my_exercises import start_command
+
+    return start_command(args.step, notebook=args.notebook, force=args.force, directory=args.directory)
 
 
 def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.ArgumentParser:
@@ -139,7 +189,7 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
     train.add_argument("--config", default=None, metavar="JSON",
                        help="start from the settings in this file (TrainConfig.to_json, or a record's config); "
                             "flags given beside it override them")
-    add_train_flags(train)
+    train.declare_later(add_train_flags)  # they import every backend (and torch): only when `train` is used
     train.set_defaults(run=_train, **(train_defaults or {}))
 
     launch = commands.add_parser("launch", help="start N local ranks of `harness train` with a real launcher")
@@ -202,7 +252,12 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
     sweep.add_argument("--scaling", required=True, choices=("weak", "strong"),
                        help="weak: --batch-size per worker fixed; strong: --global-batch (default --batch-size) fixed")
     sweep.add_argument("--results", required=True, help="JSONL file every run appends its record to")
-    sweep.add_argument("--repeats", type=int, default=1, help="runs per configuration, interleaved (default: 1)")
+    sweep.add_argument("--repeats", type=int, default=3,
+                       help="runs per configuration, interleaved; 3 or more give a 95%% interval (default: 3)")
+    sweep.add_argument("--all-cores-baseline", action="store_true",
+                       help="also run each backend at 1 rank with all the node's cores (tagged baseline=all-cores; "
+                            "shown apart, never a scaling baseline). Every other run gets --threads (a train flag; "
+                            "default: cores // the most ranks on a node)")
     sweep.add_argument("--launch-template", default=None,
                        help="site launch command, e.g. 'mpiexec -n {ranks} --ppn {ppn} {python} -m harness train "
                             "{args}' (default inside PBS: that one; inside Slurm: srun ...)")
@@ -236,11 +291,73 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
     check.add_argument("file", help="the script to check, e.g. exercises/02_ddp.py")
     check.add_argument("--ranks", type=int, default=2, help="ranks to run it on (default: 2)")
     check.add_argument("--timeout", type=float, default=300.0, help="seconds before the run is stopped (default: 300)")
+    check.add_argument("--simulate-nodes", type=int, default=1, metavar="N",
+                       help="run the ranks as if dealt out to N nodes (each rank's local rank and node as there, on "
+                            "the CPU), so that a GPU picked by the global rank shows (default: 1)")
     check.set_defaults(run=_check)
+
+    exercise = commands.add_parser("exercise", help="your own copy of a hands-on step to work on (my-exercises/)")
+    exercise_commands = exercise.add_subparsers(dest="exercise_command", required=True, parser_class=OneLineParser)
+    start = exercise_commands.add_parser(
+        "start", help="copy a step's exercise to my-exercises/NN_name.py, which `make exercises` never touches")
+    start.add_argument("step", help="the step: 01..05, or its name, e.g. 02 or 02_ddp")
+    start.add_argument("--notebook", action="store_true", help="also write the notebook form (.ipynb)")
+    start.add_argument("--force", action="store_true", help="replace a copy that is already there (your work in it is lost)")
+    start.add_argument("--directory", default=None, help="where to write the copy (default: my-exercises/ in the kit)")
+    start.set_defaults(run=_exercise_start)
 
     report = commands.add_parser("report", help="Markdown table of a scaling study: throughput, efficiency, POP")
     report.add_argument("results", nargs="+", help="JSONL results file(s), or job directories (their results.jsonl)")
     report.set_defaults(run=_report)
+
+    bench = commands.add_parser("bench", help="benchmarks of the communicator: `harness bench allreduce`")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True, parser_class=OneLineParser)
+    allreduce = bench_commands.add_parser(
+        "allreduce", help="time any backend's allreduce per message size; fit NCCL's ring alpha-beta model",
+        description="With -n, starts N local ranks through the backend's launcher (like `harness launch`); "
+                    "without, this process is one rank of the job that launched it (mpiexec/srun in an "
+                    "allocation). Prints time, algbw and busbw per size as nccl-tests does, and the fit of "
+                    "time = 2(n-1) alpha + 2(n-1)/n bytes / busbw; --results writes it all as JSON.")
+    allreduce.add_argument("--backend", default="ddp", help="whose communicator: ddp, horovod, deepspeed, none "
+                                                            "(default: ddp)")
+    allreduce.add_argument("-n", type=int, default=None, help="start this many local ranks (default: this process "
+                                                               "is a rank of an existing launch)")
+    allreduce.add_argument("--sizes", default=None, help="message sizes, e.g. 4K,64K,1M,16M,256M (default: 4K to "
+                                                         "256M by factors of 4; about 30 s at 2 CPU ranks)")
+    allreduce.add_argument("--seconds-per-size", type=float, default=0.4,
+                           help="time budget per size; repetitions agreed from a warm-up (default: 0.4)")
+    allreduce.add_argument("--min-repeats", type=int, default=3, help="repetitions per size at least (default: 3)")
+    allreduce.add_argument("--max-repeats", type=int, default=100, help="repetitions per size at most (default: 100)")
+    allreduce.add_argument("--results", default=None, help="write the result as JSON here")
+    allreduce.add_argument("--launcher", default=None, help="local ranks: this launcher instead of the backend's own")
+    allreduce.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
+    allreduce.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait (default: 300)")
+    # Ranks started by -n run quietly: their parent prints the result once.
+    allreduce.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
+    allreduce.set_defaults(run=_bench_allreduce)
+
+    predict = commands.add_parser(
+        "predict", help="predict step time, throughput and efficiency at 1..512 nodes of a site",
+        description="Combines a site's network figures (its profile, or a `harness bench allreduce` fit) with "
+                    "the compute per step of a run (a record) or of a published throughput, the model's gradient "
+                    "bytes, the bucket size and the overlap of communication with backward; with --measured, "
+                    "puts measured step times beside the prediction. See harness/study/predict.py.")
+    predict.declare_later(_predict_flags)  # declared in harness.study.predict: loaded only when `predict` is used
+    predict.set_defaults(run=_predict)
+
+    study = commands.add_parser(
+        "study", help="a whole scaling study in a batch job, checked before it is queued (the job templates run it)",
+        description="In a PBS/Slurm job: check, discovery on every rank, the sweep through the site launcher, "
+                    "figures and report in JOB_DIR, and continuation after the walltime warning or a preemption. "
+                    "On a login node: --check (or --submit) the qsub/sbatch options given after --. Settings are "
+                    "NAME=VALUE variables (qsub -v, sbatch's environment); see harness/study/settings.py.")
+    study.add_argument("--site", required=True, help="polaris, perlmutter, generic-slurm, generic-pbs, or a profile JSON")
+    study.add_argument("--script", default=None, help="the job script (the templates pass themselves)")
+    mode = study.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="judge the submission before it is queued (exit 2: problems)")
+    mode.add_argument("--submit", action="store_true", help="check, then qsub/sbatch it")
+    study.add_argument("scheduler_args", nargs=argparse.REMAINDER, help="-- then qsub/sbatch options")
+    study.set_defaults(run=_study)
     return parser
 
 
@@ -307,10 +424,38 @@ def run_and_exit() -> NoReturn:
     hooks (Horovod's, the process group's) would wait on the dead peer. After a finished run, gloo
     worker threads holding Python objects can abort the process (SIGABRT, "terminate called without
     an active exception", seen in CI after a DeepSpeed ZeRO-3 run; pytorch#179291), turning it into a
-    failed one. So flush what is buffered and leave.
+    failed one. So flush what is buffered, finalize MPI after a finished run, and leave.
     """
     status = main()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    if status == 0:
+        try:
+            finalize_mpi()
+        except Exception as exc:  # an MPI error here must not skip os._exit (and its status)
+            print(f"harness: MPI_Finalize failed: {exc}", file=sys.stderr, flush=True)
     os._exit(status)
+
+
+def finalize_mpi(limit_s: float = MPI_FINALIZE_LIMIT_S) -> None:
+    """MPI_Finalize, if mpi4py initialised MPI in this process and nobody finalised it yet.
+
+    MPI is initialised when mpi4py.MPI is imported: by discovery (to broadcast rank 0's hostname
+    across nodes), by the horovod backend under mpirun, by a user's script. mpi4py finalises it in
+    an exit hook, which os._exit skips, and OpenMPI's mpirun turns a rank that exits 0 without
+    MPI_Finalize into "abnormal termination", exit status 1: a finished run reported as failed.
+    (Horovod finalises only an MPI it initialised itself, in hvd.shutdown, the backend's shutdown.)
+    Called after a finished run only: a rank exiting with 2, 3 or 4 keeps that status through mpirun
+    without finalizing, and MPI_Finalize waits for every rank, so after a peer failure it would
+    wait on the dead one. In case a peer never gets here, a watchdog that needs no GIL ends the
+    process with status 1 after `limit_s`.
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return
+    faulthandler.dump_traceback_later(limit_s, exit=True)
+    try:
+        mpi.Finalize()
+    finally:
+        faulthandler.cancel_dump_traceback_later()

@@ -1,9 +1,10 @@
 """The training configuration: one dataclass that the CLI, notebooks and job templates share.
 
-Each field's metadata holds its help text; `harness train`'s flags are generated from it here, so
-the CLI and the Python API cannot drift apart, and `help(TrainConfig)` lists every field. This is a
-leaf module: it checks fields one by one (`validate`); what needs the registries (backend, model and
-dataset names, each backend's own options, checkpoints) is checked by `harness.training.loop.check_config`.
+Each field's metadata holds its help text; `harness train`'s flags are generated from it (in
+harness.training.flags, with one flag per option of every registered backend), so the CLI and the
+Python API cannot drift apart, and `help(TrainConfig)` lists every field. This is a leaf module: it
+checks fields one by one (`validate`); what needs the registries (backend, model and dataset names,
+the chosen backend's options, checkpoints) is checked by `harness.training.check_config`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .process.allocator import CPU_MALLOC_MODES
 from .errors import EXIT_USAGE, UsageError, unknown_choice
@@ -80,10 +81,10 @@ class TrainConfig:
                                           "exact mean over its steps and all ranks (default: every step for runs "
                                           "up to 1,000 steps, else 1,000 points)", type=int)
     timing_warmup_steps: int = _opt(5, "steps left out of the timed window (start-up, first allocations)")
-    calibration_steps: int = _opt(10, "forward+backward steps timed after training on a plain copy of the model, "
-                                     "to split step time into compute and communication (0 = no split)")
-    trace_steps: int = _opt(0, "record each rank's phase timestamps (data wait, forward+backward+sync, optimizer) "
-                               "for this many steps of the timed window, for a per-rank timeline")
+    calibration_steps: int = _opt(0, "forward+backward steps timed after training on a fresh copy of the model: "
+                                     "a cross-check recorded beside the window's own forward+backward (0 = none)")
+    trace_steps: int = _opt(0, "record each rank's phase timestamps (data wait, forward+backward, communication, "
+                               "optimizer) for this many steps of the timed window, for a per-rank timeline")
     profile: bool = _opt(False, "on GPUs, synchronise the device around each step phase so the per-step time "
                                 "breakdown is exact (costs some overlap; CPU timings are exact without it)")
     tags: Dict[str, str] = field(default_factory=dict, metadata={
@@ -98,16 +99,12 @@ class TrainConfig:
     keep_checkpoints: int = _opt(3, "how many of the newest checkpoints --checkpoint-dir keeps")
     resume: Optional[str] = _opt(None, "auto: continue from the newest valid checkpoint in --checkpoint-dir (start "
                                        "fresh if there is none); or a checkpoint directory DIR/step-N")
-    # Framework knobs: each is read, checked and recorded (under `tuning`) by the backend module
-    # that owns it (its `options`); none changes the math except Horovod's fp16 compression.
-    ddp_bucket_cap_mb: float = _opt(25.0, "ddp: gradient bucket size in MB")
-    hvd_fusion_threshold_mb: Optional[float] = _opt(None, "horovod: tensor-fusion buffer in MB "
-                                                           "(default: Horovod's, 128)", type=float)
-    hvd_fp16_compression: bool = _opt(False, "horovod: send gradients as fp16 (changes the math)")
-    hvd_cycle_time_ms: Optional[float] = _opt(None, "horovod: background-thread cycle in ms (default: "
-                                                    "$HOROVOD_CYCLE_TIME, else 5 on CPU, Horovod's 1 on GPU)",
-                                              type=float)
-    zero_stage: int = _opt(0, "deepspeed: ZeRO stage 0-3")
+    # Framework knobs: each backend module declares its own (its `Options` dataclass), and parses,
+    # checks and records (under `tuning`) them itself. On the command line each option is a flag
+    # of its own, listed here in `harness train --help`.
+    backend_options: Dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "the chosen backend's own options, by the field names of its Options dataclass (on the command "
+                "line each option is a flag of its own)", "backend_flags": True})
     cpu_malloc: str = _opt("reuse", "CPU runs: reuse (keep freed memory for the next step instead of returning "
                                     "it to the kernel; see harness/process/allocator.py) or system (glibc's defaults)")
 
@@ -135,6 +132,8 @@ class TrainConfig:
             raise UsageError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.keep_checkpoints < 1:
             raise UsageError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
+        if not isinstance(self.backend_options, dict):
+            raise UsageError(f"backend_options must be a dict of option name to value, got {self.backend_options!r}")
 
     def local_batch(self, world_size: int) -> int:
         """Samples per worker per optimizer step (all micro-batches); a global batch must split evenly."""
@@ -191,7 +190,8 @@ def _field_docs() -> str:
     lines = ["", "Fields (flag, default: meaning):"]
     for spec in dataclasses.fields(TrainConfig):
         default = spec.default if spec.default is not dataclasses.MISSING else "{}"
-        lines.append(f"    {spec.name} ({flag_name(spec.name)}, default {default!r}): "
+        flag = "a flag per option" if spec.metadata.get("backend_flags") else flag_name(spec.name)
+        lines.append(f"    {spec.name} ({flag}, default {default!r}): "
                      f"{spec.metadata['help'].replace('%%', '%')}")
     return "\n".join(lines)
 
@@ -205,58 +205,44 @@ def flag_name(name: str) -> str:
 TrainConfig.__doc__ = (TrainConfig.__doc__ or "") + _field_docs()
 
 
-# -- command-line flags, generated from the fields -------------------------------------------------
+# -- the command line's parser ------------------------------------------------------------------
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one line naming the fix, with exit status 2."""
+    """argparse whose errors are one line naming the fix, with exit status 2.
+
+    `declare_later` defers declaring arguments until the parser is first used (to parse, or for
+    its usage or help): `harness train`'s flags include every backend's options, and reading those
+    imports the backends, hence torch, which `harness --help` and most commands never need.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._undeclared: List[Callable[[argparse.ArgumentParser], None]] = []
+
+    def declare_later(self, declare: Callable[[argparse.ArgumentParser], None]) -> None:
+        """Call `declare(self)` to add arguments when this parser is first used, not now."""
+        self._undeclared.append(declare)
+
+    def _declare_now(self) -> None:
+        if not self._undeclared:
+            return
+        for declare in self._undeclared:
+            declare(self)
+        self._undeclared.clear()
+        self.set_defaults(**self._defaults)  # defaults set before the arguments existed apply to them too
+
+    def parse_known_args(self, args: Optional[Sequence[str]] = None,  # type: ignore[override]
+                         namespace: Optional[argparse.Namespace] = None) -> Tuple[argparse.Namespace, List[str]]:
+        self._declare_now()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self._declare_now()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._declare_now()
+        return super().format_help()
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
-
-
-class KeyValueAction(argparse.Action):
-    """Collect repeated KEY=VALUE flags into one dict (a later KEY replaces an earlier one)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: Optional[str] = None) -> None:
-        key, separator, value = str(values).partition("=")
-        if not separator or not key:
-            parser.error(f"{option_string} takes KEY=VALUE, got {values!r}")
-        setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}), key: value})
-
-
-def add_train_flags(parser: argparse.ArgumentParser, only: Optional[Sequence[str]] = None) -> None:
-    """One flag per TrainConfig field (or per field named in `only`), typed and documented from the dataclass."""
-    for spec in dataclasses.fields(TrainConfig):
-        if only is not None and spec.name not in only:
-            continue
-        flag = flag_name(spec.name)
-        help_text = spec.metadata["help"]
-        if spec.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", help=help_text)
-            continue
-        if spec.type in ("Dict[str, str]", Dict[str, str]):
-            parser.add_argument(flag, dest=spec.name, action=KeyValueAction, default={}, metavar="KEY=VALUE",
-                                help=help_text)
-            continue
-        kind = spec.metadata.get("type") or (str if spec.default is None else type(spec.default))
-        parser.add_argument(flag, type=kind, default=spec.default, metavar=spec.name.upper(),
-                            help=f"{help_text} (default: {spec.default})")
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The TrainConfig described by parsed train flags (defaults for fields the parser did not have)."""
-    return TrainConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TrainConfig)
-                          if hasattr(args, spec.name)})
-
-
-class _RaisingParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see `harness train --help`)")
-
-
-def parse_train_flags(flags: Sequence[str]) -> TrainConfig:
-    """The TrainConfig of `harness train` flags; a bad flag raises UsageError (one line, no exit)."""
-    parser = _RaisingParser(prog="harness train", allow_abbrev=False)
-    add_train_flags(parser)
-    return config_from_args(parser.parse_args(list(flags)))

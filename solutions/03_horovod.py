@@ -22,7 +22,8 @@ torch.manual_seed(args.seed)
 
 # TODO(init): start Horovod; one GPU per rank
 # hvd.init() finds the other ranks (under horovodrun, mpirun or srun); hvd.rank(), hvd.size() and
-# hvd.local_rank() say where this process stands. The local rank picks the GPU.
+# hvd.local_rank() say where this process stands. The local rank picks the GPU, not the global
+# rank: each node numbers its GPUs from 0 (harness check --simulate-nodes 2 runs the ranks as on 2 nodes).
 hvd.init()
 rank, world_size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
 device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
@@ -55,8 +56,11 @@ test_loader = DataLoader(test_set, batch_size=256)
 
 # %%
 model = workshop.build_model(args.dropout).to(device)
-# TODO(lr): scale the learning rate with the global batch
+# TODO(lr): scale the learning rate with the global batch: linearly, for SGD
 # --lr is the rate for one process's batch of --batch-size; the global batch is world_size of them.
+# SGD, as here, takes the linear rule (Goyal et al. 2017): args.lr x world_size. With Adam the
+# square-root rule, args.lr x sqrt(world_size), is the usual one (notebook 02): harness check
+# expects the rule of the optimizer your script steps.
 lr = args.lr * world_size
 # END TODO
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
@@ -91,7 +95,8 @@ for epoch in range(args.epochs):
     test_sums = workshop.evaluate(model, test_loader, device)  # summed loss, correct, samples
     # TODO(metrics): add up the sums and counts of all ranks, then print them once
     # hvd.allreduce(tensor, op=hvd.Sum) returns the sum over the ranks (never average the ranks'
-    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums).
+    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums). Its own sums
+    # cover only its part of the data.
     train_sums = hvd.allreduce(train_sums, op=hvd.Sum)
     test_sums = hvd.allreduce(test_sums, op=hvd.Sum)
     if rank == 0:

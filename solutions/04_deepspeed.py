@@ -31,7 +31,8 @@ workshop.skip_deepspeed_shm_op()  # on a CPU: no 45 s compile of an op only infe
 # TODO(process-group): join the other ranks; one GPU per rank
 # deepspeed.init_distributed() makes the torch.distributed process group (NCCL on GPUs, gloo on
 # CPUs) from the launcher's variables; then dist.get_rank() and dist.get_world_size() work as in
-# step 2. The local rank picks the GPU.
+# step 2. The local rank picks the GPU, not the global rank: each node numbers its GPUs from 0
+# (harness check --simulate-nodes 2 runs the ranks as on 2 nodes).
 deepspeed.init_distributed()
 rank, world_size = dist.get_rank(), dist.get_world_size()
 local_rank = int(os.environ["LOCAL_RANK"])
@@ -65,14 +66,17 @@ test_loader = DataLoader(test_set, batch_size=256)
 
 # %%
 model = workshop.build_model(args.dropout).to(device)
-# TODO(lr): scale the learning rate with the global batch
+# TODO(lr): scale the learning rate with the global batch: linearly, for SGD
 # --lr is the rate for one process's batch of --batch-size; the global batch is world_size of them.
+# SGD, as here, takes the linear rule (Goyal et al. 2017): args.lr x world_size. With Adam the
+# square-root rule, args.lr x sqrt(world_size), is the usual one (notebook 02): harness check
+# expects the rule of the optimizer your script steps.
 lr = args.lr * world_size
 # END TODO
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 # TODO(config): write DeepSpeed's config: per-GPU and global batch, and no gradient clipping
-# "train_micro_batch_size_per_gpu" is one rank's batch, "train_batch_size" the global one
-# (micro-batch x gradient accumulation steps x ranks). "gradient_clipping" is 1.0 unless you set
+# "train_micro_batch_size_per_gpu" is one rank's batch, "train_batch_size" the global one, not one
+# rank's (micro-batch x gradient accumulation steps x ranks). "gradient_clipping" is 1.0 unless you set
 # it: 0 turns it off. "zero_optimization": {"stage": 0} keeps ZeRO off; stages 1-3 partition the
 # optimizer state, gradients and weights over the ranks, and then a torch optimizer needs
 # "zero_allow_untested_optimizer": True.
@@ -113,7 +117,8 @@ for epoch in range(args.epochs):
     test_sums = workshop.evaluate(engine.module, test_loader, device)  # summed loss, correct, samples
     # TODO(metrics): add up the sums and counts of all ranks, then print them once
     # dist.all_reduce(tensor) sums a tensor over the ranks in place (never average the ranks'
-    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums).
+    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums). Its own sums
+    # cover only its part of the data.
     dist.all_reduce(train_sums)
     dist.all_reduce(test_sums)
     if rank == 0:

@@ -7,9 +7,11 @@ from typing import Any, Dict, Optional, Sequence
 
 def record(backend: str, workers: int, throughput: float, *, scaling: str = "weak", local_batch: int = 64,
            useful: Optional[Sequence[float]] = None, runtime: float = 1.0, au: float = 0.95,
-           repeat: int = 0, model: str = "cnn", dataset: str = "synthetic") -> Dict[str, Any]:
-    """One run's record; POP metrics follow from `useful` (per-rank seconds) and `runtime`."""
-    from harness.training.metrics import pop_metrics
+           repeat: int = 0, model: str = "cnn", dataset: str = "synthetic", threads: Optional[int] = 1,
+           contended: bool = False, baseline: str = "") -> Dict[str, Any]:
+    """One run's record; POP metrics follow from `useful` (per-rank seconds) and `runtime`;
+    `contended` gives it a contention section flagged by a load average of 9 on 2 cores."""
+    from harness.training.metrics import contention_summary, pop_metrics
 
     useful = list(useful) if useful is not None else [0.8 * runtime] * workers
     steps = 10
@@ -19,7 +21,12 @@ def record(backend: str, workers: int, throughput: float, *, scaling: str = "wea
         "model": model, "dataset": dataset, "device": "cpu", "throughput": throughput, "throughput_ci95": None,
         "au": au, **pop_metrics(useful, runtime),
         "config": {"global_batch": global_batch if scaling == "strong" else None},
-        "tags": {"scaling": scaling, "repeat": str(repeat), "sweep_id": "handmade"},
+        "tags": {"scaling": scaling, "repeat": str(repeat), "sweep_id": "handmade",
+                 **({"baseline": baseline} if baseline else {})},
+        "threads_per_rank": threads,
+        "contention": contention_summary({"cpu_share": [0.95] * workers, "runqueue_wait_share": [0.01] * workers,
+                                          "load_average": 9.0 if contended else 1.0, "cores": 2,
+                                          "steal_share": 0.0, "threads_per_rank": threads}),
         "step_breakdown": {"seconds_per_step": {
             "data_wait": 0.05 * runtime / steps, "forward_backward": 0.6 * runtime / steps,
             "communication": 0.2 * runtime / steps, "optimizer": 0.1 * runtime / steps,

@@ -1,7 +1,8 @@
 """Several trainings in the same two processes, as a notebook's MPI engines run them.
 
 Run as `mpirun -np 2 python tests/repeat_runs.py OUT_DIR` (tests/test_repeat_runs.py does). Each
-rank trains ddp -> horovod -> deepspeed -> ddp -> deepspeed; then ddp and deepspeed in a process
+rank trains every registered distributed backend, then each again (ddp -> horovod -> deepspeed ->
+ddp -> horovod -> deepspeed); then ddp and deepspeed in a process
 group it made itself, deepspeed again in a second group of its own (DeepSpeed caches the groups it
 makes: a stale one breaks the next run), and horovod after its own hvd.init(). It writes
 OUT_DIR/rank<R>.json with what it saw after each run: the record's launcher and tuning, whether the
@@ -20,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 import harness
+from backend_cases import DISTRIBUTED  # this script's directory, tests/, is on sys.path
 
-SEQUENCE = tuple(os.environ.get("REPEAT_SEQUENCE", "ddp,horovod,deepspeed,ddp,deepspeed").split(","))
+SEQUENCE = tuple(os.environ.get("REPEAT_SEQUENCE", ",".join(DISTRIBUTED * 2)).split(","))
 # Runs in process groups the script makes itself, one group per tuple.
 OWN_GROUP_SEQUENCES = (("ddp", "deepspeed"), ("deepspeed",))
 # Every run must end with the weights of one process on the doubled batch (harness.study.equivalence).

@@ -59,7 +59,8 @@ def outside_window_seconds(stamps: List[Tuple[str, float]], warmup_steps: int) -
 
 
 def main(argv: List[str]) -> None:
-    from harness.config import OneLineParser, add_train_flags, config_from_args
+    from harness.config import OneLineParser
+    from harness.training.flags import add_train_flags, config_from_args
     from harness.process.discovery import detect_cluster
     from harness.training.loop import train
 

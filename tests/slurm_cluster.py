@@ -144,7 +144,8 @@ class SlurmCluster:
             result = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=20,
                                     env=self.environ())
             state = result.stdout.strip()
-            if result.returncode == 0 and state in ("idle", "mixed", "allocated"):
+            # One line per partition the node is in.
+            if result.returncode == 0 and state and set(state.split()) <= {"idle", "mixed", "allocated"}:
                 return
             time.sleep(0.5)
         raise RuntimeError(f"the Slurm node is not idle after {START_TIMEOUT_S:.0f} s (state {state!r}); "

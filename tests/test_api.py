@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from harness import Callback, TrainConfig, UsageError, train
+from harness.backends import BACKENDS
 from harness.cli import show_progress
 from harness.training.models import build_model
 
@@ -109,27 +111,32 @@ def test_callbacks_must_be_callback_instances():
         train(TrainConfig(max_steps=2), callbacks=[print])
 
 
-def test_config_round_trips_through_json_and_the_cli_reads_it(tmp_path):
-    config = TrainConfig(backend="ddp", model="cnn", batch_size=32, tags={"lesson": "02"}, warmup_epochs=0.5)
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_config_round_trips_through_json_and_the_cli_reads_it(tmp_path, backend):
+    """Backend options included: the file's, with the option flags given beside it on top."""
+    defaults, example = BACKENDS[backend].Options(), BACKENDS[backend].Options.examples()[-1]
+    config = TrainConfig(backend=backend, model="cnn", batch_size=32, tags={"lesson": "02"}, warmup_epochs=0.5,
+                         backend_options=defaults.as_dict())
     path = tmp_path / "run.json"
     config.to_json(str(path))
     assert TrainConfig.from_json(str(path)) == config
     from harness.cli import build_parser
+    from harness.training.flags import config_from_args
 
-    defaults = TrainConfig.from_json(str(path)).to_dict()
-    args = build_parser(train_defaults=defaults).parse_args(["train", "--config", str(path), "--batch-size", "8"])
-    from harness.config import config_from_args
-
-    assert config_from_args(args) == TrainConfig(**{**config.to_dict(), "batch_size": 8})
+    saved = TrainConfig.from_json(str(path)).to_dict()
+    args = build_parser(train_defaults=saved).parse_args(["train", "--config", str(path), "--batch-size", "8",
+                                                          *example.to_flags()])
+    assert config_from_args(args) == TrainConfig(**{**config.to_dict(), "batch_size": 8,
+                                                    "backend_options": example.as_dict()})
 
 
 def test_help_lists_every_field_with_its_flag_and_meaning():
-    import dataclasses
     import pydoc
 
     text = pydoc.render_doc(TrainConfig, renderer=pydoc.plaintext)
     for spec in dataclasses.fields(TrainConfig):
-        assert f"{spec.name} (--" in text, spec.name
+        flag = "a flag per option" if spec.metadata.get("backend_flags") else "--"
+        assert f"{spec.name} ({flag}" in text, spec.name
 
 
 def test_evaluate_appends_its_record_like_train(tmp_path):
@@ -152,7 +159,7 @@ def test_sweep_report_and_figures_from_python(tmp_path):
                                      sweep_id="py")
     result = harness.run_sweep(settings)
     assert result.status == 0 and len(result.records) == 2 and not result.failed
-    assert " none | " in harness.scaling_report(result.records)
+    assert " none | " in harness.scaling_report(result.records).replace(" † |", " |")  # † marks a busy machine
     figures = harness.scaling_figures(result.records)
     assert set(figures) == {"throughput", "efficiency", "breakdown"}
     assert all(type(figure).__name__ == "Figure" for figure in figures.values())
@@ -160,8 +167,9 @@ def test_sweep_report_and_figures_from_python(tmp_path):
 
     timeline = result.records[0]["timeline"]
     assert len(timeline["per_rank"]) == 1 and len(timeline["per_rank"][0]) == 2
-    for data_wait, compute, optimizer in timeline["per_rank"][0]:  # consecutive phases of a step
-        assert data_wait[0] <= data_wait[1] == compute[0] <= compute[1] == optimizer[0] <= optimizer[1]
+    for data_wait, compute, communication, optimizer in timeline["per_rank"][0]:  # consecutive phases of a step
+        assert data_wait[0] <= data_wait[1] == compute[0] <= compute[1] == communication[0] <= communication[1]
+        assert communication[1] == optimizer[0] <= optimizer[1]
     assert type(timeline_figure(result.records[0])).__name__ == "Figure"
     rerun = harness.run_sweep(settings)  # the same sweep id: both runs are recorded, nothing is run again
     assert rerun.status == 0 and len(rerun.records) == 2
@@ -172,12 +180,22 @@ def test_sweep_report_and_figures_from_python(tmp_path):
     (TrainConfig(procs_per_gpu=2, device="cpu"), "--procs-per-gpu 2 places ranks on GPUs"),
     (TrainConfig(grad_accum=0), "--grad-accum must be a positive integer, got 0"),
     (TrainConfig(global_batch=64, grad_accum=3), "does not split evenly over 1 workers x 3 micro-batches"),
-    (TrainConfig(zero_stage=5, backend="ddp"), "--zero-stage must be 0, 1, 2 or 3"),
+    (TrainConfig(backend_options={"zero_stage": 5}, backend="deepspeed"), "--zero-stage must be 0, 1, 2 or 3"),
+    (TrainConfig(backend_options={"cycle_time_ms": 0}, backend="horovod"), "--hvd-cycle-time-ms must be positive"),
+    (TrainConfig(backend_options={"bucket_cap_mb": -1}, backend="ddp"), "--ddp-bucket-cap-mb must be positive"),
     (TrainConfig(log_every=0), "--log-every must be a positive integer"),
 ])
 def test_new_settings_are_checked_before_anything_runs(config, message):
     with pytest.raises(UsageError, match=message):
         train(config)
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_an_unknown_backend_option_lists_the_backends_options(backend):
+    names = [spec.name for spec in dataclasses.fields(BACKENDS[backend].Options)]
+    known = f"its options are {', '.join(names)}" if names else "it has no options"
+    with pytest.raises(UsageError, match=f"^backend '{backend}' has no option 'no_such_option'; {known}$"):
+        train(TrainConfig(backend=backend, backend_options={"no_such_option": 1}))
 
 
 def test_progress_lines_go_to_the_stdout_of_the_moment(monkeypatch):

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from harness import TrainConfig, train
-from harness.training.checkpoint import capture_rng_state, restore_rng_state
-from harness.errors import Preempted
+from harness.backends import BACKENDS
+from harness.training.checkpoint import Checkpoint, RunLayout, capture_rng_state, check_compatible, restore_rng_state
+from harness.errors import Preempted, UsageError
 
 from .checkpoint_helpers import checkpoint_steps, max_abs_difference, records, weights
 
@@ -118,3 +119,40 @@ def test_rng_states_round_trip():
     restore_rng_state(state)
     second = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(first[0], second[0]) and np.array_equal(first[1], second[1]) and first[2] == second[2]
+
+
+LAYOUT = RunLayout(world_size=2, global_batch=256, train_set_size=1500, steps_per_epoch=5, total_steps=15)
+
+
+def _checkpoint_of(config: TrainConfig) -> Checkpoint:
+    """A checkpoint's manifest as `config`'s run would write it after step 1 (no files needed here)."""
+    return Checkpoint("ckpt/step-00000001", {
+        "step": 1, "config": config.to_dict(), "checkpoint_format": BACKENDS[config.backend].checkpoint_format,
+        "run": {"world_size": LAYOUT.world_size, "global_batch": LAYOUT.global_batch,
+                "train_set_size": LAYOUT.train_set_size}})
+
+
+@pytest.mark.parametrize("saved, resumed, message", [
+    (("deepspeed", {"zero_stage": 2}), ("deepspeed", {"zero_stage": 3}),
+     "was written with --zero-stage 2 but this run has --zero-stage 3"),
+    (("horovod", {"fp16_compression": True}), ("horovod", {}),
+     "was written with --hvd-fp16-compression True but this run has --hvd-fp16-compression False"),
+    (("ddp", {}), ("horovod", {"fp16_compression": True}),  # ddp sent gradients uncompressed
+     "was written with --hvd-fp16-compression False but this run has --hvd-fp16-compression True"),
+])
+def test_resuming_with_another_value_of_an_option_that_changes_the_saved_state_is_refused(saved, resumed, message):
+    checkpoint = _checkpoint_of(TrainConfig(backend=saved[0], backend_options=saved[1]))
+    config = TrainConfig(backend=resumed[0], backend_options=resumed[1])
+    with pytest.raises(UsageError, match=message):
+        check_compatible(checkpoint, config, LAYOUT, BACKENDS[config.backend])
+
+
+@pytest.mark.parametrize("saved, resumed", [
+    (("horovod", {"cycle_time_ms": 2.0}), ("horovod", {"cycle_time_ms": 5.0, "fusion_threshold_mb": 64.0})),
+    (("ddp", {"bucket_cap_mb": 10.0}), ("ddp", {})),
+    (("horovod", {"fp16_compression": True}), ("ddp", {})),  # ddp has no compression to compare
+])
+def test_speed_knobs_may_change_on_resume(saved, resumed):
+    checkpoint = _checkpoint_of(TrainConfig(backend=saved[0], backend_options=saved[1]))
+    config = TrainConfig(backend=resumed[0], backend_options=resumed[1])
+    check_compatible(checkpoint, config, LAYOUT, BACKENDS[config.backend])

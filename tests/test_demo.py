@@ -7,6 +7,9 @@ import re
 
 import pytest
 
+from harness.backends import BACKENDS
+
+from .backend_cases import ALL, DISTRIBUTED, ranks
 from .conftest import harness
 
 
@@ -16,18 +19,18 @@ def test_the_demo_prints_progress_and_a_table_and_keeps_framework_logging_in_log
     result = harness("demo", "--epochs", "1", "--results", str(results), timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
-    rows = [line for line in out.splitlines() if re.match(r"^\|\s+(none|ddp|horovod|deepspeed) \|", line)]
-    assert [row.split("|")[1].strip() for row in rows] == ["none", "ddp", "horovod", "deepspeed"]
-    assert out.count("   epoch 1/1 | train loss") == 4  # rank 0's progress line of every run, once
-    for backend, launcher in (("none", "python"), ("ddp", "torchrun"), ("horovod", "horovodrun"),
-                              ("deepspeed", "deepspeed")):
-        assert f"== {backend} on {1 if backend == 'none' else 2} process(es) ({launcher} launcher" in out
+    rows = [line for line in out.splitlines() if re.match(rf"^\|\s+({'|'.join(ALL)}) \|", line)]
+    assert [row.split("|")[1].strip() for row in rows] == ALL
+    assert out.count("   epoch 1/1 | train loss") == len(ALL)  # rank 0's progress line of every run, once
+    for backend in ALL:
+        launcher = BACKENDS[backend].local_launcher
+        assert f"== {backend} on {ranks(backend)} process(es) ({launcher} launcher" in out
     # Launcher prefixes and DeepSpeed's INFO logging stay in the per-run logs.
     assert "<stdout>" not in out and "[INFO]" not in out and "[WARNING]" not in out
     logs = sorted(path.name for path in (tmp_path / "demo").iterdir())  # runs/<stamp>/ beside the results
-    assert logs == ["ddp.log", "deepspeed.log", "horovod.log", "none.log"]
+    assert logs == sorted(f"{backend}.log" for backend in ALL)
     assert "[INFO]" in (tmp_path / "demo" / "deepspeed.log").read_text()
     assert "built successfully" not in (tmp_path / "demo" / "deepspeed.log").read_text()  # no JIT compile
     # The 2-rank rows train the same model: same losses.
     losses = {row.split("|")[1].strip(): row.split("|")[8].strip() for row in rows}
-    assert losses["ddp"] == losses["horovod"] == losses["deepspeed"]
+    assert len({losses[backend] for backend in DISTRIBUTED}) == 1, losses

@@ -17,6 +17,7 @@ import torch
 from harness.study.equivalence import BF16_UPDATE_BOUND, EQUIVALENCE_STEPS, UPDATE_BOUND, update_differences, worst
 from harness.training.models import build_model
 
+from .backend_cases import ALL, DISTRIBUTED, ranks, with_options
 from .conftest import launch
 
 LOCAL_BATCH = 16
@@ -24,10 +25,6 @@ COMMON = ["--model", "cnn", "--dataset", "digits", "--dropout", "0", "--seed", "
           "--max-steps", str(EQUIVALENCE_STEPS), "--threads", "1", "--eval-every", "0", "--calibration-steps", "0"]
 OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"],
               "adam": ["--optimizer", "adam", "--lr", "0.001"]}
-DISTRIBUTED = [("ddp", []), ("horovod", []), ("deepspeed", []), ("deepspeed", ["--zero-stage", "2"]),
-               ("deepspeed", ["--zero-stage", "3"])]
-DISTRIBUTED_IDS = ["ddp", "horovod", "deepspeed", "deepspeed-zero2", "deepspeed-zero3"]
-BACKENDS = ["ddp", "horovod", "deepspeed"]
 BF16 = ["--precision", "bf16"]
 
 
@@ -66,7 +63,7 @@ def _train(tmp_path, backend: str, extra: List[str], ranks: int = 2, batch: int 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend, backend_flags", DISTRIBUTED, ids=DISTRIBUTED_IDS)
+@pytest.mark.parametrize("backend, backend_flags", with_options())
 def test_sgd_momentum_weights_match_single_process(tmp_path, single_process, backend, backend_flags):
     weights = _train(tmp_path, backend, OPTIMIZERS["sgd"] + backend_flags)
     name, value = worst(update_differences(weights, single_process["sgd"], _initial()))
@@ -74,14 +71,14 @@ def test_sgd_momentum_weights_match_single_process(tmp_path, single_process, bac
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", DISTRIBUTED)
 def test_adam_weights_match_single_process(tmp_path, single_process, backend):
     weights = _train(tmp_path, backend, OPTIMIZERS["adam"])
     assert _difference(weights, single_process["adam"]) <= UPDATE_BOUND
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", DISTRIBUTED)
 def test_gradient_clipping_is_applied_identically(tmp_path, single_process, backend):
     weights = _train(tmp_path, backend, OPTIMIZERS["sgd"] + ["--grad-clip", "0.5"])
     assert _difference(weights, single_process["sgd-clip"]) <= UPDATE_BOUND
@@ -101,35 +98,42 @@ def test_the_bound_catches_deepspeeds_default_clipping_and_a_doubled_lr(tmp_path
 
 
 @pytest.fixture(scope="module")
-def ddp_bf16(tmp_path_factory):
-    return _train(tmp_path_factory.mktemp("ddp-bf16"), "ddp", BF16 + OPTIMIZERS["sgd"])
+def bf16_weights(tmp_path_factory):
+    """Weights after bf16 training at 2 ranks, per backend, each computed once."""
+    cache = {}
+
+    def get(backend: str) -> Dict[str, torch.Tensor]:
+        if backend not in cache:
+            cache[backend] = _train(tmp_path_factory.mktemp(f"{backend}-bf16"), backend, BF16 + OPTIMIZERS["sgd"])
+        return cache[backend]
+    return get
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_bf16_autocast_matches_single_process_within_bf16_precision(tmp_path, single_process, ddp_bf16, backend):
-    weights = ddp_bf16 if backend == "ddp" else _train(tmp_path, backend, BF16 + OPTIMIZERS["sgd"])
+@pytest.mark.parametrize("backend", DISTRIBUTED)
+def test_bf16_autocast_matches_single_process_within_bf16_precision(single_process, bf16_weights, backend):
+    weights = bf16_weights(backend)
     assert all(value.dtype == torch.float32 for value in weights.values())  # float32 weights under autocast
     name, value = worst(update_differences(weights, single_process["sgd-bf16"], _initial()))
     assert value <= BF16_UPDATE_BOUND, f"{backend}: {name} differs by {value:.3g} of its update in bf16"
     # Every backend splits the batch alike, so they agree with each other as in float32 ...
-    assert _difference(weights, ddp_bf16) <= UPDATE_BOUND
+    assert _difference(weights, bf16_weights(DISTRIBUTED[0])) <= UPDATE_BOUND
     # ... and bf16 really ran: float32 training lands elsewhere.
     assert _difference(single_process["sgd"], single_process["sgd-bf16"]) > 10 * UPDATE_BOUND
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["none", *BACKENDS])
+@pytest.mark.parametrize("backend", ALL)
 def test_gradient_accumulation_matches_one_large_batch(tmp_path, single_process, backend):
     """2 ranks x 2 micro-batches x 8 (or 1 process x 2 x 16) take the steps of one process x 32."""
-    ranks = 1 if backend == "none" else 2
-    weights = _train(tmp_path, backend, OPTIMIZERS["sgd"] + ["--grad-accum", "2"], ranks=ranks,
-                     batch=2 * LOCAL_BATCH // (2 * ranks))
+    workers = ranks(backend)
+    weights = _train(tmp_path, backend, OPTIMIZERS["sgd"] + ["--grad-accum", "2"], ranks=workers,
+                     batch=2 * LOCAL_BATCH // (2 * workers))
     assert _difference(weights, single_process["sgd"]) <= UPDATE_BOUND
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend, backend_flags", DISTRIBUTED, ids=DISTRIBUTED_IDS)
+@pytest.mark.parametrize("backend, backend_flags", with_options())
 def test_channels_last_weights_match_single_process(tmp_path, single_process, backend, backend_flags):
     # DeepSpeed broadcasts weights as raw bytes, which a channels-last weight cannot give (seen
     # on a GPU first); every backend must train channels-last models as it trains plain ones.

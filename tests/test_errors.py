@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+
+from harness.backends import BACKENDS
 
 from .conftest import harness
 
@@ -16,8 +20,8 @@ CASES = [
     (["train", "--lr", "0"], "--lr must be positive"),
     (["train", "--batch-size", "many"], "invalid int value: 'many'"),
     (["train", "--optimizer", "lamb"], "unknown optimizer 'lamb'; choose one of sgd, adam"),
-    (["train", "--zero-stage", "4"], "--zero-stage must be 0, 1, 2 or 3"),
-    (["train", "--hvd-cycle-time-ms", "0"], "--hvd-cycle-time-ms must be positive, got 0"),
+    (["train", "--backend", "deepspeed", "--zero-stage", "4"], "--zero-stage must be 0, 1, 2 or 3"),
+    (["train", "--backend", "horovod", "--hvd-cycle-time-ms", "0"], "--hvd-cycle-time-ms must be positive, got 0"),
     (["train", "--cpu-malloc", "jemalloc"], "unknown cpu-malloc 'jemalloc'; choose one of reuse, system"),
     (["train", "--batch-size", "4096"], "fewer than one global batch"),
     (["launch", "-n", "2", "--backend", "deepspeed", "--", "--global-batch", "63"],
@@ -35,6 +39,29 @@ def test_bad_input_is_one_line_with_status_2(args, message, tmp_path):
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not results.exists()
+
+
+def _option_flags_under_another_backend():
+    """(option flag with a value, its backend, another backend) for every option of every registered backend."""
+    cases = []
+    for backend, cls in BACKENDS.items():
+        other = next(name for name in BACKENDS if name != backend)
+        for spec in dataclasses.fields(cls.Options):
+            flag = [spec.metadata["flag"]] if spec.type in ("bool", bool) else [spec.metadata["flag"], "1"]
+            cases.append(pytest.param(flag, backend, other, id=f"{spec.metadata['flag']} with {other}"))
+    return cases
+
+
+@pytest.mark.parametrize("flag, owner, other", _option_flags_under_another_backend())
+def test_a_backends_option_flag_under_another_backend_names_the_fix(tmp_path, flag, owner, other):
+    results = tmp_path / "results.jsonl"
+    for command in (["train", "--backend", other, *flag, "--results", str(results)],
+                    ["launch", "-n", "1", "--backend", other, "--dry-run", "--", *flag]):
+        result = harness(*command, timeout=120)
+        assert result.returncode == 2, result.stderr
+        line, = result.stderr.strip().splitlines()
+        assert line.endswith(f"error: {flag[0]} is a {owner} option; drop it or use --backend {owner}"), line
     assert not results.exists()
 
 

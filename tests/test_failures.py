@@ -17,6 +17,7 @@ import pytest
 
 from harness.training.launch import launch_command
 
+from .backend_cases import DISTRIBUTED
 from .checkpoint_helpers import COMMON, RANKS, launch_may_fail, output, processes_mentioning, shared_memory_segments, time_job
 
 TIMEOUT_S = 20
@@ -55,7 +56,7 @@ def _fail_rank_1(tmp_path, backend: str, signal_name: str, timeout_s: int):
     return job, signalled, tail
 
 
-@pytest.mark.parametrize("backend", ["ddp", "horovod", "deepspeed"])
+@pytest.mark.parametrize("backend", DISTRIBUTED)
 def test_a_finished_job_leaves_no_shared_memory(tmp_path, backend):
     """DeepSpeed's CPU allreduce creates 66 MB of /dev/shm per rank and never frees it: left alone,
     a day of jobs filled the machine's RAM. Under its own launcher (which sets LOCAL_SIZE) it does."""
@@ -66,7 +67,7 @@ def test_a_finished_job_leaves_no_shared_memory(tmp_path, backend):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["ddp", "horovod", "deepspeed"])
+@pytest.mark.parametrize("backend", DISTRIBUTED)
 def test_killing_one_rank_ends_the_job_within_the_timeout(tmp_path, backend):
     job, killed, tail = _fail_rank_1(tmp_path, backend, "KILL", TIMEOUT_S)
     print(f"\n{backend}: job exited {job.seconds(killed):.1f} s after rank 1 was killed (status {job.returncode})")
@@ -74,12 +75,12 @@ def test_killing_one_rank_ends_the_job_within_the_timeout(tmp_path, backend):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["horovod", "deepspeed"])
+@pytest.mark.parametrize("backend", DISTRIBUTED)
 def test_a_hung_rank_fails_its_peer_after_the_timeout(tmp_path, backend):
     """A stopped rank keeps its sockets open: the survivor gives up after --timeout (not the 30 min
     of DeepSpeed's own process groups, nor horovodrun's gloo timeout), and the launcher then ends the
-    stopped rank (the deepspeed launcher after a 30 s grace period). DeepSpeed's world group is the
-    ddp backend's, so ddp is covered too (benchmarks/checkpoint.py --hung times all three)."""
+    stopped rank (the deepspeed launcher after a 30 s grace period; benchmarks/checkpoint.py --hung
+    times them)."""
     timeout_s = 10
     job, stopped, tail = _fail_rank_1(tmp_path, backend, "STOP", timeout_s)
     print(f"\n{backend}: survivor gave up {job.seconds(stopped, LOST):.1f} s after rank 1 hung; job exited after "

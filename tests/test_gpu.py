@@ -10,14 +10,18 @@ import json
 import pytest
 import torch
 
+from harness.backends import BACKENDS
+from harness.backends.torch_distributed import TorchDistributedBackend
 from harness.process.discovery import ClusterEnv, select_device
 from harness.errors import UsageError
 from harness.training.launch import launch_command
 
+from .backend_cases import ALL, DISTRIBUTED
 from .conftest import launch, run
 
 pytestmark = pytest.mark.gpu
-BACKENDS = ["none", "ddp", "horovod", "deepspeed"]
+# Backends whose ranks talk through a torch.distributed process group (gloo or NCCL).
+PROCESS_GROUP = [name for name in DISTRIBUTED if issubclass(BACKENDS[name], TorchDistributedBackend)]
 SHORT = ["--model", "resnet18", "--dataset", "synthetic", "--batch-size", "32", "--max-steps", "12",
          "--timing-warmup-steps", "4", "--eval-every", "0", "--calibration-steps", "4"]
 
@@ -49,7 +53,7 @@ def _record(tmp_path, ranks: int, backend: str, flags) -> dict:
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ALL)
 def test_every_backend_trains_on_one_gpu_in_every_precision(tmp_path, backend, precision):
     record = _record(tmp_path, 1, backend, ["--precision", precision, "--channels-last"])
     assert record["device"] == "cuda" and record["throughput"] > 0
@@ -58,21 +62,20 @@ def test_every_backend_trains_on_one_gpu_in_every_precision(tmp_path, backend, p
     assert gpu["name"] == torch.cuda.get_device_name(0) and gpu["cuda"] == torch.version.cuda
     assert gpu["ranks_per_gpu"] == 1 and gpu["channels_last"] is True
     # Horovod and DeepSpeed communicate contiguous weights only; their images still go channels-last.
-    assert record["tuning"]["channels_last_weights"] is (backend in ("none", "ddp"))
+    assert record["tuning"]["channels_last_weights"] is BACKENDS[backend].channels_last_weights
     assert record["peak_memory_bytes_per_rank"][0] > 0
-    if backend in ("ddp", "deepspeed"):
+    if backend in PROCESS_GROUP:
         assert record["tuning"]["process_group"] == "nccl"
 
 
-@pytest.mark.parametrize("backend", ["ddp", "deepspeed"])
+@pytest.mark.parametrize("backend", PROCESS_GROUP)
 def test_two_ranks_share_one_gpu_through_gloo(tmp_path, backend):
-    record = _record(tmp_path, 2, backend, ["--procs-per-gpu", "2", "--device", "cuda",
-                                            *(["--dropout", "0"] if backend == "ddp" else [])])
+    record = _record(tmp_path, 2, backend, ["--procs-per-gpu", "2", "--device", "cuda", "--dropout", "0"])
     assert record["world_size"] == 2 and record["gpu"]["ranks_per_gpu"] == 2
     assert record["tuning"]["process_group"] == "gloo"  # NCCL refuses two ranks on one GPU
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ALL)
 def test_a_signal_stops_every_backend_one_step_later_on_gpu(tmp_path, backend):
     # The vote on the signal reaches the host through a side stream on GPUs (harness.process.preemption).
     checkpoints = tmp_path / "checkpoints"

@@ -1,15 +1,19 @@
-"""The job templates in submissions/, run for real.
+"""The job templates in submissions/, run for real: thin scripts around `harness study`.
 
 - Slurm is real: munged, slurmctld and slurmd from Debian's packages, started here with a private
-  configuration (tests/slurm_cluster.py); `sbatch submissions/slurm-cpu.sbatch` runs a whole study,
-  a preempted job (`scancel --signal=USR1 --batch`) checkpoints, resubmits itself and ends with
-  the weights of an uninterrupted run; `perlmutter.sbatch`, cancelled, checkpoints and stays gone.
-  Jobs are polled every 0.5 s (not `sbatch --wait`) and write their output under tmp_path.
+  configuration (tests/slurm_cluster.py) plus two partitions where one preempts the other with a
+  grace time; `sbatch submissions/slurm-cpu.sbatch` runs a whole study, a job warned before its
+  time limit (`scancel --signal=USR1 --batch`) checkpoints, resubmits itself and ends with the
+  weights of an uninterrupted run, a preempted one (SIGTERM to its steps, grace time) continues in
+  a new job, and `perlmutter.sbatch`, cancelled, checkpoints and stays gone. Jobs are polled every
+  0.5 s (not `sbatch --wait`) and write their output under tmp_path.
 - PBS is emulated (no PBS package exists for Debian), only what is missing: tests/pbs_emulation
-  has a `qsub` with Polaris's admission rules that runs jobs as PBS does, `qstat -f`, `qsig`, a
+  has a `qsub` with Polaris's admission rules and its routing queue (prod -> small/medium/large)
+  that runs jobs as PBS does, `qstat -f` (wrapped at 78 columns) and `qstat -fF json`, `qsig`, a
   Cray-PALS-like `mpiexec` that starts the ranks through OpenMPI's mpirun with PALS's rank variables,
-  and a login profile with a no-op `module`. `submissions/polaris.sc` itself runs unchanged.
-- Every shell script passes shellcheck.
+  and a login profile with no-op `module` and `conda`. `submissions/polaris.sc` itself runs
+  unchanged (test_job_templates_pbs.py, with this module's helpers).
+- Every template, helper and emulated command passes shellcheck, each template in its own test.
 """
 
 from __future__ import annotations
@@ -17,12 +21,12 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shlex
 import shutil
-import signal
 import subprocess
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import pytest
 
@@ -41,7 +45,9 @@ POLARIS = os.path.join(SUBMISSIONS, "polaris.sc")
 # Tiny runs: the point is the job's plumbing, not the numbers.
 QUICK_TRAIN_ARGS = "--eval-every 0 --calibration-steps 2 --timing-warmup-steps 2"
 STUDY = dict(RANKS="1 2", STEPS="12", CHECKPOINT_EVERY="10", BATCH_SIZE="32", THREADS="1", MODEL="cnn",
-             DATASET="digits", PRECISION="fp32", TRAIN_ARGS=QUICK_TRAIN_ARGS, PYTHON_ENV="venv")
+             DATASET="digits", PRECISION="fp32", TRAIN_ARGS=QUICK_TRAIN_ARGS, PYTHON_ENV="venv", SITE_MODULES="")
+# Polaris' PYTHON_ENV=venv is a venv layered on the conda; here the kit's own stands in for it.
+POLARIS_STUDY = dict(STUDY, VENV=os.path.join(REPO, ".venv"))
 # Preemption runs: 40 steps (23 per epoch at 2 x 32 of the 1,500 digits, so the resumed run crosses
 # an epoch), a checkpoint every 5, so the signal surely lands mid-run; dropout on, so the resumed run
 # must restore every RNG to match.
@@ -100,7 +106,7 @@ def assert_job_directory(job_dir: str, backends: Sequence[str], ranks: Sequence[
         for extension in ("png", "svg", "json"):
             assert os.path.getsize(os.path.join(job_dir, "figures", f"scaling-{kind}.{extension}")) > 0
     report = read_text(os.path.join(job_dir, "report.md"))
-    assert "Weak scaling" in report and all(f" {backend} |" in report for backend in backends)
+    assert "Weak scaling" in report and all(re.search(rf"^\|\s+{backend}\b", report, re.M) for backend in backends)
     logs = sorted(os.path.basename(p) for p in glob.glob(os.path.join(job_dir, "logs", "*.log")))
     assert len(logs) == len(records) and all(any(f"-{b}-{n}r-rep0.log" in log for log in logs)
                                              for b in backends for n in ranks), logs
@@ -115,27 +121,39 @@ def assert_job_directory(job_dir: str, backends: Sequence[str], ranks: Sequence[
     assert discovery, "the first step prints what discovery sees"
     assert all(d["launcher"] == launcher and d["world_size"] == max(ranks) for d in discovery)
     assert {d["rank"] for d in discovery} == set(range(max(ranks)))
-    assert os.path.exists(os.path.join(job_dir, "settings.env"))
+    assert os.path.exists(os.path.join(job_dir, "study.json"))
     assert job_events(job_dir)[-1][2] == "study complete"
     return records
 
 
 # -- shellcheck and the helpers on their own -------------------------------------------------------
 
-def shell_scripts() -> List[str]:
-    found = [os.path.join(SUBMISSIONS, name) for name in sorted(os.listdir(SUBMISSIONS))]
-    found += sorted(glob.glob(os.path.join(EMULATION, "bin", "*")) + glob.glob(os.path.join(EMULATION, "lib", "*.sh")))
-    return found
+TEMPLATES = ("polaris.sc", "perlmutter.sbatch", "slurm-cpu.sbatch")
+TEMPLATE_MAX_LINES = 80
 
 
-def test_every_job_script_passes_shellcheck():
+def shellcheck(paths: Sequence[str]) -> None:
     if not shutil.which("shellcheck"):
         pytest.fail("shellcheck is not installed; run `make setup` as root (it installs it)", pytrace=False)
-    scripts = shell_scripts()
-    assert len(scripts) >= 12
-    result = subprocess.run(["shellcheck", "-x", *[os.path.relpath(p, REPO) for p in scripts]], cwd=REPO,
+    result = subprocess.run(["shellcheck", "-x", *[os.path.relpath(p, REPO) for p in paths]], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_each_template_is_thin_and_passes_shellcheck(template):
+    path = os.path.join(SUBMISSIONS, template)
+    shellcheck([path])
+    lines = read_text(path).splitlines()
+    assert len(lines) <= TEMPLATE_MAX_LINES, f"{template} has {len(lines)} lines"
+    assert lines[-1].startswith("exec python -m harness study --site ")
+
+
+def test_every_helper_and_emulated_command_passes_shellcheck():
+    helpers = [os.path.join(SUBMISSIONS, name) for name in sorted(os.listdir(SUBMISSIONS)) if name not in TEMPLATES]
+    emulated = sorted(glob.glob(os.path.join(EMULATION, "bin", "*")) + glob.glob(os.path.join(EMULATION, "lib", "*.sh")))
+    assert {os.path.basename(p) for p in helpers} == {"mps.sh", "set_affinity_gpu_polaris.sh"}
+    shellcheck([*helpers, *emulated, os.path.join(REPO, "tools", "layered_venv.sh")])
 
 
 def test_sweep_accepts_checkpoint_every_with_a_checkpoint_root(tmp_path):
@@ -181,26 +199,28 @@ def test_mps_helper_starts_waits_for_and_stops_the_daemon(tmp_path):
     assert missing.returncode != 0 and "CUDA_MPS_PIPE_DIRECTORY" in missing.stderr
 
 
-def test_pbs_jobs_warn_themselves_before_the_walltime():
-    # polaris.sc's timer: SIGUSR1 to the batch shell STOP_BEFORE_WALLTIME s before the walltime
-    # (qstat -f says 3 s here, so 2 s after the start), and no signal once it is disarmed.
-    script = (f"source {shlex.quote(os.path.join(SUBMISSIONS, 'common.sh'))}\n"
-              "qstat() { echo '    Resource_List.walltime = 00:00:03'; }\n"
-              'PBS_JOBID=7 STOP_BEFORE_WALLTIME=1\n'
-              'trap \'echo "USR1 after $SECONDS s"; kill "$sleeper"; exit 0\' USR1\n'
-              'arm_stop_before_walltime\n'
-              'sleep 10 & sleeper=$!\n'
-              'wait "$sleeper"\n'
-              'echo "no signal"\n')
-    fired = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
-    assert fired.stdout.strip().splitlines()[-1] in ("USR1 after 2 s", "USR1 after 3 s"), fired.stdout + fired.stderr
-    disarmed = subprocess.run(["bash", "-c", script.replace("arm_stop_before_walltime\n",
-                                                            "arm_stop_before_walltime\ndisarm_stop_timer\n")
-                               .replace("sleep 10", "sleep 4")], capture_output=True, text=True, timeout=60)
-    assert disarmed.stdout.strip().splitlines()[-1] == "no signal", disarmed.stdout + disarmed.stderr
-
-
 # -- Slurm: a real slurmctld and slurmd ------------------------------------------------------------
+
+PREEMPT_GRACE_S = 90
+
+
+class PreemptingSlurmCluster(SlurmCluster):
+    """The test cluster with two more partitions on its node: a job in `high` preempts one in `low`,
+    which gets SIGTERM and PREEMPT_GRACE_S seconds before SIGKILL (Perlmutter's preempt QOS works
+    alike). `debug`, the default, is never preempted."""
+
+    def _write_conf(self) -> None:
+        super()._write_conf()
+        with open(self.conf) as handle:
+            text = handle.read().replace("PartitionName=debug ", "PartitionName=debug PriorityTier=1 PreemptMode=OFF ")
+        text += (f"PreemptType=preempt/partition_prio\nPreemptMode=CANCEL\n"
+                 f"PartitionName=low Nodes={self.host} PriorityTier=1 PreemptMode=CANCEL GraceTime={PREEMPT_GRACE_S} "
+                 f"MaxTime=INFINITE State=UP OverSubscribe=NO\n"
+                 f"PartitionName=high Nodes={self.host} PriorityTier=2 PreemptMode=OFF MaxTime=INFINITE State=UP "
+                 f"OverSubscribe=NO\n")
+        with open(self.conf, "w") as handle:
+            handle.write(text)
+
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
@@ -208,7 +228,7 @@ def slurm(tmp_path_factory):
         check_installed()
     except SlurmUnavailable as exc:
         pytest.fail(str(exc), pytrace=False)
-    cluster = SlurmCluster(str(tmp_path_factory.mktemp("slurm"))).start()
+    cluster = PreemptingSlurmCluster(str(tmp_path_factory.mktemp("slurm"))).start()
     try:
         yield cluster
     finally:
@@ -321,6 +341,34 @@ def test_slurm_preemption_checkpoints_resubmits_and_ends_with_uninterrupted_weig
 
 
 @pytest.mark.slow
+def test_a_preempted_slurm_job_continues_the_study_in_a_new_job(slurm, tmp_path):
+    # A job in `high` takes the node: Slurm sends the study's run SIGTERM and gives it a grace time.
+    # The run checkpoints; the job reads PreemptTime from its record and resubmits itself to `low`.
+    job_dir = str(tmp_path / "preempted")
+    settings = dict(PREEMPTED_STUDY, BACKENDS="ddp", JOB_DIR=job_dir, STEPS="60")
+    submitted = sbatch(slurm, ["--parsable", "--partition=low", "--output", str(tmp_path / "%j.out"), SLURM_CPU],
+                       settings, str(tmp_path))
+    assert submitted.returncode == 0, submitted.stderr
+    first_job = submitted.stdout.strip().split(";")[0]
+    wait_for(lambda: has_checkpoint(os.path.join(job_dir, "checkpoints", "ddp-2r-rep0")), 300,
+             "the run's first checkpoint", lambda: job_outputs(str(tmp_path)))
+    urgent = sbatch(slurm, ["--parsable", "--partition=high", "--ntasks=2", "--output", str(tmp_path / "urgent.log"),
+                            "--wrap", "sleep 5"], {}, str(tmp_path))
+    assert urgent.returncode == 0, urgent.stderr
+    wait_for(lambda: any(event[2] == "study complete" for event in job_events(job_dir)), JOB_TIMEOUT_S,
+             "the continuation finishing the study", lambda: job_outputs(str(tmp_path)) + read_text(
+                 os.path.join(job_dir, "jobs.txt")))
+    first = [e[2] for e in job_events(job_dir) if e[1] == first_job]
+    resubmitted = [event.split()[-1] for event in first if event.startswith("resubmitted as ")]
+    assert "end: sweep status 3" in first and len(resubmitted) == 1, first
+    assert "preempted after a checkpoint; continues as job" in read_text(os.path.join(job_dir, f"{first_job}.out"))
+    assert slurm_job_field(slurm, resubmitted[0], "Partition") == "low"
+    assert "stopped by SIGTERM after step" in read_text(os.path.join(job_dir, "logs", "001-ddp-2r-rep0.log"))
+    (record,) = read_records([os.path.join(job_dir, "results.jsonl")])
+    assert record["segments"] == 2 and record["steps"] == 60
+
+
+@pytest.mark.slow
 def test_a_cancelled_perlmutter_job_checkpoints_and_does_not_come_back(slurm, tmp_path):
     # The GPU template on this GPU-less node, its #SBATCH resources overridden on the command line
     # as on any cluster: discovery and one srun step per run. scancel sends SIGTERM, not the USR1
@@ -371,121 +419,6 @@ def test_bad_settings_stop_the_job_before_anything_runs(slurm, tmp_path):
                            dict(STUDY, BACKENDS="ddp dpp", JOB_DIR=str(job_dir)), str(tmp_path), timeout=120)
     assert status == 2
     errors = [line for line in read_text(str(tmp_path / "bad.out")).splitlines() if "error" in line]
-    assert errors[0] == "harness sweep: error: unknown backend 'dpp'; choose one of none, ddp, horovod, deepspeed"
-    assert errors[1].startswith("job: error: the sweep's settings were refused")
+    assert errors == ["harness study: error: backend dpp: unknown backend 'dpp'; choose one of none, ddp, horovod, "
+                      "deepspeed"]
     assert not job_dir.exists()
-
-
-# -- PBS (Polaris): emulated qsub, qstat, qsig and PALS mpiexec; polaris.sc itself unchanged -------
-
-class EmulatedPbs:
-    """The emulated PBS server of one test module: its spool, and its clients on PATH."""
-
-    def __init__(self, spool: str) -> None:
-        self.spool = spool
-
-    def environ(self, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-        env = dict(os.environ, PBS_EMULATION_SPOOL=self.spool, PATH=f"{EMULATION}/bin:{os.environ['PATH']}")
-        env.update(extra or {})
-        return env
-
-    def run(self, command: Sequence[str], cwd: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run(list(command), env=self.environ(), cwd=cwd, capture_output=True, text=True,
-                              timeout=timeout)
-
-    def state(self, number: int) -> str:
-        return read_text(os.path.join(self.spool, f"{number}.state")).strip()
-
-    def stop(self) -> None:
-        """End every process of every job (on a failed test): each job runs in a session of its own,
-        its runner's, and OpenMPI gives each rank a process group of its own within it."""
-        sessions = {read_text(path).strip() for path in glob.glob(os.path.join(self.spool, "*.runner_pid"))}
-        for pid in os.listdir("/proc"):
-            try:
-                with open(f"/proc/{pid}/stat") as handle:
-                    session = handle.read().rsplit(")", 1)[1].split()[3]
-                if session in sessions:
-                    os.kill(int(pid), signal.SIGKILL)
-            except (OSError, IndexError, ValueError):
-                continue  # gone meanwhile, or not a process
-
-
-@pytest.fixture(scope="module")
-def pbs(tmp_path_factory):
-    emulation = EmulatedPbs(str(tmp_path_factory.mktemp("pbs-spool")))
-    try:
-        yield emulation
-    finally:
-        emulation.stop()
-
-
-def qsub_variables(settings: Dict[str, str]) -> str:
-    """qsub -v's list: NAME=VALUE,... (the values hold no commas)."""
-    assert not any("," in value for value in settings.values())
-    return ",".join(f"{name}={value}" for name, value in settings.items())
-
-
-@pytest.mark.parametrize("directive, message", [
-    ("#PBS -A", "qsub: Polaris requires a project: pass -A <project> or add '#PBS -A <project>' to"),
-    ("#PBS -l walltime", "qsub: Polaris requires a walltime: pass -l walltime=HH:MM:SS"),
-    ("#PBS -l filesystems", "qsub: Polaris requires the file systems the job uses: pass -l filesystems=home:eagle"),
-    ("#PBS -l select", "qsub: Polaris requires the nodes: pass -l select=<nodes>:system=polaris"),
-])
-def test_emulated_qsub_refuses_what_polaris_refuses(pbs, tmp_path, directive, message):
-    script = tmp_path / "polaris.sc"
-    script.write_text("".join(line for line in read_text(POLARIS).splitlines(keepends=True)
-                              if not line.startswith(directive)))
-    jobs_before = glob.glob(os.path.join(pbs.spool, "*.state"))
-    result = pbs.run(["qsub", str(script)], cwd=str(tmp_path))
-    assert result.returncode == 2 and result.stdout == ""
-    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(message), result.stderr
-    assert glob.glob(os.path.join(pbs.spool, "*.state")) == jobs_before
-
-
-@pytest.mark.slow
-def test_polaris_template_under_emulated_pbs_runs_preempts_and_resubmits_itself(pbs, tmp_path):
-    job_dir = str(tmp_path / "study")
-    # The rank counts are the template's own: its node counts (the 1 selected node) x RANKS_PER_NODE.
-    settings = {name: value for name, value in STUDY.items() if name != "RANKS"}
-    settings.update(BACKENDS="ddp deepspeed", RANKS_PER_NODE="2", STEPS="30", CHECKPOINT_EVERY="5", JOB_DIR=job_dir,
-                    KIT_DIR=REPO)
-    started = time.monotonic()
-    # The script's own #PBS lines, with the project and the queue given on the command line (they win).
-    submitted = pbs.run(["qsub", "-A", "harness-test", "-q", "debug", "-l", "select=1:system=polaris",
-                         "-v", qsub_variables(settings), POLARIS], cwd=str(tmp_path))
-    assert submitted.returncode == 0, submitted.stderr
-    first_job = submitted.stdout.strip()
-    number = int(first_job.split(".")[0])
-    # PBS has no --signal: SIGUSR1 to the batch shell is what the job's own timer sends before the
-    # walltime (test_pbs_jobs_warn_themselves_before_the_walltime); qsig delivers it mid-run here.
-    run_dir = os.path.join(job_dir, "checkpoints", "ddp-2r-rep0")
-    wait_for(lambda: has_checkpoint(run_dir), 300, "the first run's first checkpoint", lambda: job_outputs(str(tmp_path)))
-    signalled = pbs.run(["qsig", "-s", "USR1", first_job], cwd=str(tmp_path))
-    assert signalled.returncode == 0, signalled.stderr
-    wait_for(lambda: pbs.state(number + 1) == "F", JOB_TIMEOUT_S, "the resubmitted job finishing",
-             lambda: job_outputs(str(tmp_path)) + read_text(os.path.join(job_dir, "jobs.txt")))
-    elapsed = time.monotonic() - started
-
-    records = assert_job_directory(job_dir, ["ddp", "deepspeed"], [2], launcher="mpich", launch_word="mpiexec")
-    preempted = next(record for record in records if record["backend"] == "ddp")
-    assert preempted["segments"] == 2 and 5 <= preempted["resumed_from_step"] < 30 and preempted["steps"] == 30
-    events = job_events(job_dir)
-    second_job = f"{number + 1}.polaris-pbs-emulated"
-    assert [e[2] for e in events if e[1] == first_job][1:] == ["signal USR1", "end: sweep status 3",
-                                                                f"resubmitted as {second_job}"]
-    assert "continues as job" in read_text(os.path.join(job_dir, f"harness-scaling.o{number}"))  # moved here
-    assert not glob.glob(str(tmp_path / "harness-scaling.*"))
-    assert "study complete" in read_text(os.path.join(job_dir, f"harness-scaling.o{number + 1}"))
-    assert sorted(os.path.basename(p) for p in glob.glob(os.path.join(job_dir, "discovery-*.jsonl"))) == [
-        f"discovery-{number}.jsonl", f"discovery-{number + 1}.jsonl"]
-    first, second = (pbs.run(["qstat", "-f", job], cwd=str(tmp_path)).stdout for job in (first_job, second_job))
-    for attribute in ("Account_Name = harness-test", "queue = debug", "Resource_List.select = 1:system=polaris",
-                      "Resource_List.place = scatter", "Resource_List.walltime = 01:00:00",
-                      "Resource_List.filesystems = home:eagle", "Exit_status = 0"):
-        assert attribute in first and attribute in second, (attribute, first, second)
-    runs = [line for line in read_text(os.path.join(job_dir, "logs", "commands.txt")).splitlines()
-            if " -m harness train " in line]
-    assert all(" --depth 16 --cpu-bind depth --env OMP_NUM_THREADS=1 " in line
-               and "submissions/set_affinity_gpu_polaris.sh" in line for line in runs)
-    print(f"\nqsub polaris.sc (emulated PBS): preempted at step {preempted['resumed_from_step']}, resubmitted as "
-          f"{second_job}, study complete in {elapsed:.0f} s")

@@ -117,3 +117,37 @@ def test_a_packing_study_records_each_placement(tmp_path):
     assert record["world_size"] == 1 and record["threads_per_rank"] == 1 and record["steps"] == 3
     assert record["tags"]["ranks_per_device"] == "1" and record["tags"]["mps"] == "off"
     assert packing_rows(study["records"])[0]["speedup"] == 1.0
+
+
+def test_packing_rows_give_each_placement_a_95_percent_interval_and_say_whether_they_are_apart():
+    steady = [_record(1, 1, 100.0), _record(2, 2, 300.0), _record(1, 1, 110.0), _record(2, 2, 310.0),
+              _record(1, 1, 105.0), _record(2, 2, 305.0)]
+    rows = packing_rows(steady)
+    assert [row["placement"] for row in rows] == ["1 rank(s) x 2 thread(s)", "2 rank(s) x 1 thread(s)"]
+    assert rows[0]["ci95"] == pytest.approx(4.303 * 5.0 / 3 ** 0.5)  # t(2) x sd / sqrt(n)
+    assert rows[0]["apart"] is None and rows[1]["apart"] is True
+    noisy = [_record(1, 1, 100.0), _record(2, 2, 300.0), _record(1, 1, 300.0), _record(2, 2, 100.0)]
+    assert packing_rows(noisy)[1]["apart"] is False
+    assert packing_rows([_record(1, 1, 100.0), _record(2, 2, 300.0)])[1]["apart"] is None  # one run: no interval
+    assert "± 12" in packing_table(steady) and packing_table(steady).rstrip("| ").endswith("yes")
+
+
+def test_a_packing_study_numbers_its_runs_over_the_whole_study(monkeypatch, tmp_path, capsys):
+    from harness.study import sweep
+
+    started = []
+
+    def fake_run_sweep(settings):
+        started.append(settings.train_args)
+        print("== [1/1] the sweep's own line")  # a one-run sweep numbers its run 1/1
+        return sweep.SweepResult("id", [{"world_size": settings.ranks[0]}], [], False, 0)
+
+    monkeypatch.setattr(sweep, "run_sweep", fake_run_sweep)
+    study = run_packing_study(["--max-steps", "3"], str(tmp_path / "r.jsonl"), packings(cores=2, gpus=0), repeats=3)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("==")]
+    assert [line.split(":")[0] for line in lines] == [
+        f"== [{n}/6] {ranks} rank(s) x {3 - ranks} thread(s), repeat {(n + 1) // 2}/3"
+        for n, ranks in zip(range(1, 7), [1, 2] * 3)]
+    assert [r["world_size"] for r in study["records"]] == [1, 2] * 3
+    assert [args[args.index("--threads") + 1] for args in started] == ["2", "1"] * 3
+    assert [args[-1] for args in started] == [f"packing_repeat={n // 2}" for n in range(6)]

@@ -15,8 +15,8 @@ from harness.data import DataOptions, load_split
 from harness.errors import UsageError
 from harness.training.evaluate import evaluate_model_file
 from harness.training.models import build_model
-from harness.workshop.pipeline import (loading_table, measure_loading, padded_evaluation, padded_indices, sample_correctness,
-                              write_image_tree)
+from harness.workshop.pipeline import (compare_loading, loading_table, measure_loading, padded_evaluation,
+                                       padded_indices, sample_correctness, write_image_tree)
 
 DIGITS_TEST_SAMPLES = 297
 
@@ -99,3 +99,22 @@ def test_measure_loading_times_the_steps_it_was_asked_for(image_tree, source, wo
 def test_measure_loading_names_the_sources_it_knows(image_tree):
     with pytest.raises(UsageError, match="per-sample"):
         measure_loading(image_tree[0], "jpeg-turbo")
+
+
+def test_write_image_tree_writes_images_of_the_size_asked_for(tmp_path):
+    from PIL import Image
+
+    write_image_tree(str(tmp_path), size=40)
+    first = next(os.path.join(root, names[0]) for root, _, names in os.walk(tmp_path / "train") if names)
+    with Image.open(first) as image:
+        assert image.size == (40, 40)
+
+
+def test_compare_loading_adds_up_each_configurations_interleaved_rounds(image_tree):
+    configurations = [("per-sample", 0), ("prepared", 0)]
+    measured = compare_loading(image_tree[0], configurations, rounds=2, steps=2, warmup_steps=1, batch_size=16,
+                               device="cpu")
+    assert [(m.source, m.num_workers, m.steps) for m in measured] == [("per-sample", 0, 4), ("prepared", 0, 4)]
+    assert all(m.au == pytest.approx(m.compute_ms / (m.compute_ms + m.data_wait_ms)) for m in measured)
+    with pytest.raises(UsageError, match="once"):
+        compare_loading(image_tree[0], configurations * 2)

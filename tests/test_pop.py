@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.training.metrics import (accelerator_utilisation, communication_efficiency, load_balance, parallel_efficiency,
-                         pop_metrics, rank_breakdown, scaling_efficiency, speedup)
+from harness.training.metrics import (DEFINITIONS, accelerator_utilisation, communication_efficiency, load_balance,
+                                      parallel_efficiency, pop_metrics, rank_breakdown, scaling_efficiency, speedup)
 from harness.study.report import scaling_report, scaling_rows
 
 from .handmade_records import record, weak_study
@@ -44,27 +44,32 @@ def test_pop_metrics_of_nothing_are_unknown_not_zero():
     assert load_balance([0.0, 0.0]) is None
 
 
-def test_rank_breakdown_splits_the_gradient_phase_into_compute_and_communication():
-    parts = rank_breakdown(runtime=10.0, data_wait=1.0, gradient_phase=7.0, optimizer=1.5, compute_estimate=5.0)
-    assert parts["forward_backward"] == pytest.approx(5.0)
-    assert parts["communication"] == pytest.approx(2.0)
+def test_rank_breakdown_adds_up_to_the_window_and_useful_time_is_compute():
+    parts = rank_breakdown(runtime=10.0, data_wait=1.0, forward_backward=5.0, communication=2.0, optimizer=1.5)
     assert parts["useful"] == pytest.approx(6.5)  # compute + optimizer; waiting and communication excluded
     assert parts["other"] == pytest.approx(0.5)
     total = sum(parts[k] for k in ("data_wait", "forward_backward", "communication", "optimizer", "other"))
     assert total == pytest.approx(parts["runtime"])
+    # Phases measured inside the window never leave a negative remainder, even with clock granularity.
+    assert rank_breakdown(1.0, 0.0, 0.8, 0.1, 0.100001)["other"] == 0.0
 
 
-def test_rank_breakdown_never_reports_negative_communication():
-    # Calibration noise on one rank can make the compute estimate exceed the whole phase.
-    parts = rank_breakdown(runtime=10.0, data_wait=0.0, gradient_phase=8.0, optimizer=1.0, compute_estimate=8.4)
-    assert parts["communication"] == 0.0 and parts["forward_backward"] == pytest.approx(8.0)
-    unknown = rank_breakdown(runtime=10.0, data_wait=0.0, gradient_phase=8.0, optimizer=1.0, compute_estimate=None)
-    assert unknown["communication"] is None and unknown["useful"] is None
-
-
-def test_accelerator_utilisation():
-    assert accelerator_utilisation(compute=3.0, data_wait=1.0) == pytest.approx(0.75)
+def test_accelerator_utilisation_counts_only_data_waiting_as_lost():
+    assert accelerator_utilisation(runtime=4.0, data_wait=1.0) == pytest.approx(0.75)
+    # Communication is not a data wait: a rank that communicates half its window still has AU 1.
+    parts = rank_breakdown(runtime=4.0, data_wait=0.0, forward_backward=1.5, communication=2.0, optimizer=0.5)
+    assert accelerator_utilisation(parts["runtime"], parts["data_wait"]) == 1.0
+    assert pop_metrics([parts["useful"]], parts["runtime"])["communication_efficiency"] == pytest.approx(0.5)
     assert accelerator_utilisation(0.0, 0.0) is None
+
+
+def test_every_metric_has_one_definition_in_the_metrics_docstring():
+    import harness.training.metrics as metrics
+
+    for term in ("AU", "communication", "useful time", "load balance", "communication efficiency",
+                 "parallel efficiency", "scaling efficiency", "contention"):
+        assert DEFINITIONS[term].startswith(f"**{term}**")
+        assert " ".join(DEFINITIONS[term].split()) in " ".join(metrics.__doc__.split())
 
 
 def test_scaling_rows_aggregate_repeats_and_use_each_backends_own_baseline():
@@ -102,4 +107,8 @@ def test_report_prints_every_configuration_with_its_metrics():
     assert {(cells[0], cells[1]) for cells in body} == {("none", "1"), ("ddp", "1"), ("ddp", "2"), ("horovod", "1"),
                                                        ("horovod", "2"), ("deepspeed", "1"), ("deepspeed", "2")}
     ddp2 = next(cells for cells in body if cells[:2] == ["ddp", "2"])
-    assert ddp2[3] == "1,700 ± 127.1" and ddp2[5] == "0.8947"
+    assert ddp2[2] == "1" and ddp2[4] == "1,700 ± 127.1" and ddp2[6] == "0.8947"
+    assert next(cells for cells in body if cells[:2] == ["none", "1"])[4] == "1,000 (one run)"
+    assert "(one run): no interval" in text
+    for term in ("AU", "communication efficiency", "contention"):
+        assert DEFINITIONS[term] in text  # the report's footnote is the metrics module's definition

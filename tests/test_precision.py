@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from harness import TrainConfig, train
-from harness import precision as precision_module
+from harness.backends import precision as precision_module
 from harness.backends.precision import LOSS_SCALE, Precision
 
+from .backend_cases import DISTRIBUTED
 from .conftest import launch
 
 FLAGS = ["--model", "cnn", "--dataset", "digits", "--batch-size", "16", "--max-steps", "4", "--threads", "1",
@@ -24,7 +25,7 @@ def test_fp16_scales_losses_alike_and_trains_alike_under_every_backend(tmp_path)
     """fp16 autocast on CPU is slow (no fp16 units), so a few steps each; every backend must state the
     same loss scaling and land on the same loss (the same math, float32 rounding apart)."""
     records = {}
-    for backend in ("ddp", "horovod", "deepspeed"):
+    for backend in DISTRIBUTED:
         results = tmp_path / f"{backend}.jsonl"
         launch(2, backend, [*FLAGS, "--results", str(results)])
         records[backend] = json.loads(results.read_text())

@@ -22,10 +22,9 @@ from harness.training.launch import launch_command
 
 from .checkpoint_helpers import (COMMON, RANKS, STEPS_PER_EPOCH, TOTAL_STEPS, checkpoint_steps, launch_may_fail,
                                  max_abs_difference, output, rank_processes, records, signal_all, weights)
+from .backend_cases import with_options
 from .conftest import REPO, launch, run
 
-# DeepSpeed at ZeRO-2: its optimizer state is partitioned, one file per rank.
-BACKENDS = [("ddp", []), ("horovod", []), ("deepspeed", ["--zero-stage", "2"])]
 SIGNAL_AFTER = 15
 STOP_AFTER = 16  # the ranks vote during the next step: epoch 1, step 5 of 11, after the epoch-0 checkpoint
 
@@ -61,7 +60,9 @@ def _assert_resumes_exactly(tmp_path, backend, flags, checkpoints, results, refe
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend, flags", BACKENDS, ids=["ddp", "horovod", "deepspeed-zero2"])
+# Under every option set a backend's Options.examples name (DeepSpeed's ZeRO stages write other files:
+# from ZeRO-2 on, the optimizer state partitioned, one file per rank).
+@pytest.mark.parametrize("backend, flags", with_options())
 def test_sigterm_on_one_rank_checkpoints_and_the_run_resumes_exactly(tmp_path, uninterrupted, backend, flags):
     checkpoints, results = tmp_path / "checkpoints", tmp_path / "results.jsonl"
     stopped = launch_may_fail(backend, [*COMMON, *flags, "--checkpoint-dir", str(checkpoints), "--checkpoint-every",

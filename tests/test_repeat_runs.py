@@ -18,12 +18,15 @@ from harness.study.equivalence import UPDATE_BOUND, update_differences, worst
 from harness.process.launchers import launcher_command
 from harness.training.models import build_model
 
+from .backend_cases import DISTRIBUTED
 from .conftest import REPO, run
 
 SCRIPT = os.path.join(REPO, "tests", "repeat_runs.py")
 COMMON = dict(model="cnn", dataset="digits", dropout=0.0, seed=0, lr=0.05, lr_scaling="none", max_steps=10,
               threads=1, eval_every=0, calibration_steps=0, timing_warmup_steps=1)
-# Every backend's knobs as a first run in a fresh process applies them.
+# What repeat_runs.py runs first, in processes of their own: every distributed backend, then each again.
+SEQUENCE = DISTRIBUTED * 2
+# The knobs of the first run of these backends in a fresh process, as they apply them.
 FIRST_RUN_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "process_group": "gloo"},
                     "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False},
                     "deepspeed": {"zero_stage": 0, "process_group": "gloo", "throughput_timer": False}}
@@ -47,18 +50,21 @@ def test_backends_one_after_another_in_the_same_two_mpi_processes(tmp_path):
     reference = torch.load(reference_path, weights_only=True)
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert [entry["backend"] for entry in seen] == ["ddp", "horovod", "deepspeed", "ddp", "deepspeed",
-                                                        "ddp", "deepspeed", "deepspeed", "horovod"]
+        assert [entry["backend"] for entry in seen] == [*SEQUENCE, "ddp", "deepspeed", "deepspeed", "horovod"]
         for entry in seen:
             assert entry["launcher"] == "openmpi", entry
             weights = torch.load(entry["weights"], weights_only=True)
             assert _update_difference(weights, reference) <= UPDATE_BOUND, entry
-        for entry in seen[:5]:
-            assert entry["tuning"] == {**FIRST_RUN_TUNING[entry["backend"]], "cpu_malloc": "reuse",
-                                         "channels_last_weights": False}, entry
+        first_tuning = {}
+        for entry in seen[:len(SEQUENCE)]:
+            # A backend's later run applies the knobs its first run did: nothing a run set leaked.
+            assert entry["tuning"] == first_tuning.setdefault(entry["backend"], entry["tuning"]), entry
             assert entry["left_behind"] == [], entry
             assert entry["train_function"].startswith("<function train")
-        assert all(entry["kept"] for entry in seen[5:]), seen[5:]
+        assert {backend: first_tuning[backend] for backend in FIRST_RUN_TUNING} == {
+            backend: {**tuning, "cpu_malloc": "reuse", "channels_last_weights": False}
+            for backend, tuning in FIRST_RUN_TUNING.items()}
+        assert all(entry["kept"] for entry in seen[len(SEQUENCE):]), seen[len(SEQUENCE):]
 
 
 def test_the_single_process_backend_twice_in_this_process(tmp_path):

@@ -17,6 +17,7 @@ from .conftest import harness
 BACKENDS = ["ddp", "horovod", "deepspeed"]
 # Each framework's speed knobs as the sweep below applies them (defaults; Horovod's cycle is the
 # harness's CPU default, not Horovod's 1 ms).
+# DDP and DeepSpeed skip the identity allreduce at one rank (Horovod does so itself).
 DEFAULT_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "process_group": "gloo"},
                   "deepspeed": {"zero_stage": 0, "process_group": "gloo", "throughput_timer": False},
                   "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False}}
@@ -24,6 +25,7 @@ DEFAULT_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True
 
 def _settings(tmp_path, **overrides) -> SweepSettings:
     values = dict(backends=["none", *BACKENDS], ranks=[1, 2], scaling="weak", results=str(tmp_path / "r.jsonl"),
+                  repeats=1,
                   train_args=["--model", "cnn", "--dataset", "synthetic", "--batch-size", "32"], sweep_id="s1")
     values.update(overrides)
     return SweepSettings(**values)
@@ -35,6 +37,7 @@ def _train_flags(command) -> list:
 
 def test_weak_sweep_runs_every_combination_with_the_backends_own_launchers(tmp_path):
     runs = plan_sweep(_settings(tmp_path, repeats=2), environ={})
+    assert SweepSettings(backends=["ddp"], ranks=[1], scaling="weak", results="r").repeats == 3  # 95% intervals
     # Repeats are interleaved; the single-process baseline runs at one rank only.
     assert [(r.repeat, r.ranks, r.backend) for r in runs] == [
         (repeat, ranks, backend) for repeat in (0, 1) for ranks in (1, 2)
@@ -51,6 +54,48 @@ def test_weak_sweep_runs_every_combination_with_the_backends_own_launchers(tmp_p
     for tag in ("scaling=weak", "sweep_id=s1", "repeat=1"):
         assert f"--tag {tag}" in flags
     assert f"--results {tmp_path / 'r.jsonl'}" in flags
+
+
+def test_every_run_of_a_study_gets_the_same_threads_per_rank(tmp_path):
+    # 8 cores, at most 4 ranks on a node: 2 threads per rank at 1, 2 and 4 ranks alike.
+    settings = _settings(tmp_path, backends=["ddp"], ranks=[1, 2, 4], repeats=1)
+    runs = plan_sweep(settings, environ={}, cores=8)
+    assert settings.threads == 2
+    assert all(_flag(run.command, "--threads") == "2" for run in runs)
+    # Under a site launcher the most ranks on a node is --ppn: 16 ranks at 4 per node on 32 cores.
+    site = _settings(tmp_path, backends=["ddp"], ranks=[4, 16], ppn=4, repeats=1)
+    assert all(_flag(run.command, "--threads") == "8" for run in plan_sweep(site, environ={"PBS_NODEFILE": "n"},
+                                                                            cores=32))
+    # --threads overrides (as a train flag or in the settings); more ranks than cores still get one.
+    given = _settings(tmp_path, backends=["ddp"], ranks=[1, 2], repeats=1, train_args=["--threads", "3"])
+    assert all(_flag(run.command, "--threads") == "3" for run in plan_sweep(given, environ={}, cores=2))
+    assert given.threads == 3
+    crowded = _settings(tmp_path, backends=["ddp"], ranks=[1, 4], repeats=1)
+    plan_sweep(crowded, environ={}, cores=2)
+    assert crowded.threads == 1
+    with pytest.raises(UsageError, match="threads per rank given twice"):
+        plan_sweep(_settings(tmp_path, threads=2, train_args=["--threads", "3"]), environ={})
+
+
+def test_the_all_cores_run_is_a_separate_tagged_configuration(tmp_path):
+    runs = plan_sweep(_settings(tmp_path, backends=["ddp"], ranks=[1, 2], repeats=2, all_cores_baseline=True),
+                      environ={}, cores=2)
+    assert [(r.repeat, r.ranks, r.baseline) for r in runs] == [
+        (0, 1, ""), (0, 2, ""), (0, 1, "all-cores"), (1, 1, ""), (1, 2, ""), (1, 1, "all-cores")]
+    all_cores = runs[2]
+    assert all_cores.key == "ddp-1r-all-cores-rep0"
+    assert _flag(all_cores.command, "--threads", last=True) == "2" and "baseline=all-cores" in all_cores.command
+    assert _flag(runs[0].command, "--threads") == "1" and "baseline=all-cores" not in runs[0].command
+
+
+def _flag(command, name, last=False):
+    values = [command[i + 1] for i, word in enumerate(command) if word == name]
+    return values[-1] if last else values[0] if len(set(values)) == 1 else values
+
+
+def test_a_backends_option_flag_reaches_every_run_of_that_backend(tmp_path):
+    runs = plan_sweep(_settings(tmp_path, backends=["deepspeed"], train_args=["--zero-stage", "2"]), environ={})
+    assert runs and all("--zero-stage 2" in " ".join(_train_flags(run.command)) for run in runs)
 
 
 def test_strong_sweep_fixes_the_global_batch(tmp_path):
@@ -85,6 +130,9 @@ def test_inside_an_allocation_runs_start_through_the_site_launcher(tmp_path):
     (dict(backends=["none"], ranks=[2]), "nothing to run"),
     (dict(train_args=["--backend", "ddp"]), "drop --backend"),
     (dict(train_args=["--global-batch", "64"]), "--scaling weak keeps --batch-size per worker fixed"),
+    (dict(backends=["ddp", "deepspeed"], train_args=["--zero-stage", "2"]), "--zero-stage is a deepspeed option"),
+    (dict(backends=["deepspeed"], train_args=["--zero-stage", "5"]), "--zero-stage must be 0, 1, 2 or 3"),
+    (dict(backends=[]), "a sweep needs at least one backend"),
 ])
 def test_bad_sweeps_fail_before_anything_runs(tmp_path, overrides, message):
     with pytest.raises(UsageError, match=message):
@@ -98,7 +146,7 @@ def test_sweep_cli_dry_run_and_one_line_errors(tmp_path):
                   "--max-steps", "5", "--results", results, "--dry-run", timeout=120)
     assert dry.returncode == 0, dry.stderr
     commands = [shlex.split(line) for line in dry.stdout.splitlines()]
-    assert len(commands) == 3 and all("--max-steps" in c and "--model" in c for c in commands)
+    assert len(commands) == 9 and all("--max-steps" in c and "--model" in c for c in commands)  # 3 repeats
     bad = harness("sweep", "--backends", "ddp", "--ranks", "1,two", "--scaling", "weak", "--results", results,
                   timeout=120)
     assert bad.returncode == 2
@@ -117,7 +165,7 @@ def swept(tmp_path_factory):
     results = out / "weak.jsonl"
     result = harness("sweep", "--backends", ",".join(BACKENDS), "--ranks", "1,2", "--scaling", "weak",
                      "--model", "cnn", "--dataset", "synthetic", "--batch-size", "16", "--max-steps", "10",
-                     "--timing-warmup-steps", "3", "--calibration-steps", "3", "--threads", "1",
+                     "--timing-warmup-steps", "3", "--calibration-steps", "3", "--repeats", "1",
                      "--eval-every", "0", "--results", str(results), "--sweep-id", "e2e", timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out, results, result.stdout
@@ -134,8 +182,10 @@ def test_sweep_records_are_complete(swept):
         assert record["local_batch"] == 16 and record["global_batch"] == 16 * record["world_size"]
         assert record["timed_steps"] == 7 and record["throughput"] > 0
         assert 0 < record["au"] <= 1
-        assert record["tuning"] == {**DEFAULT_TUNING[record["backend"]], "cpu_malloc": "reuse",
+        reduces = {} if record["backend"] == "horovod" else {"gradient_allreduce": record["world_size"] > 1}
+        assert record["tuning"] == {**DEFAULT_TUNING[record["backend"]], **reduces, "cpu_malloc": "reuse",
                                       "channels_last_weights": False}
+        assert record["threads_per_rank"] == 1 and record["contention"]["threads_per_rank"] == 1
         for metric in ("load_balance", "communication_efficiency", "parallel_efficiency"):
             assert 0 < record[metric] <= 1, (record["backend"], metric, record[metric])
         breakdown = record["step_breakdown"]
@@ -163,14 +213,17 @@ def test_plot_and_report_of_the_sweep(swept):
     assert report.returncode == 0, report.stderr
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in report.stdout.splitlines()
             if line.startswith("|")][2:]
-    assert sorted((row[0], row[1]) for row in rows) == sorted(
+    # A run measured on a busy machine is marked † (and explained under the table).
+    assert sorted((row[0].removesuffix(" †"), row[1]) for row in rows) == sorted(
         (backend, str(ranks)) for backend in BACKENDS for ranks in (1, 2))
-    assert all(row[5] != "-" for row in rows)  # every configuration has an efficiency
+    assert all(row[2] == "1" for row in rows)  # the same threads per rank at 1 and 2 ranks
+    assert all(row[6].removesuffix(" ?") != "-" for row in rows)  # every configuration has an efficiency
+    assert ("†" in report.stdout) == any(r["contention"]["flagged"] for r in read_records([str(results)]))
 
 
 def test_tags_are_key_value_pairs_collected_into_the_config():
     from harness.cli import build_parser
-    from harness.config import config_from_args
+    from harness.training.flags import config_from_args
 
     args = build_parser().parse_args(["train", "--tag", "nodes=4", "--tag", "note=a=b", "--tag", "nodes=8"])
     assert config_from_args(args).tags == {"nodes": "8", "note": "a=b"}

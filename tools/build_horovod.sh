@@ -8,7 +8,7 @@
 # HOROVOD_SDIST=path/to/horovod-0.28.1.tar.gz builds offline, for compute nodes without network.
 #
 # Horovod records the torch it was built for and refuses to load under another one, hence the key.
-# Patches (see shared/REFERENCE.md section 3):
+# Patches, each for a way the unpatched 0.28.1 build fails with current toolchains:
 #   * torch >= 2.13 headers need C++20; Horovod's torch extension asks for C++14. The rest of
 #     Horovod and its gloo then need C++17, else gloo's static constexpr Store::kDefaultTimeout
 #     is defined twice (strong in C++14 objects, inline in C++20 ones) and the link fails.

@@ -6,16 +6,19 @@ For each solutions/NN_name.py it writes
   the exercise instead of the solution;
 - exercises/NN_name.ipynb: the same as a notebook for JupyterLab (the .py files are jupytext
   percent scripts: `# %%` starts a cell), with a last cell that says how to run it on 2 ranks.
-Files in exercises/ that no solution makes are removed. A test (tests/test_exercises.py) runs
---check, so exercises/ never drifts from solutions/.
+exercises/ is generated: its files are the ones named like a step (NN_name.py, NN_name.ipynb), and
+one of those whose solution is gone is removed. Any other file there is left alone, and attendees'
+copies in my-exercises/ (`harness exercise start 02`) are never written: this refuses to write there.
+A test (tests/test_exercises.py) runs --check, so exercises/ never drifts from solutions/.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List, Optional
 
 import jupytext
 import nbformat
@@ -23,6 +26,9 @@ import nbformat
 from harness.workshop.exercise import exercise_text
 
 REPO = Path(__file__).resolve().parent.parent
+# What this script writes (and so may rewrite or remove), the names of solutions/ steps: 02_ddp.py.
+GENERATED = re.compile(r"^[0-9][0-9]_\w+\.(?:py|ipynb)$")
+ATTENDEES = "my-exercises"  # harness.workshop.my_exercises writes attendees' copies there
 
 NOTEBOOK_NOTE = """Running these cells runs one rank (a world of size 1): enough to step through the code.
 To run the script on 2 ranks, check it from a terminal: `harness check exercises/{name}.ipynb`
@@ -63,7 +69,17 @@ def generated(solutions: Path) -> Dict[str, str]:
     return files
 
 
-def main(argv=None) -> int:
+def stale_files(expected: Dict[str, str], exercises: Path) -> List[str]:
+    """The generated files in `exercises` to write (missing or different) or remove (no solution
+    makes them any more); files not named like a step are not the generator's and never listed."""
+    present = {path.name for path in exercises.glob("*") if path.is_file() and GENERATED.match(path.name)} \
+        if exercises.is_dir() else set()
+    return sorted(name for name in set(expected) | present
+                  if name not in present or name not in expected
+                  or (exercises / name).read_text() != expected[name])
+
+
+def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--solutions", type=Path, default=REPO / "solutions")
     parser.add_argument("--exercises", type=Path, default=REPO / "exercises")
@@ -74,13 +90,15 @@ def main(argv=None) -> int:
     except ValueError as error:  # a malformed TODO block
         print(f"make_exercises: error: {error}", file=sys.stderr)
         return 2
-    present = {path.name for path in args.exercises.glob("*") if path.is_file()} if args.exercises.is_dir() else set()
-    stale = sorted(name for name in set(expected) | present
-                   if name not in present or name not in expected
-                   or (args.exercises / name).read_text() != expected[name])
+    if args.exercises.resolve().name == ATTENDEES:
+        print(f"make_exercises: error: {args.exercises} holds attendees' copies; give --exercises exercises/ "
+              "(the generated folder)", file=sys.stderr)
+        return 2
+    stale = stale_files(expected, args.exercises)
     if args.check:
         if stale:
-            print(f"exercises differ from what {args.solutions} generate: {', '.join(stale)}; run `make exercises`")
+            print(f"exercises differ from what {args.solutions} generate: {', '.join(stale)}; run `make exercises` "
+                  f"(if you edited one, move it to {ATTENDEES}/ first, where `harness exercise start NN` puts your copies)")
             return 1
         return 0
     args.exercises.mkdir(exist_ok=True)

@@ -16,7 +16,8 @@ say() { printf '[setup] %s\n' "$*"; }
 
 # --- 1. system packages: OpenMPI (Horovod's MPI controller, mpi4py, mpirun tests) and cmake; ---
 # as root also Slurm, munge and shellcheck, which the job-template tests use (they start their own
-# slurmctld); a user without root gets those tests' clear error instead.
+# slurmctld), and Chromium with its WebDriver for the JupyterLab browser test; a user without root
+# gets those tests' clear error (or skip) instead.
 missing=()
 command -v mpirun >/dev/null || missing+=(openmpi-bin)
 [ -e /usr/include/x86_64-linux-gnu/mpi/mpi.h ] || [ -e /usr/include/mpi.h ] || command -v mpicc >/dev/null \
@@ -25,6 +26,10 @@ command -v cmake >/dev/null || missing+=(cmake)
 if [ "$(id -u)" = 0 ]; then
   command -v slurmctld >/dev/null || missing+=(slurmctld slurmd slurm-client munge)
   command -v shellcheck >/dev/null || missing+=(shellcheck)
+  command -v chromium >/dev/null || missing+=(chromium)
+  command -v chromedriver >/dev/null || missing+=(chromium-driver)
+elif ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  say "tests/test_lab_browser.py is skipped without a browser: sudo apt-get install chromium chromium-driver"
 fi
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -2,19 +2,22 @@
 
 `base.Backend` is the interface the training loop talks to; each framework is one module here
 (`single`, `ddp`, `horovod`, `deepspeed`, with `torch_distributed` for the process-group plumbing
-they share) and one entry in the registry below. `precision` holds the numeric semantics every
-backend must keep alike. Nothing outside this package imports a framework.
+they share) and one entry in the registry below; each declares its own options there, as a frozen
+dataclass whose fields are `harness train` flags (`options.BackendOptions`). `precision` holds the
+numeric semantics every backend must keep alike, and `compat` every workaround for a particular
+version of a framework. Nothing outside this package imports a framework.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Type
+from typing import Any, Dict, Mapping, Optional, Type
 
 from ..errors import unknown_choice
 from .base import Backend
 from .ddp import DDPBackend
 from .deepspeed import DeepSpeedBackend
 from .horovod import HorovodBackend
+from .options import BackendOptions, option
 from .single import SingleProcessBackend
 from .torch_distributed import process_group_backend
 
@@ -29,9 +32,11 @@ def backend_class(name: str) -> Type[Backend]:
     return BACKENDS[name]
 
 
-def get_backend(name: str) -> Backend:
-    """A new backend instance; an unknown name lists the known ones."""
-    return backend_class(name)()
+def get_backend(name: str, options: Optional[Mapping[str, Any]] = None) -> Backend:
+    """A new backend instance with these options by name (TrainConfig.backend_options; default: the
+    backend's defaults); an unknown backend lists the known ones, a bad option raises UsageError."""
+    cls = backend_class(name)
+    return cls(cls.parse_options(options or {}))
 
 
-__all__ = ["BACKENDS", "Backend", "backend_class", "get_backend", "process_group_backend"]
+__all__ = ["BACKENDS", "Backend", "BackendOptions", "backend_class", "get_backend", "option", "process_group_backend"]

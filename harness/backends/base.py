@@ -20,7 +20,8 @@ import abc
 import contextlib
 import importlib.util
 import os
-from typing import (TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Dict, Iterable, Optional, Tuple)
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Dict, Iterable, Mapping, Optional, Tuple,
+                    Type)
 
 import torch
 from torch import nn
@@ -28,6 +29,7 @@ from torch import nn
 from ..process.discovery import ClusterEnv
 from ..errors import UsageError, first_line
 from ..fileio import load_tensors
+from .options import BackendOptions
 from .precision import Precision
 
 if TYPE_CHECKING:
@@ -51,16 +53,16 @@ class Backend(abc.ABC):
     install_hint: ClassVar[str] = ""
     # Which files save_checkpoint writes; a checkpoint loads only into a backend of the same format.
     checkpoint_format: ClassVar[str] = "torch"
-    # TrainConfig fields this backend owns: it checks them (check_options) and records them (tuning).
-    options: ClassVar[Tuple[str, ...]] = ()
-    # Fields whose value changes what this backend saves; resuming with another value is refused.
-    resume_must_match: ClassVar[Tuple[str, ...]] = ()
+    # This backend's own options (harness.backends.options): a frozen dataclass whose fields are
+    # `harness train` flags; a run's values come from TrainConfig.backend_options.
+    Options: ClassVar[Type[BackendOptions]] = BackendOptions
     # Whether --channels-last may store the weights channels-last too. A backend whose collectives
     # need contiguous tensors keeps the weights contiguous and only the images go channels-last
     # (cuDNN still computes channels-last when either operand is).
     channels_last_weights: ClassVar[bool] = True
 
-    def __init__(self) -> None:
+    def __init__(self, options: Optional[BackendOptions] = None) -> None:
+        self.options = options if options is not None else self.Options()
         self.model: nn.Module
         self.optimizer: torch.optim.Optimizer
         self.grad_clip = 0.0
@@ -71,13 +73,21 @@ class Backend(abc.ABC):
 
     # -- checks that run before any process group starts ---------------------------------
     @classmethod
-    def check_options(cls, config: "TrainConfig") -> None:
-        """Raise UsageError for a malformed value of one of this backend's own options."""
+    def parse_options(cls, values: Mapping[str, Any]) -> BackendOptions:
+        """This backend's options from their values by field name (TrainConfig.backend_options),
+        validated; an unknown name or a malformed value raises UsageError."""
+        return cls.Options.parse(cls.name, values)
 
     def check_available(self) -> None:
         """Raise UsageError if the backend's library is missing or unusable."""
         if self.library and importlib.util.find_spec(self.library) is None:
             raise UsageError(f"backend {self.name!r} needs {self.library}, which is not installed; {self.install_hint}")
+
+    def build_info(self) -> Dict[str, bool]:
+        """What the installed library was built with, where that varies between installations
+        (Horovod: its controllers and GPU operations); checked by `harness study --check` against
+        what a site needs. Call after check_available."""
+        return {}
 
     @abc.abstractmethod
     def check_launch(self, config: "TrainConfig", cluster: ClusterEnv, device: torch.device) -> None:
@@ -208,9 +218,24 @@ class Backend(abc.ABC):
             raise UsageError(f"checkpoint {directory} does not fit this model and optimizer ({first_line(exc)}); "
                              "resume with the run's own settings, or use another --checkpoint-dir") from None
 
-    def is_peer_failure(self, error: BaseException) -> bool:
-        """True if `error` says a collective failed because another rank died or stopped answering."""
+    @classmethod
+    def is_peer_failure(cls, error: BaseException) -> bool:
+        """True if `error` says a collective failed because another rank died or stopped answering
+        (whether it came from this backend or from a script using the framework directly)."""
         return False
+
+    @classmethod
+    def limit_collective_waits(cls, seconds: float) -> None:
+        """Make the framework's collectives in this process give up after `seconds` when a peer does
+        not answer, for a script that uses the framework itself rather than this backend (`harness
+        check` runs attendees' scripts so). Call it before the script starts the framework; it is
+        process-wide and not undone (a backend's own run bounds its waits by --timeout in `init`)."""
+
+    @classmethod
+    def watch_engine_config(cls, record: Callable[[Any], None]) -> None:
+        """Hand `record` the config of every engine a script in this process builds with the
+        framework itself, before the framework reads it (`harness check` judges DeepSpeed's batch
+        settings so). A framework without an engine config has nothing to watch."""
 
     def math_settings(self, config: "TrainConfig") -> Dict[str, Any]:
         """Every setting that changes the math, as applied; identical across backends by design."""

@@ -2,58 +2,64 @@
 
 from __future__ import annotations
 
-import inspect
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ContextManager, Dict, Tuple
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import UsageError
+from . import compat
 from .base import OptimizerFactory
+from .options import BackendOptions, option
 from .torch_distributed import TorchDistributedBackend
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
-
-_DDP_PARAMETERS = inspect.signature(DistributedDataParallel.__init__).parameters
 
 
 class DDPBackend(TorchDistributedBackend):
     """Gradients are averaged by DDP's bucketed allreduce, overlapped with the backward pass."""
 
     name = "ddp"
-    options = ("ddp_bucket_cap_mb",)
 
-    @classmethod
-    def check_options(cls, config: "TrainConfig") -> None:
-        if not config.ddp_bucket_cap_mb > 0:
-            raise UsageError(f"--ddp-bucket-cap-mb must be positive, got {config.ddp_bucket_cap_mb}")
+    @dataclass(frozen=True)
+    class Options(BackendOptions):
+        """DDP's knob: the size of the buckets its allreduce sends (speed only, not the math)."""
+
+        bucket_cap_mb: float = option(25.0, "--ddp-bucket-cap-mb", "ddp: gradient bucket size in MB")
+
+        def validate(self) -> None:
+            if not self.bucket_cap_mb > 0:
+                raise UsageError(f"{self.flag('bucket_cap_mb')} must be positive, got {self.bucket_cap_mb}")
+
+    options: Options
 
     def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: "TrainConfig",
              local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
-        self.bucket_cap_mb = config.ddp_bucket_cap_mb
         device = next(model.parameters()).device
-        # Horovod and DeepSpeed do not broadcast buffers every step; neither does this. (torch >= 2.14
-        # renamed the switch; the initial broadcast it keeps is harmless, every rank starts equal.)
-        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_PARAMETERS
-                          else {"broadcast_buffers": False})
         # Gradients as views into DDP's allreduce buckets: the same values, without a copy of every
         # gradient into its bucket and back after each allreduce (two small kernels per parameter
         # per step, 322 for ResNet-50), and one gradient-sized buffer less.
         self.model = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=self.bucket_cap_mb, gradient_as_bucket_view=True, **no_buffer_sync)
+            bucket_cap_mb=self.options.bucket_cap_mb, gradient_as_bucket_view=True, **compat.ddp_without_buffer_sync())
         self.optimizer = make_optimizer(self.model.parameters())
         self._local_setup(config)
+        # At world size 1 the mean over ranks is the identity: no step reduces (Horovod skips it
+        # at size 1 too), so a one-rank baseline holds no communication (harness.training.timing).
+        self.reduces = dist.get_world_size() > 1
         return self.model, self.optimizer
 
     def no_sync(self, sync: bool) -> ContextManager:
         # DDP decides in forward whether backward will reduce, so the context spans both.
-        return super().no_sync(sync) if sync else self.model.no_sync()
+        return super().no_sync(sync) if sync and self.reduces else self.model.no_sync()
 
     def tuning(self) -> Dict[str, Any]:
-        return {"bucket_cap_mb": self.bucket_cap_mb, "gradient_as_bucket_view": True, "process_group": self.group_backend}
+        return {"bucket_cap_mb": self.options.bucket_cap_mb, "gradient_as_bucket_view": True,
+                "process_group": self.group_backend, "gradient_allreduce": self.reduces}
 
     def module(self) -> nn.Module:
         return self.model.module

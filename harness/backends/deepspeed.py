@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import pickle
+from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed import distributed_c10d
 
 from ..process.discovery import ClusterEnv
 from ..errors import UsageError, first_line
+from . import compat
 from .precision import LOSS_SCALE, Precision
 from .base import OptimizerFactory
+from .options import BackendOptions, option
 from .torch_distributed import TorchDistributedBackend
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ NO_PRINT = 1 << 30
 AUTOCAST_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def deepspeed_config(config: "TrainConfig", local_batch: int, world_size: int) -> Dict[str, Any]:
+def deepspeed_config(config: "TrainConfig", zero_stage: int, local_batch: int, world_size: int) -> Dict[str, Any]:
     """The DeepSpeed config the harness passes, with every math-changing default set explicitly."""
     precision = Precision.of(config.precision)
     return {
@@ -47,7 +48,7 @@ def deepspeed_config(config: "TrainConfig", local_batch: int, world_size: int) -
         # (DeepSpeed would otherwise send Linear and Conv gradients in the autocast dtype).
         **({"torch_autocast": {"enabled": True, "dtype": AUTOCAST_DTYPES[precision.autocast_dtype],
                                "lower_precision_safe_modules": []}} if precision.autocast_dtype else {}),
-        "zero_optimization": {"stage": config.zero_stage},
+        "zero_optimization": {"stage": zero_stage},
         # The harness passes a torch optimizer (DeepSpeed's own Adam JIT-compiles a C++ op on CPU).
         "zero_allow_untested_optimizer": True,
         "steps_per_print": NO_PRINT,
@@ -72,40 +73,6 @@ def check_loss_scaler(scaler: Optional["torch.amp.GradScaler"]) -> None:
                          "the frameworks would not compare fairly: use --precision bf16 or fp32")
 
 
-def process_groups() -> FrozenSet[Any]:
-    """Every process group torch knows in this process, the world group included.
-
-    torch keeps its registry private: `distributed_c10d._world.pg_map` (torch 1.13 to 2.15 at least).
-    tests/test_repeat_runs.py runs DeepSpeed repeatedly in one process and fails if this breaks.
-    """
-    return frozenset(distributed_c10d._world.pg_map)
-
-
-def _no_shm_allreduce() -> None:
-    """Stands in for deepspeed.comm.torch.build_shm_op (see DeepSpeedBackend.init)."""
-    return None
-
-
-def weights_only_checkpoint_engine():
-    """DeepSpeed's torch checkpoint engine, loading with weights_only=True.
-
-    DeepSpeed 0.19 loads its files with weights_only=False, which runs any pickled code. Its ZeRO
-    files hold three of its own plain data classes besides tensors; those, and nothing else, are
-    allowed.
-    """
-    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    class WeightsOnlyCheckpointEngine(TorchCheckpointEngine):
-        def load(self, path: str, map_location=None):
-            with torch.serialization.safe_globals([LossScaler, ZeroStageEnum, fragment_address]):
-                return torch.load(path, map_location=map_location, weights_only=True)
-
-    return WeightsOnlyCheckpointEngine()
-
-
 class DeepSpeedBackend(TorchDistributedBackend):
     """deepspeed.initialize on a torch optimizer; the harness sets the LR, no DeepSpeed scheduler."""
 
@@ -114,33 +81,39 @@ class DeepSpeedBackend(TorchDistributedBackend):
     library = "deepspeed"
     install_hint = "pip install deepspeed (or run `make setup`)"
     checkpoint_format = "deepspeed"
-    options = ("zero_stage",)
-    resume_must_match = ("zero_stage",)  # ZeRO's files are partitioned by stage
     # DeepSpeed 0.19 broadcasts each weight as raw bytes (p.data.view(torch.uint8)), which a
     # channels-last 4-D weight cannot give, and ZeRO flattens weights into contiguous buffers.
     channels_last_weights = False
 
-    @classmethod
-    def check_options(cls, config: "TrainConfig") -> None:
-        if config.zero_stage not in (0, 1, 2, 3):
-            raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {config.zero_stage}")
+    @dataclass(frozen=True)
+    class Options(BackendOptions):
+        """The ZeRO stage: 1 partitions the optimizer state over the ranks, 2 the gradients too,
+        3 the weights too. It changes the checkpoint's files, not the math."""
+
+        zero_stage: int = option(0, "--zero-stage", "deepspeed: ZeRO stage 0-3", resume_must_match=True)
+
+        def validate(self) -> None:
+            if self.zero_stage not in (0, 1, 2, 3):
+                raise UsageError(f"{self.flag('zero_stage')} must be 0, 1, 2 or 3, got {self.zero_stage}")
+
+        @classmethod
+        def examples(cls) -> Tuple["DeepSpeedBackend.Options", ...]:
+            # Each stage communicates and saves otherwise: ZeRO-2 writes the optimizer state
+            # partitioned, one file per rank; ZeRO-3 gathers the weights inside forward too.
+            return (cls(), cls(zero_stage=2), cls(zero_stage=3))
+
+    options: Options
 
     def init(self, cluster: ClusterEnv, device: torch.device, config: "TrainConfig") -> None:
         if device.type == "cpu":
             # Must be set before DeepSpeed is imported: it picks its accelerator at import time.
             self._set_environ(DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
-        # (deepspeed.comm's attribute `torch` is the torch package, so the module is looked up by name.)
-        comm_torch = importlib.import_module("deepspeed.comm.torch")
-        # On Linux CPUs DeepSpeed 0.19 JIT-compiles a shared-memory allreduce op when its comm layer
-        # starts (about 45 s on a machine's first run) and, with every rank on one node, maps a 66 MB
-        # /dev/shm segment per rank that it never unlinks. The op serves only inference's allreduce,
-        # which training never calls, so the harness goes without it; the comm layer then uses
-        # torch.distributed for everything, as on other platforms. Tested in tests/test_failures.py.
-        if hasattr(comm_torch, "build_shm_op"):
-            self._set_attributes(comm_torch, build_shm_op=_no_shm_allreduce)
+        # Without DeepSpeed's CPU shared-memory op (compat.deepspeed_shm_op_stand_in says why; tested
+        # in tests/test_failures.py). Put back at shutdown.
+        comm_torch, stand_ins = compat.deepspeed_shm_op_stand_in()
+        self._set_attributes(comm_torch, **stand_ins)
         super().init(cluster, device, config)
-        self.zero_stage = config.zero_stage
-        self._groups_before_run = process_groups()
+        self._groups_before_run = compat.process_groups()
 
     def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: "TrainConfig",
              local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
@@ -152,14 +125,20 @@ class DeepSpeedBackend(TorchDistributedBackend):
         placement = SimpleNamespace(device_rank=device.index) if device.type == "cuda" else None
         engine, optimizer, _, _ = deepspeed.initialize(
             args=placement, model=model, optimizer=make_optimizer(model.parameters()),
-            config=deepspeed_config(config, local_batch, dist.get_world_size()), dist_init_required=False)
+            config=deepspeed_config(config, self.options.zero_stage, local_batch, dist.get_world_size()),
+            dist_init_required=False)
         self.engine = self.model = engine
         self.optimizer = optimizer
+        # At world size 1 the mean over ranks is the identity, yet ZeRO-0 would still flatten, scale
+        # and copy back every gradient after each backward: turned off, as Horovod skips it at size
+        # 1, so a one-rank baseline holds no communication (harness.training.timing). ZeRO >= 1
+        # moves gradients into its partitions on that path: it stays.
+        if dist.get_world_size() == 1 and self.options.zero_stage == 0:
+            engine.enable_backward_allreduce = False
         self.precision = Precision.of(config.precision)
         # DeepSpeed scales fp16 losses with a GradScaler of its own; the harness checks that it
         # scales as the other backends do, and reads it to count skipped steps.
-        self.scaler = (getattr(engine, "torch_autocast_z0_gradscaler", None)
-                       or getattr(optimizer, "torch_autocast_gradscaler", None))
+        self.scaler = compat.deepspeed_grad_scaler(engine, optimizer)
         if self.precision.loss_scaling:
             check_loss_scaler(self.scaler)
         return engine, optimizer
@@ -181,6 +160,29 @@ class DeepSpeedBackend(TorchDistributedBackend):
     def module(self) -> nn.Module:
         return self.engine.module
 
+    @classmethod
+    def limit_collective_waits(cls, seconds: float) -> None:
+        super().limit_collective_waits(seconds)
+        # deepspeed.init_distributed's timeout, read when deepspeed is imported: whole minutes (default 10).
+        os.environ["DEEPSPEED_TIMEOUT"] = str(max(1, round(seconds / 60)))
+
+    @classmethod
+    def watch_engine_config(cls, record: Callable[[Any], None]) -> None:
+        # The config as deepspeed.initialize takes it: a dict or a JSON file's path, by keyword or
+        # in args.deepspeed_config. Scripts look deepspeed.initialize up when they call it.
+        import deepspeed
+
+        initialize = deepspeed.initialize
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            given = kwargs.get("config") or kwargs.get("config_params")
+            if given is None:
+                given = getattr(kwargs.get("args", args[0] if args else None), "deepspeed_config", None)
+            record(given)
+            return initialize(*args, **kwargs)
+
+        deepspeed.initialize = watched
+
     def save_checkpoint(self, directory: str, rank: int) -> None:
         # ZeRO partitions the optimizer state (stage 3 the weights too): every rank writes its own
         # part through DeepSpeed. The harness's own state is in files beside them, not client_state.
@@ -189,7 +191,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
 
     def load_checkpoint(self, directory: str, device: torch.device) -> None:
         parent, tag = os.path.split(os.path.abspath(directory))
-        self.engine.checkpoint_engine = weights_only_checkpoint_engine()
+        self.engine.checkpoint_engine = compat.weights_only_checkpoint_engine()
         try:
             loaded, _ = self.engine.load_checkpoint(parent, tag=tag, load_optimizer_states=True,
                                                     load_lr_scheduler_states=False)
@@ -202,7 +204,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
             raise UsageError(f"DeepSpeed found no checkpoint in {directory}; resume from another one")
 
     def full_state_dict(self) -> Dict[str, torch.Tensor]:
-        if self.zero_stage < 3:
+        if self.options.zero_stage < 3:
             return super().full_state_dict()
         import deepspeed
 
@@ -211,7 +213,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
             return {key: value.detach().cpu().clone() for key, value in module.state_dict().items()}
 
     def evaluation_model(self, make_model: Callable[[], nn.Module]) -> nn.Module:
-        if self.zero_stage < 3:
+        if self.options.zero_stage < 3:
             return self.module()
         # ZeRO-3 gathers weights inside forward, a collective; ranks evaluate uneven shards, so
         # each evaluates a plain copy instead.
@@ -221,7 +223,8 @@ class DeepSpeedBackend(TorchDistributedBackend):
         return model.to(device)
 
     def tuning(self) -> Dict[str, Any]:
-        return {"zero_stage": self.zero_stage, "process_group": self.group_backend, "throughput_timer": False}
+        return {"zero_stage": self.options.zero_stage, "process_group": self.group_backend, "throughput_timer": False,
+                "gradient_allreduce": self.engine.enable_backward_allreduce}
 
     def versions(self) -> Dict[str, str]:
         import deepspeed
@@ -239,16 +242,8 @@ class DeepSpeedBackend(TorchDistributedBackend):
         module-level caches for the life of the process. A second run in the same process (a
         notebook's engines) would find the clone of a group destroyed since, and fail in
         deepspeed.initialize with "Group ... is not registered"; in a group the caller owns, the
-        clones would stay behind. deepspeed.comm.destroy_process_group releases DeepSpeed's
-        references to the group it destroys.
+        clones would stay behind (compat.destroy_deepspeed_groups releases them too).
         """
         before = getattr(self, "_groups_before_run", None)
-        if before is None or not dist.is_initialized():
-            return
-        made = [group for group in process_groups() if group not in before]
-        if not made:
-            return
-        comm = importlib.import_module("deepspeed.comm.comm")
-        destroy = comm.destroy_process_group if comm.cdb is not None else dist.destroy_process_group
-        for group in made:
-            destroy(group)
+        if before is not None and dist.is_initialized():
+            compat.destroy_deepspeed_groups([group for group in compat.process_groups() if group not in before])

@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
-from ..process.discovery import MPI_LAUNCHERS, ClusterEnv
-from ..config import flag_name
+from ..process.discovery import ClusterEnv
+from ..process.launchers import MPI_FAMILIES, families
 from ..errors import UsageError, first_line
+from . import compat
 from .base import Backend, OptimizerFactory
+from .options import BackendOptions, option
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
 
-HOROVOD_LAUNCHERS = MPI_LAUNCHERS | {"horovodrun", "slurm", "none"}
+# Ranks Horovod can join: those MPI, horovodrun or srun started, and a plain process; Horovod does
+# not read the variables of torchrun and the deepspeed launcher.
+HOROVOD_LAUNCHERS = MPI_FAMILIES | families("horovodrun", "srun", "python")
 # On CPU the ranks' compute threads fill the cores, and Horovod's background thread, which wakes
 # every cycle to negotiate with the other ranks, takes its time from them: at 2 ranks x 1 thread on
 # 2 cores, 5 ms instead of Horovod's 1 ms cut context switches 2.5x (benchmarks/throughput.py).
@@ -40,6 +46,11 @@ def _setting(flag: Optional[float], variable: str, variable_units_per_unit: floa
         raise UsageError(f"{variable}={value!r} is not a number; fix or unset it") from None
 
 
+def _whole_seconds(seconds: float) -> str:
+    """HOROVOD_GLOO_TIMEOUT_SECONDS's value for `seconds`: whole seconds, at least 1."""
+    return str(max(1, round(seconds)))
+
+
 class HorovodBackend(Backend):
     """hvd.DistributedOptimizer with explicit averaging; parameters broadcast from rank 0."""
 
@@ -50,15 +61,28 @@ class HorovodBackend(Backend):
     # Horovod refuses non-contiguous tensors ("Tensor is required to be contiguous") in its
     # broadcast and in the gradient allreduce, and a channels-last weight's gradient is one.
     channels_last_weights = False
-    options = ("hvd_fusion_threshold_mb", "hvd_fp16_compression", "hvd_cycle_time_ms")
-    resume_must_match = ("hvd_fp16_compression",)  # compressed gradients train other weights
 
-    @classmethod
-    def check_options(cls, config: "TrainConfig") -> None:
-        for name in ("hvd_fusion_threshold_mb", "hvd_cycle_time_ms"):
-            value = getattr(config, name)
-            if value is not None and not value > 0:
-                raise UsageError(f"{flag_name(name)} must be positive, got {value}")
+    @dataclass(frozen=True)
+    class Options(BackendOptions):
+        """Horovod's knobs: tensor fusion and the background thread's cycle change speed only;
+        fp16 compression changes the math (compressed gradients train other weights)."""
+
+        fusion_threshold_mb: Optional[float] = option(
+            None, "--hvd-fusion-threshold-mb", "horovod: tensor-fusion buffer in MB (default: Horovod's, 128)",
+            type=float)
+        fp16_compression: bool = option(False, "--hvd-fp16-compression",
+                                        "horovod: send gradients as fp16 (changes the math)", resume_must_match=True)
+        cycle_time_ms: Optional[float] = option(
+            None, "--hvd-cycle-time-ms", "horovod: background-thread cycle in ms (default: $HOROVOD_CYCLE_TIME, "
+            "else 5 on CPU, Horovod's 1 on GPU)", type=float)
+
+        def validate(self) -> None:
+            for name in ("fusion_threshold_mb", "cycle_time_ms"):
+                value = getattr(self, name)
+                if value is not None and not value > 0:
+                    raise UsageError(f"{self.flag(name)} must be positive, got {value}")
+
+    options: Options
 
     def check_available(self) -> None:
         super().check_available()
@@ -67,6 +91,12 @@ class HorovodBackend(Backend):
         except (ImportError, OSError) as exc:
             raise UsageError(f"horovod.torch cannot be loaded ({first_line(exc)}); rebuild it against this torch "
                              "with `make setup` (tools/build_horovod.sh)") from exc
+
+    def build_info(self) -> Dict[str, bool]:
+        import horovod.torch as hvd
+
+        return {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built()), "nccl": bool(hvd.nccl_built()),
+                "cuda": bool(hvd.cuda_built())}
 
     def check_launch(self, config: "TrainConfig", cluster: ClusterEnv, device: torch.device) -> None:
         if cluster.launcher not in HOROVOD_LAUNCHERS:
@@ -84,9 +114,9 @@ class HorovodBackend(Backend):
         # then the default. Only values other than Horovod's own are exported, so that
         # HOROVOD_AUTOTUNE still tunes the ones nobody chose. Shutdown restores the variables, so
         # one run's values never become the next run's "user's variable".
-        self.fusion_threshold_mb = _setting(config.hvd_fusion_threshold_mb, "HOROVOD_FUSION_THRESHOLD", 2**20,
+        self.fusion_threshold_mb = _setting(self.options.fusion_threshold_mb, "HOROVOD_FUSION_THRESHOLD", 2**20,
                                             HOROVOD_DEFAULT_FUSION_MB)
-        self.cycle_time_ms = _setting(config.hvd_cycle_time_ms, "HOROVOD_CYCLE_TIME", 1,
+        self.cycle_time_ms = _setting(self.options.cycle_time_ms, "HOROVOD_CYCLE_TIME", 1,
                                       CPU_CYCLE_TIME_MS if device.type == "cpu" else HOROVOD_DEFAULT_CYCLE_TIME_MS)
         if self.fusion_threshold_mb != HOROVOD_DEFAULT_FUSION_MB:
             self._set_environ(HOROVOD_FUSION_THRESHOLD=str(int(self.fusion_threshold_mb * 2**20)))
@@ -95,8 +125,8 @@ class HorovodBackend(Backend):
         # Bound gloo's waits so a dead peer fails the job (MPI jobs are ended by mpirun itself).
         # Set, not defaulted: horovodrun exports its own --gloo-timeout-seconds, and a hung peer then
         # stalled the job for that long whatever --timeout said.
-        self._set_environ(HOROVOD_GLOO_TIMEOUT_SECONDS=str(max(1, round(config.timeout))))
-        if cluster.launcher in MPI_LAUNCHERS:
+        self._set_environ(HOROVOD_GLOO_TIMEOUT_SECONDS=_whole_seconds(config.timeout))
+        if cluster.launcher in MPI_FAMILIES:
             # MPI initialised by mpi4py outlives Horovod: Horovod finalises only an MPI it started
             # itself, and a finalised MPI cannot start again, so a later run in this process could
             # not init Horovod (a notebook's engines run several).
@@ -119,8 +149,7 @@ class HorovodBackend(Backend):
         # Start every rank from rank 0's weights and optimizer state.
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        self.compression_fp16 = config.hvd_fp16_compression
-        compression = hvd.Compression.fp16 if config.hvd_fp16_compression else hvd.Compression.none
+        compression = hvd.Compression.fp16 if self.options.fp16_compression else hvd.Compression.none
         # Gradient accumulation: the hooks count backward passes and allreduce on the last one.
         self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                                   compression=compression, op=hvd.Average,
@@ -140,9 +169,8 @@ class HorovodBackend(Backend):
     def finish_gradient_sync(self) -> None:
         # backward only *starts* Horovod's allreduces (from gradient hooks); wait for them here so
         # the loop's gradient phase includes them, as it does for DDP and DeepSpeed.
-        for handle, _ in self.optimizer._handles.values():  # Horovod keeps (handle, context) per parameter
-            if handle is not None:
-                self._wait(handle)
+        for handle in compat.horovod_pending_handles(self.optimizer):
+            self._wait(handle)
         self.optimizer.synchronize()
         self.gradients_synced = True
 
@@ -171,22 +199,28 @@ class HorovodBackend(Backend):
     def barrier(self) -> None:
         self.hvd.barrier()
 
-    def is_peer_failure(self, error: BaseException) -> bool:
+    @classmethod
+    def is_peer_failure(cls, error: BaseException) -> bool:
         # When a peer's gloo or MPI connection fails (or HOROVOD_GLOO_TIMEOUT_SECONDS runs out),
         # Horovod shuts down and every pending and later operation raises HorovodInternalError.
-        from horovod.common.exceptions import HorovodInternalError
+        # Looked up, not imported: an error raised before Horovod was loaded is not Horovod's.
+        exceptions = sys.modules.get("horovod.common.exceptions")
+        return exceptions is not None and isinstance(error, exceptions.HorovodInternalError)
 
-        return isinstance(error, HorovodInternalError)
+    @classmethod
+    def limit_collective_waits(cls, seconds: float) -> None:
+        # hvd.init() reads it; horovodrun's own --gloo-timeout-seconds would otherwise stand.
+        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = _whole_seconds(seconds)
 
     def math_settings(self, config: "TrainConfig") -> Dict[str, Any]:
         settings = super().math_settings(config)
-        if config.hvd_fp16_compression:
+        if self.options.fp16_compression:
             settings["gradient_compression"] = "fp16"
         return settings
 
     def tuning(self) -> Dict[str, Any]:
         return {"fusion_threshold_mb": self.fusion_threshold_mb, "cycle_time_ms": self.cycle_time_ms,
-                "fp16_compression": self.compression_fp16}
+                "fp16_compression": self.options.fp16_compression}
 
     def versions(self) -> Dict[str, str]:
         import horovod

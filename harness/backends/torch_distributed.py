@@ -11,6 +11,7 @@ from torch.distributed import distributed_c10d
 
 from ..process.discovery import ClusterEnv
 from ..errors import UsageError
+from . import compat
 from .base import Backend
 
 if TYPE_CHECKING:
@@ -21,22 +22,6 @@ if TYPE_CHECKING:
 # "Application timeout caused pair closure" (a later collective on a connection that timed out).
 GLOO_FAILURE_MARKERS = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "Timed out waiting",
                         "Application timeout caused pair closure")
-
-
-# Process groups this process has created so far (the same count on every rank: runs are collective).
-_groups_created = 0
-
-
-def rendezvous_port(master_port: int) -> int:
-    """The port of this process's next process group: the launcher's, then the ones above it.
-
-    A process group's TCP store outlives destroy_process_group once DDP has used the group (torch
-    2.14 keeps its server listening: seen with `ss` after destroy, del and gc.collect). A second
-    group on the same port in the same process then has some ranks connect to the stale store and
-    wait forever. Every rank counts the groups it made, so a later run in the same processes (a
-    notebook's engines) meets on the next port instead.
-    """
-    return master_port + _groups_created
 
 
 def process_group_backend(device: torch.device, procs_per_gpu: int) -> str:
@@ -54,20 +39,17 @@ class TorchDistributedBackend(Backend):
         """Any launcher works: rank and size come from harness.process.discovery."""
 
     def init(self, cluster: ClusterEnv, device: torch.device, config: "TrainConfig") -> None:
-        global _groups_created
         self.owns_process_group = not dist.is_initialized()
-        port = rendezvous_port(cluster.master_port) if self.owns_process_group else cluster.master_port
+        port = compat.rendezvous_port(cluster.master_port) if self.owns_process_group else cluster.master_port
         # Export the discovered values under torchrun's names: libraries (DeepSpeed among them)
         # read these, whichever launcher actually started the process. Restored at shutdown.
         self._set_environ(RANK=str(cluster.rank), WORLD_SIZE=str(cluster.world_size),
                           LOCAL_RANK=str(cluster.local_rank), LOCAL_WORLD_SIZE=str(cluster.local_world_size),
                           MASTER_ADDR=cluster.master_addr, MASTER_PORT=str(port))
-        # The timeout bounds every collective: a dead peer fails the job instead of hanging it.
-        # Groups made later without a timeout get torch's default, 30 min (gloo) or 10 min (NCCL):
-        # DeepSpeed builds its data-parallel groups so (deepspeed.comm new_group), and a hung peer
-        # stalled its gradient allreduce past --timeout. So --timeout is their default for the run.
+        # The timeout bounds every collective: a dead peer fails the job instead of hanging it. It is
+        # also the default of groups made later without one (compat.group_timeout_defaults says why).
         timeout = datetime.timedelta(seconds=config.timeout)
-        self._set_attributes(distributed_c10d, default_pg_timeout=timeout, default_pg_nccl_timeout=timeout)
+        self._set_attributes(distributed_c10d, **compat.group_timeout_defaults(config.timeout))
         self.group_backend = process_group_backend(device, config.procs_per_gpu)
         if not self.owns_process_group:  # the caller set one up (a notebook, a job script): use it as it is
             if (dist.get_rank(), dist.get_world_size()) != (cluster.rank, cluster.world_size):
@@ -78,7 +60,7 @@ class TorchDistributedBackend(Backend):
             return
         dist.init_process_group(self.group_backend, init_method="env://", rank=cluster.rank,
                                 world_size=cluster.world_size, timeout=timeout)
-        _groups_created += 1
+        compat.process_group_created()
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
@@ -95,11 +77,18 @@ class TorchDistributedBackend(Backend):
     def barrier(self) -> None:
         dist.barrier()
 
-    def is_peer_failure(self, error: BaseException) -> bool:
+    @classmethod
+    def is_peer_failure(cls, error: BaseException) -> bool:
         # NCCL and the rendezvous store raise DistError subclasses; gloo raises a plain RuntimeError
         # whose message comes from its TCP transport (a reset connection, or --timeout running out).
         return isinstance(error, dist.DistError) or (
             isinstance(error, RuntimeError) and any(marker in str(error) for marker in GLOO_FAILURE_MARKERS))
+
+    @classmethod
+    def limit_collective_waits(cls, seconds: float) -> None:
+        # The defaults of every group made without a timeout, init_process_group's included.
+        for name, timeout in compat.group_timeout_defaults(seconds).items():
+            setattr(distributed_c10d, name, timeout)
 
     def shutdown(self) -> None:
         if getattr(self, "owns_process_group", False) and dist.is_initialized():

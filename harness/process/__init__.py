@@ -3,7 +3,11 @@
 - `discovery`: rank, sizes, node and rendezvous address from whichever launcher started this
   process (torchrun, deepspeed, horovodrun, OpenMPI, MPICH/PALS, Slurm), as one frozen `ClusterEnv`;
   CPU threads and the device a rank uses.
-- `launchers`: the table of launchers and the command that starts N local processes under each.
+- `launchers`: the one table of launchers (python, torchrun, mpirun, horovodrun, deepspeed here;
+  mpiexec and srun across an allocation): the command each starts ranks with, which are MPI, and
+  which discovery family their ranks report.
+- `state`: what a run sets in its process (CPU threads, memory reuse) and how the process gets
+  everything back afterwards.
 - `allocator`: how a CPU process keeps freed memory for the next step.
 - `preemption`: SIGTERM/SIGUSR1 turned into a checkpoint that every rank agrees on, and a dead peer
   turned into a clear error.
@@ -16,7 +20,8 @@ from ..lazy import lazy_exports
 __getattr__, __dir__ = lazy_exports(__name__, {
     "ClusterEnv": "discovery", "detect_cluster": "discovery", "select_device": "discovery",
     "default_threads": "discovery", "cpu_cores": "discovery",
-    "LAUNCHERS": "launchers", "launcher_command": "launchers", "launch_environment": "launchers",
-    "free_port": "launchers",
+    "Launcher": "launchers", "LAUNCHERS": "launchers", "LOCAL_LAUNCHERS": "launchers", "MPI_FAMILIES": "launchers",
+    "launcher_command": "launchers", "launch_environment": "launchers", "free_port": "launchers",
+    "preserved_process_state": "state",
 })
 __all__ = __dir__()

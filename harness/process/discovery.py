@@ -12,16 +12,21 @@ import os
 import re
 import socket
 import subprocess
+import time
+import urllib.request
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import UsageError
+from .launchers import MPI_FAMILIES
 
 if TYPE_CHECKING:
     import torch
 
-# (variable, launcher that sets it), in priority order per quantity.
+# (variable, launcher that sets it), in priority order per quantity. The launcher named here is the
+# family a rank reports as ClusterEnv.launcher; harness.process.launchers says which launcher
+# programs start ranks of each family.
 RANK_VARIABLES: Tuple[Tuple[str, str], ...] = (
     ("RANK", "torchrun"),
     ("HOROVOD_RANK", "horovodrun"),
@@ -48,8 +53,15 @@ LOCAL_WORLD_SIZE_VARIABLES: Tuple[str, ...] = (
 SLURM_STEP_VARIABLES: Tuple[str, ...] = ("SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS")
 # Per-node task counts, as Slurm writes them: "4(x2),3" is 4 on each of two nodes, then 3 on one.
 _SLURM_TASK_GROUP = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
-MPI_LAUNCHERS = frozenset({"openmpi", "mpich", "pals"})
 DEFAULT_MASTER_PORT = 29500
+# The DNS domain of the network ranks should meet on, appended to rank 0's short hostname (set by
+# `harness study` from the site profile; unset: hostnames as they are).
+RENDEZVOUS_DOMAIN_VARIABLE = "HARNESS_RENDEZVOUS_DOMAIN"
+# horovodrun's rendezvous store: the scope the harness keeps its own keys in, and how long ranks wait
+# there for rank 0 (which may start later on a busy node).
+HOROVODRUN_SCOPE = "harness"
+HOROVODRUN_REQUEST_TIMEOUT_S = 10.0
+HOROVODRUN_EXCHANGE_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -127,19 +139,59 @@ def _mpi_rank0_hostname() -> str:
     return MPI.COMM_WORLD.bcast(socket.gethostname(), root=0)
 
 
+def _horovodrun_rank0_hostname(environ: Mapping[str, str], rank: int) -> str:
+    """Rank 0's hostname through horovodrun's rendezvous server, an HTTP key-value store that every
+    rank of a horovodrun job reaches (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT): rank 0 puts it, the others
+    wait for it. horovodrun exports no variable naming rank 0's host (its driver may run elsewhere)."""
+    url = (f"http://{environ['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{environ.get('HOROVOD_GLOO_RENDEZVOUS_PORT', '')}"
+           f"/{HOROVODRUN_SCOPE}/rank0_hostname")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the job's own network: no proxy
+    if rank == 0:
+        hostname = socket.gethostname()
+        request = urllib.request.Request(url, data=hostname.encode(), method="PUT")
+        try:
+            opener.open(request, timeout=HOROVODRUN_REQUEST_TIMEOUT_S).close()
+        except OSError as exc:
+            raise UsageError(f"cannot reach horovodrun's rendezvous server at {url} ({exc}); "
+                             "export MASTER_ADDR=<rank 0 hostname>") from None
+        return hostname
+    deadline = time.monotonic() + HOROVODRUN_EXCHANGE_TIMEOUT_S
+    while True:
+        try:
+            with opener.open(url, timeout=HOROVODRUN_REQUEST_TIMEOUT_S) as response:
+                return response.read().decode()
+        except OSError as exc:  # 404 until rank 0 has put it; HTTPError and URLError are OSErrors
+            if time.monotonic() > deadline:
+                raise UsageError(f"rank 0 did not publish its hostname at {url} within "
+                                 f"{HOROVODRUN_EXCHANGE_TIMEOUT_S:.0f} s ({exc}); "
+                                 "export MASTER_ADDR=<rank 0 hostname>") from None
+            time.sleep(0.2)
+
+
+def _on_rendezvous_network(host: str, environ: Mapping[str, str]) -> str:
+    """`host` on the network named by RENDEZVOUS_DOMAIN_VARIABLE (Polaris: hsn.cm.polaris.alcf.anl.gov,
+    the Slingshot name of a node), else as it is: a bare hostname may resolve to a slower network."""
+    domain = environ.get(RENDEZVOUS_DOMAIN_VARIABLE, "").strip(".")
+    return f"{host.split('.')[0]}.{domain}" if domain else host
+
+
 def _master_addr(environ: Mapping[str, str], launcher: str, world_size: int, local_world_size: int,
-                 mpi_hostname: Callable[[], str]) -> str:
+                 mpi_hostname: Callable[[], str], rank: int = 0) -> str:
     if environ.get("MASTER_ADDR"):
         return environ["MASTER_ADDR"]
     if world_size == local_world_size:  # every rank is on this node
         return "127.0.0.1"
-    if launcher in MPI_LAUNCHERS:
-        return mpi_hostname()
-    if environ.get("SLURM_JOB_NODELIST"):
-        return _slurm_first_host(environ["SLURM_JOB_NODELIST"])
+    if launcher in MPI_FAMILIES:
+        return _on_rendezvous_network(mpi_hostname(), environ)
+    if launcher == "horovodrun" and environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+        return _horovodrun_rank0_hostname(environ, rank)
+    # The step's nodes, not the job's: a run on 2 of the job's 4 nodes has rank 0 on its step's first.
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+    if nodelist:
+        return _on_rendezvous_network(_slurm_first_host(nodelist), environ)
     if environ.get("PBS_NODEFILE") and os.path.exists(environ["PBS_NODEFILE"]):
         with open(environ["PBS_NODEFILE"]) as handle:
-            return handle.readline().strip()
+            return _on_rendezvous_network(handle.readline().strip(), environ)
     raise UsageError("cannot tell rank 0's host for a multi-node job; export MASTER_ADDR=<rank 0 hostname>")
 
 
@@ -193,7 +245,7 @@ def detect_cluster(environ: Optional[Mapping[str, str]] = None,
         raise UsageError(f"local rank {local_rank} of {local_world_size} per node does not fit a world of "
                          f"{world_size} (from {local_var and local_var[0]}, {local_size_var and local_size_var[0]}); "
                          "check the launcher's variables")
-    master_addr = _master_addr(environ, launcher, world_size, local_world_size, mpi_hostname)
+    master_addr = _master_addr(environ, launcher, world_size, local_world_size, mpi_hostname, rank)
     return ClusterEnv(rank, world_size, local_rank, local_world_size, master_addr, _master_port(environ), launcher)
 
 
@@ -206,7 +258,11 @@ def cpu_cores() -> int:
 
 
 def default_threads(cluster: ClusterEnv) -> int:
-    """Threads per rank on CPU: the node's cores shared evenly among its local ranks."""
+    """Threads per rank on CPU: the node's cores shared evenly among its local ranks.
+
+    Right for one run, wrong for comparing runs: one rank would get every core and two ranks one
+    each, so a scaling study's baseline would do other work per rank. `harness sweep` therefore
+    gives all its runs one --threads (harness.study.sweep.threads_per_rank)."""
     return max(1, cpu_cores() // max(1, cluster.local_world_size))
 
 

@@ -3,6 +3,13 @@
 - `sweep`: a scaling study (backends x rank counts x repeats, weak or strong scaling) through a
   local launcher or the allocation's own (`srun`, `mpiexec`), resumable, one JSONL of records;
 - `report`, `plot`: the Markdown table and the figures of a study's records;
+- `bench` (with `allreduce`, the model and its fit), `predict`: `harness bench allreduce` (any backend's allreduce per
+  message size, NCCL's ring alpha-beta model fitted to it) and `harness predict` (step time,
+  throughput and efficiency at 1..512 nodes of a site, beside measured runs);
+- `job` (with `sites`, `scheduler`, `settings`, `check`, `submit`, `continuation`, `preflight`): a
+  whole study as a batch job, `harness study`: the site's profile (harness/study/sites/*.json), the
+  scheduler's view of the job, the checks before the queue (`--check`) and in the job, discovery,
+  the sweep, figures and report, and the job's continuation after a warning or a preemption;
 - `equivalence`, `weights`: the bound within which a distributed run must train the weights of one
   process on the global batch, and the comparison of saved weights against it.
 
@@ -15,8 +22,12 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "SweepSettings": "sweep", "SweepResult": "sweep", "run_sweep": "sweep",
     "scaling_report": "report", "markdown_table": "report", "RUN_COLUMNS": "report",
     "scaling_figures": "plot", "write_figures": "plot", "loss_figure": "plot", "timeline_figure": "plot",
+    "prediction_figure": "plot", "BenchSettings": "allreduce", "bench_allreduce": "bench", "fit_alpha_beta": "allreduce",
+    "Network": "predict", "Workload": "predict", "predict_scaling": "predict", "network_from_site": "predict",
     "EQUIVALENCE_STEPS": "equivalence", "UPDATE_BOUND": "equivalence",
     "initial_weights": "weights", "load_weights": "weights", "compare_with_reference": "weights",
     "comparison_bound": "weights", "comparison_table": "weights",
+    "run_study": "job", "check_study": "preflight", "CheckResult": "check", "StudySettings": "settings",
+    "SiteProfile": "sites", "load_site": "sites", "site_names": "sites", "parse_walltime": "walltime",
 })
 __all__ = __dir__()

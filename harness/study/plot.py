@@ -6,6 +6,9 @@ For each study in the records (see report.Study) it writes three figures:
 - scaling efficiency vs workers, one line per backend, ideal at 1.0;
 - the mean step time per backend and worker count, stacked by phase (data wait, forward +
   backward, communication, optimizer, other).
+Runs measured under contention (harness.training.metrics) are boxed in red (hatched bars) with a
+legend entry; one rank with all cores (tag baseline=all-cores) is a star, never on a curve; a
+backend swept at two thread counts gets two curves.
 Beside each figure a JSON file lists its title, axes and series (one per backend), so tests and
 notebooks can check a figure without reading pixels. Figures are drawn on matplotlib Figure
 objects with the Agg renderer only: no display, no pyplot state.
@@ -14,7 +17,7 @@ objects with the Agg renderer only: no display, no pyplot state.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import UsageError
 from ..fileio import atomic_write
@@ -37,6 +40,10 @@ SLIDE_STYLE = {"font.size": 15, "axes.titlesize": 16, "axes.labelsize": 15, "leg
                "xtick.labelsize": 13, "ytick.labelsize": 13, "lines.linewidth": 2.8, "lines.markersize": 9,
                "axes.grid": True, "grid.alpha": 0.35, "svg.fonttype": "none"}
 FIGSIZE = (10, 6)
+# Runs measured under contention (harness.training.metrics, **contention**): boxed points, hatched bars.
+CONTENTION_COLOUR = "#c0392b"
+CONTENTION_HATCH = "//"
+CONTENTION_LABEL = "measured under contention (see report)"
 
 
 def _colour(backend: str, order: Sequence[str]) -> str:
@@ -49,6 +56,18 @@ def _colour(backend: str, order: Sequence[str]) -> str:
 
 def _backends(rows: Sequence[ScalingRow]) -> List[str]:
     return list(dict.fromkeys(row.backend for row in rows))
+
+
+def _curves(rows: Sequence[ScalingRow]) -> List[Tuple[str, str, List[ScalingRow]]]:
+    """(backend, label, rows) per scaling curve: one per backend and threads per rank (a backend
+    swept at two thread counts gets two curves, never one mixing them); all-cores rows left out."""
+    curves: Dict[Tuple[str, Optional[int]], List[ScalingRow]] = {}
+    for row in rows:
+        if not row.baseline:
+            curves.setdefault((row.backend, row.threads_per_rank), []).append(row)
+    several = {backend for backend, _ in curves if sum(1 for b, _ in curves if b == backend) > 1}
+    return [(backend, f"{backend}, {threads} threads/rank" if backend in several else backend, mine)
+            for (backend, threads), mine in curves.items()]
 
 
 def _workers_axis(ax: Any, rows: Sequence[ScalingRow]) -> None:
@@ -72,76 +91,119 @@ def _title(ax: Any, what: str, study: Study) -> str:
     return title
 
 
-def _series(rows: Sequence[ScalingRow], backend: str, value: Callable[[ScalingRow], Optional[float]]) -> Dict[str, Any]:
-    mine = [row for row in rows if row.backend == backend]
-    return {"backend": backend, "label": backend, "workers": [row.workers for row in mine],
-            "values": [value(row) for row in mine]}
+def _series(backend: str, label: str, mine: Sequence[ScalingRow],
+            value: Callable[[ScalingRow], Optional[float]]) -> Dict[str, Any]:
+    return {"backend": backend, "label": label, "workers": [row.workers for row in mine],
+            "values": [value(row) for row in mine], "contended": [row.contended_runs > 0 for row in mine],
+            "threads_per_rank": mine[0].threads_per_rank}
+
+
+def _mark_contended(ax: Any, xs: Sequence[float], values: Sequence[Optional[float]], flags: Sequence[bool]) -> bool:
+    """A hollow red square around each point measured under contention; whether there was one."""
+    marked = [(x, v) for x, v, flag in zip(xs, values, flags) if flag and v is not None]
+    if marked:
+        ax.scatter([x for x, _ in marked], [v for _, v in marked], s=380, marker="s", facecolors="none",
+                   edgecolors=CONTENTION_COLOUR, linewidths=2.2, zorder=5, label="_contended")
+    return bool(marked)
+
+
+def _legend(ax: Any, contended: bool, extra: Sequence[Tuple[Any, str]] = (), loc: str = "upper left") -> None:
+    from matplotlib.lines import Line2D
+
+    handles, labels = ax.get_legend_handles_labels()
+    for handle, label in extra:
+        handles.append(handle)
+        labels.append(label)
+    if contended:
+        handles.append(Line2D([], [], linestyle="none", marker="s", markersize=13, markerfacecolor="none",
+                              markeredgecolor=CONTENTION_COLOUR, markeredgewidth=2.2))
+        labels.append(CONTENTION_LABEL)
+    ax.legend(handles, labels, loc=loc)
 
 
 def throughput_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
-    """Throughput (samples/s) vs workers, one line per backend plus its dashed ideal; returns the Figure."""
+    """Throughput (samples/s) vs workers, one line per backend with its 95% interval, its dashed ideal,
+    runs under contention boxed in red, one rank with all cores as a star; returns the Figure."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     fig = Figure(figsize=FIGSIZE, layout="constrained")
     ax = fig.add_subplot()
-    order = _backends(rows)
-    series, ideals = [], []
-    for index, backend in enumerate(order):
-        entry = _series(rows, backend, lambda row: row.throughput)
-        entry["ci95"] = [row.throughput_ci95 for row in rows if row.backend == backend]
+    order, curves = _backends(rows), _curves(rows)
+    series, ideals, contended = [], [], False
+    for index, (backend, label, mine) in enumerate(curves):
+        entry = _series(backend, label, mine, lambda row: row.throughput)
+        entry["ci95"] = [row.throughput_ci95 for row in mine]
         colour = _colour(backend, order)
-        xs = _dodged(entry["workers"], index, len(order))
-        ax.errorbar(xs, entry["values"], yerr=[c or 0.0 for c in entry["ci95"]], label=backend,
+        xs = _dodged(entry["workers"], index, len(curves))
+        ax.errorbar(xs, entry["values"], yerr=[c or 0.0 for c in entry["ci95"]], label=label,
                     color=colour, marker="o", capsize=5)
-        base = next(row for row in rows if row.backend == backend)
-        ideal = [base.throughput * w / base.workers for w in entry["workers"]]
+        contended |= _mark_contended(ax, xs, entry["values"], entry["contended"])
+        ideal = [mine[0].throughput * w / mine[0].workers for w in entry["workers"]]
         if len(ideal) > 1:
             ax.plot(xs, ideal, linestyle="--", linewidth=1.6, color=colour, label="_ideal")
-            ideals.append({"backend": backend, "workers": entry["workers"], "values": ideal})
+            ideals.append({"backend": backend, "label": label, "workers": entry["workers"], "values": ideal})
         series.append(entry)
-    handles, labels = ax.get_legend_handles_labels()
-    if ideals:
-        handles.append(Line2D([], [], linestyle="--", linewidth=1.6, color="black"))
-        labels.append("ideal (linear from fewest workers)")
-    ax.legend(handles, labels, loc="upper left")
+    all_cores = [row for row in rows if row.baseline]
+    for row in all_cores:
+        ax.scatter([row.workers], [row.throughput], marker="*", s=340, color=_colour(row.backend, order),
+                   edgecolors="black", zorder=4, label="_all_cores")
+        contended |= _mark_contended(ax, [row.workers], [row.throughput], [row.contended_runs > 0])
+    extra = [(Line2D([], [], linestyle="--", linewidth=1.6, color="black"), "ideal (linear from fewest workers)")] \
+        if ideals else []
+    if all_cores:
+        extra.append((Line2D([], [], linestyle="none", marker="*", markersize=16, color="grey",
+                             markeredgecolor="black"), "1 rank x all cores (not a baseline)"))
+    _legend(ax, contended, extra)
     _workers_axis(ax, rows)
     ax.set_ylabel("throughput (samples/s)")
     ax.set_ylim(bottom=0)
     fig.harness_metadata = {"figure": "throughput", "title": _title(ax, "Throughput vs workers", study),
                             "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(), "series": series,
-                            "ideal": ideals}
+                            "ideal": ideals, "all_cores": [{"backend": r.backend, "throughput": r.throughput,
+                                                            "threads_per_rank": r.threads_per_rank} for r in all_cores],
+                            "contention_marked": contended}
     return fig
 
 
 def efficiency_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
-    """Scaling efficiency (speedup / workers) vs workers, one line per backend; returns the Figure."""
+    """Scaling efficiency (speedup / workers) vs workers, one line per backend; runs under contention
+    boxed in red, a suspect weak-scaling efficiency (> 1.05) labelled; returns the Figure."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=FIGSIZE, layout="constrained")
     ax = fig.add_subplot()
-    order = _backends(rows)
-    series = []
-    for index, backend in enumerate(order):
-        entry = _series(rows, backend, lambda row: row.efficiency)
-        ax.plot(_dodged(entry["workers"], index, len(order)), entry["values"], label=backend,
-                color=_colour(backend, order), marker="o")
+    order, curves = _backends(rows), _curves(rows)
+    series, contended = [], False
+    for index, (backend, label, mine) in enumerate(curves):
+        entry = _series(backend, label, mine, lambda row: row.efficiency)
+        entry["suspect"] = [row.suspect for row in mine]
+        xs = _dodged(entry["workers"], index, len(curves))
+        ax.plot(xs, entry["values"], label=label, color=_colour(backend, order), marker="o")
+        contended |= _mark_contended(ax, xs, entry["values"], entry["contended"])
+        for x, value, why in zip(xs, entry["values"], entry["suspect"]):
+            if why and value is not None:
+                ax.annotate("suspect (> 1.05)", xy=(x, value), xytext=(8, 8), textcoords="offset points",
+                            color=CONTENTION_COLOUR, fontsize=12)
         series.append(entry)
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1.6, label="ideal (1.0)")
     _workers_axis(ax, rows)
     ax.set_ylabel("scaling efficiency (speedup / workers)")
     top = max([1.0, *(v for entry in series for v in entry["values"] if v is not None)])
     ax.set_ylim(0, top * 1.15)
-    ax.legend(loc="lower left")
+    _legend(ax, contended, loc="lower left")
     fig.harness_metadata = {"figure": "efficiency", "title": _title(ax, "Scaling efficiency vs workers", study),
                             "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(), "series": series,
-                            "ideal": 1.0}
+                            "ideal": 1.0, "contention_marked": contended,
+                            "notes": [row.note for row in rows if row.note]}
     return fig
 
 
 def breakdown_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
-    """Mean time per step (ms) per backend and worker count, stacked by phase; returns the Figure."""
+    """Mean time per step (ms) per backend and worker count, stacked by phase; bars of runs under
+    contention hatched; returns the Figure."""
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
     fig = Figure(figsize=FIGSIZE, layout="constrained")
     ax = fig.add_subplot()
@@ -151,27 +213,35 @@ def breakdown_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
         position += 1.0 if not groups or row.backend in groups else 1.7
         positions.append(position)
         groups.setdefault(row.backend, []).append(position)
+    hatches = [CONTENTION_HATCH if row.contended_runs else None for row in rows]
     bottoms = [0.0] * len(rows)
     stacks = []
     for phase in STEP_PHASES:
         label, colour = PHASE_STYLE[phase]
         heights = [1000 * (row.seconds_per_step.get(phase) or 0.0) for row in rows]
-        ax.bar(positions, heights, bottom=bottoms, width=0.8, label=label, color=colour)
+        ax.bar(positions, heights, bottom=bottoms, width=0.8, label=label, color=colour, hatch=hatches,
+               edgecolor="white" if any(hatches) else None)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
         stacks.append({"phase": phase, "label": label, "values_ms": heights})
     ax.set_xticks(positions)
-    ax.set_xticklabels([str(row.workers) for row in rows])
+    ax.set_xticklabels([f"{row.workers}*" if row.baseline else str(row.workers) for row in rows])
     for backend, spots in groups.items():  # the backend's name under its group of bars
         ax.annotate(backend, xy=(sum(spots) / len(spots), 0), xycoords=("data", "axes fraction"),
                     xytext=(0, -28), textcoords="offset points", ha="center", va="top", fontweight="bold")
-    ax.set_xlabel("workers, per backend", labelpad=30)
+    ax.set_xlabel("workers, per backend (* = 1 rank x all cores)" if any(r.baseline for r in rows)
+                  else "workers, per backend", labelpad=30)
     ax.grid(False, axis="x")
     ax.set_ylabel("time per step (ms, mean over ranks)")
     ax.set_ylim(0, max(bottoms + [1e-3]) * 1.3)
-    ax.legend(loc="upper left", ncols=2)
+    # Plain patches: the legend would otherwise take the first bar's hatching for its phase.
+    handles = [Patch(facecolor=colour, label=label) for label, colour in (PHASE_STYLE[p] for p in STEP_PHASES)]
+    if any(hatches):
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch=CONTENTION_HATCH, label=CONTENTION_LABEL))
+    ax.legend(handles=handles, loc="upper left", ncols=2)
     fig.harness_metadata = {"figure": "breakdown", "title": _title(ax, "Where a training step's time goes", study),
                             "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
-                            "bars": [{"backend": row.backend, "workers": row.workers} for row in rows],
+                            "bars": [{"backend": row.backend, "workers": row.workers, "baseline": row.baseline,
+                                      "contended": row.contended_runs > 0} for row in rows],
                             "series": [{"backend": b} for b in _backends(rows)], "stacks": stacks}
     return fig
 
@@ -232,8 +302,8 @@ def write_figures(records: Sequence[Dict[str, Any]], prefix: str) -> List[str]:
 
 
 def timeline_figure(record: Dict[str, Any], steps: Optional[int] = None) -> Any:
-    """Each rank's traced steps as bars over time, coloured by phase (data wait, forward + backward
-    + gradient sync, optimizer); white gaps are bookkeeping and barriers. Needs a record of a run with
+    """Each rank's traced steps as bars over time, coloured by phase (data wait, forward + backward,
+    communication, optimizer); white gaps are bookkeeping and barriers. Needs a record of a run with
     --trace-steps > 0. Returns the Figure."""
     from matplotlib import rc_context
     from matplotlib.figure import Figure
@@ -241,10 +311,11 @@ def timeline_figure(record: Dict[str, Any], steps: Optional[int] = None) -> Any:
     timeline = record.get("timeline")
     if not timeline or not any(timeline["per_rank"]):
         raise UsageError("this record has no per-rank timeline; train with --trace-steps N (e.g. 8) to record one")
-    colours = {"data_wait": PHASE_STYLE["data_wait"][1], "forward_backward_sync": PHASE_STYLE["forward_backward"][1],
-               "optimizer": PHASE_STYLE["optimizer"][1]}
-    labels = {"data_wait": "data wait", "forward_backward_sync": "forward + backward + gradient sync",
-              "optimizer": "optimizer"}
+    # "forward_backward_sync": records from before communication was split off the gradient phase
+    colours = {**{phase: colour for phase, (_, colour) in PHASE_STYLE.items()},
+               "forward_backward_sync": PHASE_STYLE["forward_backward"][1]}
+    labels = {**{phase: label for phase, (label, _) in PHASE_STYLE.items()},
+              "forward_backward_sync": "forward + backward + gradient sync"}
     with rc_context(SLIDE_STYLE):
         fig = Figure(figsize=(FIGSIZE[0], 1.6 + 0.9 * len(timeline["per_rank"])), layout="constrained")
         ax = fig.add_subplot()
@@ -255,7 +326,7 @@ def timeline_figure(record: Dict[str, Any], steps: Optional[int] = None) -> Any:
                                    color=colours[phase], label=labels[phase])
         handles, names = ax.get_legend_handles_labels()
         unique = dict(zip(names, handles))
-        ax.legend(unique.values(), unique.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.25), ncols=3)
+        ax.legend(unique.values(), unique.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.25), ncols=2)
         ax.set_yticks(range(len(timeline["per_rank"])))
         ax.set_yticklabels([f"rank {rank}" for rank in range(len(timeline["per_rank"]))])
         ax.invert_yaxis()
@@ -266,9 +337,11 @@ def timeline_figure(record: Dict[str, Any], steps: Optional[int] = None) -> Any:
     return fig
 
 
-def loss_figure(records: Sequence[Dict[str, Any]], labels: Sequence[str], title: str = "Training loss") -> Any:
+def loss_figure(records: Sequence[Dict[str, Any]], labels: Sequence[str], title: str = "Training loss",
+                colours: Optional[Mapping[str, str]] = None) -> Any:
     """Training loss against optimizer step for several runs (from each record's `history`), one
-    labelled line each, on a log scale. Returns the Figure."""
+    labelled line each, on a log scale; `colours` (label -> colour) keeps each run's colour the same
+    across a notebook's figures. Returns the Figure."""
     from matplotlib import rc_context
     from matplotlib.figure import Figure
 
@@ -277,10 +350,68 @@ def loss_figure(records: Sequence[Dict[str, Any]], labels: Sequence[str], title:
         ax = fig.add_subplot()
         for record, label in zip(records, labels):
             history = record["history"]
-            ax.plot(history["step"], history["loss"], label=label)
+            ax.plot(history["step"], history["loss"], label=label, color=(colours or {}).get(label))
         ax.set_yscale("log")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("training loss (mean over ranks and samples)")
         ax.set_title(title)
         ax.legend(loc="upper right")
     return fig
+
+
+def prediction_figure(rows: Sequence[Dict[str, Any]], measured: Optional[Mapping[int, Dict[str, Any]]] = None,
+                      title: str = "", anchors: Sequence[Dict[str, Any]] = ()) -> Any:
+    """Predicted (harness.study.predict) step time and efficiency against nodes, with measured step
+    times (harness.study.predict.measured_steps: by world size, mean and 95% interval; boxed in red
+    if measured under contention) and published anchors (dicts with nodes, efficiency, label) on the
+    same axes. Returns the Figure."""
+    from matplotlib import rc_context
+    from matplotlib.figure import Figure
+
+    measured = measured or {}
+    with rc_context(SLIDE_STYLE):
+        fig = Figure(figsize=(FIGSIZE[0], FIGSIZE[1] * 1.5), layout="constrained")
+        step_ax, efficiency_ax = fig.subplots(2, 1, sharex=True)
+        nodes = [row["nodes"] for row in rows]
+        step_ax.plot(nodes, [1e3 * row["step_s"] for row in rows], marker="o", color=PALETTE[1], label="predicted")
+        efficiency_ax.plot(nodes, [row["efficiency"] for row in rows], marker="o", color=PALETTE[1], label="predicted")
+        nodes_of = {row["ranks"]: row["nodes"] for row in rows}  # measured steps are keyed by world size
+        points = sorted((nodes_of[r], m) for r, m in measured.items() if m.get("mean") and r in nodes_of)
+        contended = False
+        if points:
+            xs, means = [n for n, _ in points], [m["mean"] for _, m in points]
+            step_ax.errorbar(xs, [1e3 * v for v in means], yerr=[1e3 * (m["ci95"] or 0) for _, m in points],
+                             linestyle="none", marker="D", color=PALETTE[2], capsize=5, label="measured (95% interval)")
+            contended = _mark_contended(step_ax, xs, [1e3 * v for v in means], [m.get("contended") for _, m in points])
+            base = dict(points).get(1, {}).get("mean")
+            if base:
+                efficiency_ax.plot(xs, [base / v for v in means], linestyle="none", marker="D", color=PALETTE[2],
+                                   label="measured")
+        for anchor in anchors:
+            efficiency_ax.scatter([anchor["nodes"]], [anchor["efficiency"]], marker="*", s=300, color=PALETTE[3],
+                                  edgecolors="black", zorder=4, label=anchor["label"])
+        for ax in (step_ax, efficiency_ax):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(nodes)
+            ax.set_xticklabels([str(n) for n in nodes])
+            ax.minorticks_off()
+        _legend(step_ax, contended)
+        efficiency_ax.legend(loc="lower left")
+        step_ax.set_ylabel("time per step (ms)")
+        step_ax.set_ylim(bottom=0)
+        efficiency_ax.set_ylabel("scaling efficiency")
+        efficiency_ax.set_ylim(0, 1.1)
+        efficiency_ax.set_xlabel("nodes")
+        step_ax.set_title(f"Predicted vs measured\n{title}" if title else "Predicted vs measured")
+    fig.harness_metadata = {"figure": "prediction", "title": step_ax.get_title(), "predicted": list(rows),
+                            "measured": {str(n): m for n, m in measured.items()}, "anchors": list(anchors)}
+    return fig
+
+
+def write_prediction_figure(rows: Sequence[Dict[str, Any]], measured: Optional[Mapping[int, Dict[str, Any]]],
+                            title: str, prefix: str, anchors: Sequence[Dict[str, Any]] = ()) -> List[str]:
+    """prediction_figure saved as PREFIX-prediction.{png,svg,json}; the paths written."""
+    from matplotlib import rc_context
+
+    with rc_context(SLIDE_STYLE):
+        return _save(prediction_figure(rows, measured, title, anchors), f"{prefix}-prediction")

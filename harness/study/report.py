@@ -2,19 +2,28 @@
 
 Besides the per-run table (RUN_COLUMNS), this module turns a scaling study's records into one
 row per backend x worker count (`scaling_rows`), which both `harness report` and `harness plot`
-use, so a table and a figure of the same file always show the same numbers.
+use, so a table and a figure of the same file always show the same numbers. A row's efficiency is
+computed only against a baseline that did the same work per rank (threads per rank); runs measured
+under contention are marked, and a weak-scaling efficiency above 1.05 is marked suspect with its
+likely cause. The definitions printed under each table are harness.training.metrics's own.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..training.metrics import STEP_PHASES, scaling_efficiency, speedup
+from ..training.metrics import DEFINITIONS, STEP_PHASES, scaling_efficiency, speedup, suspect_weak_efficiency
 from ..training.record import mean_and_ci95
 
 Column = Tuple[str, Callable[[Dict[str, Any]], Any]]
+ALL_CORES = "all-cores"  # the `baseline` tag of one rank with every core (harness.study.sweep)
+CONTENDED = "†"  # marks a row with runs measured under contention
+SUSPECT = "?"  # marks a suspect efficiency
+# The definitions the scaling table's columns use, printed under it.
+FOOTNOTE_TERMS = ("speedup", "scaling efficiency", "AU", "useful time", "communication", "load balance",
+                  "communication efficiency", "parallel efficiency", "contention")
 
 
 def _cell(value: Any) -> str:
@@ -75,15 +84,15 @@ class Study:
 
 @dataclass
 class ScalingRow:
-    """One backend at one worker count of a study, aggregated over its repeats."""
+    """One backend at one worker count of a study (and threads per rank), aggregated over its repeats."""
 
     study: Study
     backend: str
     workers: int
     runs: int
     throughput: float  # samples/s, mean over runs
-    throughput_ci95: Optional[float]  # over runs; over the run's epochs when there is one run
-    speedup: Optional[float]  # against the same backend at the study's fewest workers
+    throughput_ci95: Optional[float]  # over runs (None for a single run: no interval)
+    speedup: Optional[float]  # against the same backend at the study's fewest workers, same threads per rank
     efficiency: Optional[float]
     baseline_workers: int
     au: Optional[float]
@@ -91,6 +100,16 @@ class ScalingRow:
     communication_efficiency: Optional[float]
     parallel_efficiency: Optional[float]
     seconds_per_step: Dict[str, Optional[float]]  # STEP_PHASES, mean over ranks and runs
+    threads_per_rank: Optional[int] = None  # None on GPUs (or records that do not say)
+    baseline: str = ""  # ALL_CORES: one rank with every core, a separate configuration
+    contended_runs: int = 0
+    contention: List[str] = field(default_factory=list)  # why, from the first contended run
+    suspect: Optional[str] = None  # why a weak-scaling efficiency above 1.05 is suspect
+    note: Optional[str] = None  # why there is no efficiency
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend} (1 rank, all cores)" if self.baseline else self.backend
 
 
 def scaling_mode(record: Dict[str, Any]) -> str:
@@ -113,56 +132,93 @@ def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
     return sum(present) / len(present) if present else None
 
 
-def scaling_rows(records: Sequence[Dict[str, Any]]) -> List[ScalingRow]:
-    """Records grouped by study, backend and workers; backends in order of first appearance.
+GroupKey = Tuple[Study, str, int, Optional[int], str]
 
-    Throughput is the mean over repeats with a 95% interval over repeats (over epochs for a
-    single run). Speedup and efficiency are against the same backend at the study's fewest
-    workers (normally 1), so each framework's own overhead at one worker is in its baseline.
+
+def _aggregate(key: GroupKey, runs: List[Dict[str, Any]]) -> ScalingRow:
+    study, backend, workers, threads, baseline = key
+    spread = mean_and_ci95([run["throughput"] for run in runs])
+    breakdowns = [run.get("step_breakdown", {}).get("seconds_per_step", {}) for run in runs]
+    contended = [run["contention"] for run in runs if run.get("contention", {}).get("flagged")]
+    return ScalingRow(
+        study=study, backend=backend, workers=workers, runs=len(runs), throughput=spread["mean"],
+        throughput_ci95=spread["ci95"], speedup=None, efficiency=None, baseline_workers=workers,
+        au=_mean([run.get("au") for run in runs]),
+        load_balance=_mean([run.get("load_balance") for run in runs]),
+        communication_efficiency=_mean([run.get("communication_efficiency") for run in runs]),
+        parallel_efficiency=_mean([run.get("parallel_efficiency") for run in runs]),
+        seconds_per_step={phase: _mean([b.get(phase) for b in breakdowns]) for phase in STEP_PHASES},
+        threads_per_rank=threads, baseline=baseline, contended_runs=len(contended),
+        contention=list(contended[0].get("reasons", [])) if contended else [])
+
+
+def scaling_rows(records: Sequence[Dict[str, Any]]) -> List[ScalingRow]:
+    """Records grouped by study, backend, workers and threads per rank; backends in order of first
+    appearance, each backend's all-cores configuration after its scaling rows.
+
+    Throughput is the mean over repeats with a 95% interval over repeats (none for one run).
+    Speedup and efficiency are against the same backend at the study's fewest workers with the same
+    threads per rank (normally 1 worker), so each framework's own overhead at one worker is in its
+    baseline and every rank of the baseline did what each rank of the larger run did.
     """
-    groups: Dict[Tuple[Study, str, int], List[Dict[str, Any]]] = {}
+    groups: Dict[GroupKey, List[Dict[str, Any]]] = {}
     backend_order: Dict[str, int] = {}
     for record in records:
         if not record.get("throughput"):
             continue  # a run too short to have a timed window
         backend_order.setdefault(record["backend"], len(backend_order))
-        groups.setdefault((study_of(record), record["backend"], record["world_size"]), []).append(record)
-    rows = []
-    for (study, backend, workers), runs in sorted(groups.items(), key=lambda item: (
-            item[0][0], backend_order[item[0][1]], item[0][2])):
-        throughputs = [run["throughput"] for run in runs]
-        spread = mean_and_ci95(throughputs)
-        breakdowns = [run.get("step_breakdown", {}).get("seconds_per_step", {}) for run in runs]
-        rows.append(ScalingRow(
-            study=study, backend=backend, workers=workers, runs=len(runs), throughput=spread["mean"],
-            throughput_ci95=spread["ci95"] if len(runs) > 1 else runs[0].get("throughput_ci95"),
-            speedup=None, efficiency=None, baseline_workers=workers,
-            au=_mean([run.get("au") for run in runs]),
-            load_balance=_mean([run.get("load_balance") for run in runs]),
-            communication_efficiency=_mean([run.get("communication_efficiency") for run in runs]),
-            parallel_efficiency=_mean([run.get("parallel_efficiency") for run in runs]),
-            seconds_per_step={phase: _mean([b.get(phase) for b in breakdowns]) for phase in STEP_PHASES},
-        ))
-    baselines: Dict[Tuple[Study, str], ScalingRow] = {}
-    for row in rows:  # sorted by workers within a study and backend: the first is the baseline
-        base = baselines.setdefault((row.study, row.backend), row)
-        row.baseline_workers = base.workers
-        row.speedup = speedup(row.throughput, base.throughput)
-        row.efficiency = scaling_efficiency(row.throughput, row.workers, base.throughput, base.workers)
+        key = (study_of(record), record["backend"], record["world_size"], record.get("threads_per_rank"),
+               ALL_CORES if record.get("tags", {}).get("baseline") == ALL_CORES else "")
+        groups.setdefault(key, []).append(record)
+    ordered = sorted(groups.items(), key=lambda item: (item[0][0], backend_order[item[0][1]], item[0][4],
+                                                        item[0][2], item[0][3] or 0))
+    rows = [_aggregate(key, runs) for key, runs in ordered]
+    for row in rows:
+        _compare_with_baseline(row, rows)
     return rows
 
 
-def _with_interval(mean: Optional[float], ci95: Optional[float]) -> str:
-    return f"{_cell(mean)} ± {_cell(ci95)}"
+def _compare_with_baseline(row: ScalingRow, rows: Sequence[ScalingRow]) -> None:
+    """Set the row's speedup and efficiency against its baseline, or say why there is none."""
+    if row.baseline:
+        row.note = (f"{row.label}: one rank with {row.threads_per_rank or 'all'} threads, a configuration of its "
+                    "own; never a scaling baseline (other work per rank)")
+        return
+    peers = [other for other in rows if (other.study, other.backend, other.baseline) == (row.study, row.backend, "")]
+    fewest = min(other.workers for other in peers)
+    base = next((other for other in peers if other.workers == fewest and
+                 other.threads_per_rank == row.threads_per_rank), None)
+    if base is None:
+        others = sorted({str(other.threads_per_rank) for other in peers if other.workers == fewest})
+        row.note = (f"{row.backend} x{row.workers}: no efficiency: its baseline ({fewest} worker(s)) ran "
+                    f"{'/'.join(others)} threads per rank, this run {row.threads_per_rank}; sweep with one --threads")
+        return
+    row.baseline_workers = base.workers
+    row.speedup = speedup(row.throughput, base.throughput)
+    row.efficiency = scaling_efficiency(row.throughput, row.workers, base.throughput, base.workers)
+    if row.study.scaling == "weak" and row is not base:
+        row.suspect = suspect_weak_efficiency(row.efficiency, base.contended_runs > 0, row.contended_runs > 0,
+                                              base.throughput_ci95, base.throughput)
+
+
+def _with_interval(row: Dict[str, Any]) -> str:
+    if row["runs"] < 2:
+        return f"{_cell(row['throughput'])} (one run)"
+    return f"{_cell(row['throughput'])} ± {_cell(row['throughput_ci95'])}"
+
+
+def _efficiency(row: Dict[str, Any]) -> str:
+    return _cell(row["efficiency"]) + (f" {SUSPECT}" if row["suspect"] else "")
 
 
 SCALING_COLUMNS: Sequence[Column] = (
-    ("backend", lambda r: r["backend"]),
+    ("backend", lambda r: r["label"] + (f" {CONTENDED}" if r["contended_runs"] else "")),
     ("workers", lambda r: r["workers"]),
+    ("threads/rank", lambda r: r["threads_per_rank"]),
     ("runs", lambda r: r["runs"]),
-    ("samples/s ± 95%", lambda r: _with_interval(r["throughput"], r["throughput_ci95"])),
+    ("samples/s ± 95%", _with_interval),
     ("speedup", lambda r: r["speedup"]),
-    ("efficiency", lambda r: r["efficiency"]),
+    ("efficiency", _efficiency),
     ("AU", lambda r: r["au"]),
     ("load balance", lambda r: r["load_balance"]),
     ("comm. efficiency", lambda r: r["communication_efficiency"]),
@@ -170,19 +226,35 @@ SCALING_COLUMNS: Sequence[Column] = (
 )
 
 
+def _as_dict(row: ScalingRow) -> Dict[str, Any]:
+    return {**dataclasses.asdict(row), "label": row.label}
+
+
+def _footnotes(rows: Sequence[ScalingRow]) -> List[str]:
+    """One line per thing a reader must know about these rows, then the definitions."""
+    lines = [row.note for row in rows if row.note]
+    for row in rows:
+        if row.contended_runs:
+            lines.append(f"{CONTENDED} {row.label} x{row.workers}: {row.contended_runs} of {row.runs} run(s) measured "
+                         f"under contention: {'; '.join(row.contention[:2])}")
+        if row.suspect:
+            lines.append(f"{SUSPECT} {row.label} x{row.workers}: weak-scaling efficiency {row.efficiency:.2f} > 1.05 "
+                         f"is suspect: {row.suspect}")
+    if any(row.runs < 2 for row in rows):
+        lines.append("(one run): no interval: one run of that configuration; sweep with --repeats 3 or more")
+    lines.append("± is the 95% interval over repeated runs (Student's t); AU and POP metrics are means over runs.")
+    return lines + [DEFINITIONS[term] for term in FOOTNOTE_TERMS]
+
+
 def scaling_report(records: Sequence[Dict[str, Any]]) -> str:
-    """Markdown: per study, a heading and one row per backend x workers (see SCALING_COLUMNS)."""
+    """Markdown: per study, a heading, one row per backend x workers (see SCALING_COLUMNS), and
+    footnotes: baselines refused, contention, suspect efficiencies, the definitions."""
     rows = scaling_rows(records)
     if not rows:
         return "(no records with a timed window)"
     sections = []
     for study in sorted({row.study for row in rows}):
         mine = [row for row in rows if row.study == study]
-        sections.append(f"### {study.title()}\n\n"
-                        + markdown_table([dataclasses.asdict(row) for row in mine], SCALING_COLUMNS)
-                        + "\n\nspeedup and efficiency: against the same backend at its fewest workers "
-                          "(efficiency = speedup x baseline workers / workers); ± is the 95% interval over "
-                          "runs, or over epochs for a single run (- when neither has two values); AU and "
-                          "POP metrics (load balance x communication efficiency = parallel efficiency) are "
-                          "means over runs.")
+        sections.append(f"### {study.title()}\n\n" + markdown_table([_as_dict(row) for row in mine], SCALING_COLUMNS)
+                        + "\n\n" + "\n".join(f"- {line}" for line in _footnotes(mine)))
     return "\n\n".join(sections)

@@ -4,13 +4,22 @@ Weak scaling keeps the batch per worker fixed (--batch-size); strong scaling kee
 batch fixed (--global-batch, default --batch-size) and splits it over the workers. Every run is a
 plain `harness train`, so every backend is measured by the same loop, window and formula; the
 sweep adds the tags `scaling`, `repeat` and `sweep_id` to each record. Repeats are interleaved
-(all configurations once, then all again) so slow drifts of a shared machine spread evenly.
+(all configurations once, then all again) so slow drifts of a shared machine spread evenly; the
+default of 3 repeats is the fewest that give a 95% interval (Student's t), which is what tells a
+difference between backends from the noise of a shared machine.
+
+Same work per rank at every rank count: every run of a study gets the same threads per rank
+(`--threads`, default: the node's cores // the most ranks any run puts on a node), so the
+fewest-worker baseline does what each rank of the larger runs does. One rank with all the cores
+is another configuration: `all_cores_baseline` adds it, tagged `baseline=all-cores`, and reports
+never take it as a scaling baseline.
 
 Where runs start:
-- locally, through `harness.process.launchers.launch_command`: each backend's real launcher (torchrun,
+- locally, through `harness.training.launch.launch_command`: each backend's real launcher (torchrun,
   horovodrun, deepspeed, or --launcher for all);
 - inside a PBS or Slurm allocation (PBS_NODEFILE or SLURM_JOB_ID set), or whenever
-  --launch-template is given, through the site launcher, from a template whose placeholders are
+  --launch-template is given, through the site launcher (the batch system's own, from
+  harness.process.launchers: mpiexec under PBS, srun under Slurm), from a template whose placeholders are
       {ranks}    total ranks of the run
       {ppn}      ranks per node: min(ranks, --ppn)
       {nodes}    nodes the run spans: ceil(ranks / ppn)
@@ -29,6 +38,7 @@ interrupted one from its checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shlex
@@ -42,18 +52,23 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..backends import BACKENDS, backend_class, get_backend
-from ..config import parse_train_flags
+from ..config import TrainConfig
+from ..training.flags import parse_train_flags
 from ..errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, UsageError, unknown_choice
-from ..process.launchers import launch_environment
+from ..process.discovery import cpu_cores
+from ..process.launchers import launch_environment, site_launcher
 from ..training.launch import launch_command
 from ..training.record import read_records
 
 SCALING_MODES = ("weak", "strong")
-PBS_TEMPLATE = "mpiexec -n {ranks} --ppn {ppn} {python} -m harness train {args}"
-SLURM_TEMPLATE = "srun --nodes {nodes} --ntasks {ranks} --ntasks-per-node {ppn} {python} -m harness train {args}"
+RUN_TEMPLATE = "{python} -m harness train {args}"  # what each rank runs, after the site launcher's words
+PBS_TEMPLATE = f"{site_launcher('pbs').site} {RUN_TEMPLATE}"
+SLURM_TEMPLATE = f"{site_launcher('slurm').site} {RUN_TEMPLATE}"
 TEMPLATE_FIELDS = ("ranks", "ppn", "nodes", "python", "backend", "args")
 COMMANDS_FILE = "commands.txt"
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+DEFAULT_REPEATS = 3  # the fewest runs that give a 95% interval
+ALL_CORES = "all-cores"  # the `baseline` tag of the one-rank-with-every-core runs
 
 
 @dataclass
@@ -65,7 +80,9 @@ class SweepSettings:
     scaling: str
     results: str
     train_args: List[str] = field(default_factory=list)  # `harness train` flags shared by every run
-    repeats: int = 1
+    repeats: int = DEFAULT_REPEATS
+    threads: Optional[int] = None  # threads per rank in every run (or --threads in train_args); set by plan_sweep
+    all_cores_baseline: bool = False  # also run 1 rank x all the node's cores per backend (tag baseline=all-cores)
     launch_template: Optional[str] = None
     launcher: Optional[str] = None  # local runs: override each backend's own launcher
     ppn: Optional[int] = None  # ranks per node inside an allocation (default: GPUs per node, or 1)
@@ -84,14 +101,16 @@ class SweepRun:
     ranks: int
     repeat: int
     command: Tuple[str, ...]
+    baseline: str = ""  # ALL_CORES for the separate one-rank-with-every-core configuration
 
     @property
     def key(self) -> str:
-        """A name for the run, unique within its sweep: e.g. 'ddp-4r-rep1'."""
-        return f"{self.backend}-{self.ranks}r-rep{self.repeat}"
+        """A name for the run, unique within its sweep: e.g. 'ddp-4r-rep1', 'ddp-1r-all-cores-rep0'."""
+        return f"{self.backend}-{self.ranks}r{'-' + self.baseline if self.baseline else ''}-rep{self.repeat}"
 
     def label(self, repeats: int) -> str:
-        return f"{self.backend} x {self.ranks} rank(s), repeat {self.repeat + 1}/{repeats}"
+        what = f"{self.backend} x {self.ranks} rank(s)" + (" with all cores" if self.baseline else "")
+        return f"{what}, repeat {self.repeat + 1}/{repeats}"
 
 
 @dataclass
@@ -103,6 +122,7 @@ class SweepResult:
     failed: List[str]  # labels of failed runs, with their exit status
     preempted: bool  # a run stopped on a preemption signal: run the sweep again to finish it
     status: int  # 0 all done, 3 preempted, 4 a run lost a rank, 1 another failure
+    signal: Optional[int] = None  # the preemption signal (SIGTERM or SIGUSR1) that stopped it, if one did
 
 
 def parse_list(text: str, what: str) -> List[str]:
@@ -162,37 +182,57 @@ def _gpus_per_node() -> int:
     return torch.cuda.device_count() or 1
 
 
-def _study_flags(settings: SweepSettings) -> List[str]:
-    """Batch flags that make the runs one weak or one strong scaling study; checks every rank count."""
-    from ..training.loop import check_config
+def _study_config(settings: SweepSettings) -> TrainConfig:
+    """The runs' shared config, checked as every run will see it, under each backend (one backend's
+    option flag is refused under the others)."""
+    from ..training.placement import check_config
 
     if "--backend" in settings.train_args or any(a.startswith("--backend=") for a in settings.train_args):
         raise UsageError("a sweep runs every backend of --backends; drop --backend")
-    # Checked as every run will see them: with --checkpoint-root each gets a checkpoint directory
-    # (so --checkpoint-every is valid) and resumes from it.
+    if not settings.backends:
+        raise UsageError("a sweep needs at least one backend; give --backends, e.g. --backends ddp,horovod")
+    # With --checkpoint-root each run gets a checkpoint directory (so --checkpoint-every is valid)
+    # and resumes from it.
     run_checkpoint_flags = ["--checkpoint-dir", settings.checkpoint_root, "--resume", "auto"] if settings.checkpoint_root else []
-    config = parse_train_flags([*settings.train_args, *run_checkpoint_flags])
-    check_config(config)
-    extra: List[str] = []
+    for backend in settings.backends:
+        config = parse_train_flags(["--backend", backend, *settings.train_args, *run_checkpoint_flags])
+        check_config(config)
+    return config
+
+
+def _batch_flags(settings: SweepSettings, config: TrainConfig) -> List[str]:
+    """Batch flags that make the runs one weak or one strong scaling study; checks every rank count."""
     if settings.scaling == "weak":
         if config.global_batch is not None:
             raise UsageError("--scaling weak keeps --batch-size per worker fixed; drop --global-batch "
                              "or use --scaling strong")
-    else:
-        if config.global_batch is None:
-            config.global_batch = config.batch_size
-            extra = ["--global-batch", str(config.global_batch)]
-        bad = [n for n in settings.ranks if config.global_batch % (n * config.grad_accum)]
-        if bad:
-            raise UsageError(f"--scaling strong splits the global batch {config.global_batch} over every rank count "
-                             f"(x {config.grad_accum} micro-batches), but it does not divide by {bad}; choose a "
-                             f"--global-batch that all of {settings.ranks} divide")
-    return extra
+        return []
+    global_batch = config.global_batch or config.batch_size
+    bad = [n for n in settings.ranks if global_batch % (n * config.grad_accum)]
+    if bad:
+        raise UsageError(f"--scaling strong splits the global batch {global_batch} over every rank count "
+                         f"(x {config.grad_accum} micro-batches), but it does not divide by {bad}; choose a "
+                         f"--global-batch that all of {settings.ranks} divide")
+    return [] if config.global_batch else ["--global-batch", str(global_batch)]
 
 
-def plan_sweep(settings: SweepSettings, environ: Optional[Mapping[str, str]] = None) -> List[SweepRun]:
-    """Every run of the sweep, in execution order, with its command; bad input raises UsageError."""
-    environ = os.environ if environ is None else environ
+def threads_per_rank(settings: SweepSettings, config: TrainConfig, ppn: Optional[int], cores: int) -> int:
+    """The threads every rank of the study gets: --threads (in the settings or the train flags), else
+    the node's cores shared by the most ranks any run puts on one node (ppn: ranks per node under a
+    site launcher, None locally), at least 1."""
+    given = {value for value in (settings.threads, config.threads) if value is not None}
+    if len(given) > 1:
+        raise UsageError(f"threads per rank given twice ({sorted(given)}); give --threads once")
+    if given:
+        value = given.pop()
+        if value < 1:
+            raise UsageError(f"--threads must be a positive integer, got {value}")
+        return value
+    most_on_a_node = max(min(ranks, ppn) if ppn else ranks for ranks in settings.ranks)
+    return max(1, cores // most_on_a_node)
+
+
+def _check_settings(settings: SweepSettings) -> None:
     if settings.scaling not in SCALING_MODES:
         raise unknown_choice("scaling mode", settings.scaling, SCALING_MODES)
     unknown = [b for b in settings.backends if b not in BACKENDS]
@@ -205,14 +245,28 @@ def plan_sweep(settings: SweepSettings, environ: Optional[Mapping[str, str]] = N
     if settings.checkpoint_root and any(a.startswith(("--checkpoint-dir", "--resume")) for a in settings.train_args):
         raise UsageError("--checkpoint-root gives every run its own --checkpoint-dir and --resume auto; "
                          "drop --checkpoint-dir and --resume")
+    if settings.ppn is not None and settings.ppn < 1:
+        raise UsageError(f"--ppn must be a positive integer, got {settings.ppn}")
+
+
+def plan_sweep(settings: SweepSettings, environ: Optional[Mapping[str, str]] = None,
+               cores: Optional[int] = None) -> List[SweepRun]:
+    """Every run of the sweep, in execution order, with its command; bad input raises UsageError.
+
+    Sets `settings.threads` to the threads per rank every run gets (`cores`: the node's, default
+    this machine's)."""
+    environ = os.environ if environ is None else environ
+    _check_settings(settings)
     template = settings.launch_template or allocation_template(environ)
     if template:
         check_template(template)
-    if settings.ppn is not None and settings.ppn < 1:
-        raise UsageError(f"--ppn must be a positive integer, got {settings.ppn}")
     ppn = settings.ppn or (_gpus_per_node() if template else 1)
+    config = _study_config(settings)
+    cores = cores or cpu_cores()
+    settings.threads = threads_per_rank(settings, config, ppn if template else None, cores)
     sweep_id = settings.sweep_id or uuid.uuid4().hex[:8]
-    shared = [*settings.train_args, *_study_flags(settings), "--results", settings.results,
+    own_threads = [] if config.threads else ["--threads", str(settings.threads)]
+    shared = [*settings.train_args, *_batch_flags(settings, config), "--results", settings.results,
               "--tag", f"scaling={settings.scaling}", "--tag", f"sweep_id={sweep_id}"]
     runs = []
     for repeat in range(settings.repeats):
@@ -221,19 +275,28 @@ def plan_sweep(settings: SweepSettings, environ: Optional[Mapping[str, str]] = N
                 limit = backend_class(backend).max_world_size
                 if limit is not None and ranks > limit:
                     continue  # the single-process baseline exists at one rank only
-                args = [*shared, "--tag", f"repeat={repeat}"]
-                if settings.checkpoint_root:
-                    key = SweepRun(backend, ranks, repeat, ()).key
-                    args += ["--checkpoint-dir", os.path.join(settings.checkpoint_root, key), "--resume", "auto"]
-                if template:
-                    command = template_command(template, ranks, ppn, backend, ["--backend", backend, *args])
-                else:
-                    command = launch_command(ranks, backend, args, settings.launcher)
-                runs.append(SweepRun(backend, ranks, repeat, tuple(command)))
+                runs.append(_run(settings, template, ppn, SweepRun(backend, ranks, repeat, ()),
+                                 [*shared, *own_threads]))
+        if settings.all_cores_baseline:
+            for backend in settings.backends:
+                runs.append(_run(settings, template, ppn, SweepRun(backend, 1, repeat, (), ALL_CORES),
+                                 [*shared, "--threads", str(cores), "--tag", f"baseline={ALL_CORES}"]))
     if not runs:
         raise UsageError("nothing to run: the single-process backend runs one process only; add 1 to --ranks or a "
                          "distributed backend to --backends")
     return runs
+
+
+def _run(settings: SweepSettings, template: Optional[str], ppn: int, run: SweepRun, flags: List[str]) -> SweepRun:
+    """`run` with its command: the shared flags, its repeat tag and its own checkpoint directory."""
+    args = [*flags, "--tag", f"repeat={run.repeat}"]
+    if settings.checkpoint_root:
+        args += ["--checkpoint-dir", os.path.join(settings.checkpoint_root, run.key), "--resume", "auto"]
+    if template:
+        command = template_command(template, run.ranks, ppn, run.backend, ["--backend", run.backend, *args])
+    else:
+        command = launch_command(run.ranks, run.backend, args, settings.launcher)
+    return dataclasses.replace(run, command=tuple(command))
 
 
 def _recorded(results: str, sweep_id: str) -> List[Dict[str, Any]]:
@@ -242,8 +305,9 @@ def _recorded(results: str, sweep_id: str) -> List[Dict[str, Any]]:
 
 
 def _is_done(run: SweepRun, records: Sequence[Dict[str, Any]]) -> bool:
-    return any((r.get("backend"), r.get("world_size"), r.get("tags", {}).get("repeat")) ==
-               (run.backend, run.ranks, str(run.repeat)) for r in records)
+    return any((r.get("backend"), r.get("world_size"), r.get("tags", {}).get("repeat"),
+                r.get("tags", {}).get("baseline", "")) == (run.backend, run.ranks, str(run.repeat), run.baseline)
+               for r in records)
 
 
 class _SignalForwarder:
@@ -309,6 +373,8 @@ def run_sweep(settings: SweepSettings) -> SweepResult:
         return SweepResult(settings.sweep_id, [], [], False, 0)
     for backend in settings.backends:  # fail before the first run, not in the middle of the sweep
         get_backend(backend).check_available()
+    print(f"== sweep {settings.sweep_id}: {len(runs)} runs, {settings.repeats} repeat(s) interleaved, "
+          f"{settings.threads} thread(s) per rank at every rank count", flush=True)
     if settings.log_dir:
         os.makedirs(settings.log_dir, exist_ok=True)
     done = _recorded(settings.results, settings.sweep_id)
@@ -330,4 +396,5 @@ def run_sweep(settings: SweepSettings) -> SweepResult:
     preempted = EXIT_PREEMPTED in statuses or forwarder.received is not None
     status = (EXIT_PREEMPTED if preempted else EXIT_PEER_FAILURE if EXIT_PEER_FAILURE in statuses
               else 1 if failed else 0)
-    return SweepResult(settings.sweep_id, _recorded(settings.results, settings.sweep_id), failed, preempted, status)
+    return SweepResult(settings.sweep_id, _recorded(settings.results, settings.sweep_id), failed, preempted, status,
+                       forwarder.received)

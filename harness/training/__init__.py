@@ -3,11 +3,15 @@
 (The package is `harness.training`; `harness.train` is the function that runs one.)
 
 - `loop`: `train(config)`, the one loop every backend runs (it never asks which backend it runs);
+- `placement`: before a rank trains, `check_config` and the rank's backend, device and threads;
 - `launch`: `harness launch`, N local ranks of `harness train` under a backend's launcher;
-- `checkpoint`, `callbacks`, `lr`, `models`, `timing`, `metrics`, `evaluate`: what the loop needs
-  (atomic checkpoints and exact resume, hooks, learning-rate rules, the CNN and ResNets, the timed
-  window and step breakdown, the one definition of each efficiency metric, exact evaluation);
-- `record`: the results record a run returns and appends to a JSONL file, and reading it back.
+- `flags`: `harness train`'s flags, one per TrainConfig field and one per option of every backend;
+- `checkpoint`, `callbacks`, `lr`, `models`, `timing`, `contention`, `metrics`, `evaluate`: what the
+  loop needs (atomic checkpoints and exact resume, hooks, learning-rate rules, the CNN and ResNets,
+  the timed window and step breakdown, how much of the CPU each rank had, the one definition of each
+  metric, exact evaluation and `harness evaluate`);
+- `record`: the results record a run returns (`run_record`), appending it to a JSONL file, and
+  reading it back.
 
 It uses the process, backends and data layers; nothing here imports `study` or `workshop`.
 """
@@ -15,7 +19,7 @@ It uses the process, backends and data layers; nothing here imports `study` or `
 from ..lazy import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "train": "loop", "check_config": "loop",
+    "train": "loop", "check_config": "placement",
     "launch_command": "launch", "run_launch": "launch",
     "evaluate_model_file": "evaluate",
     "build_model": "models", "MODELS": "models",

@@ -67,9 +67,9 @@ RESUME_AUTO = "auto"
 HASH_CHUNK = 1 << 20
 
 # Config fields the saved state depends on. A different value would continue another experiment
-# (other weights, data order, optimizer state layout or LR curve), so resuming refuses it; each
-# backend adds its own (Backend.resume_must_match). --epochs and --max-steps may grow: they only
-# extend the run.
+# (other weights, data order, optimizer state layout or LR curve), so resuming refuses it; so do
+# a backend's options declared resume_must_match (harness.backends.options). --epochs and
+# --max-steps may grow: they only extend the run.
 MUST_MATCH = ("model", "dataset", "image_size", "augment", "seed", "dropout", "optimizer", "lr", "lr_scaling",
               "base_batch", "momentum", "weight_decay", "warmup_epochs", "schedule", "grad_clip", "precision",
               "grad_accum")
@@ -262,11 +262,12 @@ def check_compatible(checkpoint: Checkpoint, config: TrainConfig, layout: RunLay
         raise UsageError(f"checkpoint {where} was written by backend {saved_config.get('backend')} "
                          f"({manifest.get('checkpoint_format')} format) and cannot be loaded by {config.backend}; "
                          f"resume with --backend {saved_config.get('backend')}, or {fix}")
-    for name in (*MUST_MATCH, *backend.resume_must_match):
+    for name in MUST_MATCH:
         if saved_config.get(name, TrainConfig.__dataclass_fields__[name].default) != getattr(config, name):
             flag = flag_name(name)
             raise UsageError(f"checkpoint {where} was written with {flag} {saved_config.get(name)} but this run has "
                              f"{flag} {getattr(config, name)}; {fix}")
+    _check_backend_options(checkpoint, config, backend, fix)
     saved = manifest.get("run", {})
     if saved.get("world_size") != layout.world_size:
         raise UsageError(f"checkpoint {where} was written by {saved.get('world_size')} ranks but this job has "
@@ -280,6 +281,20 @@ def check_compatible(checkpoint: Checkpoint, config: TrainConfig, layout: RunLay
         raise UsageError(f"checkpoint {where} is at step {checkpoint.step}, the end of this run's "
                          f"{layout.total_steps} steps; nothing is left to train (raise --epochs or --max-steps to "
                          "train further, or use another --checkpoint-dir)")
+
+
+def _check_backend_options(checkpoint: Checkpoint, config: TrainConfig, backend: "Type[Backend]", fix: str) -> None:
+    """Raise UsageError if an option that changes what `backend` saves or trains differs from the checkpoint's."""
+    saved_config = checkpoint.manifest.get("config", {})
+    # A checkpoint written by another backend of the same format ran with this backend's defaults.
+    same_backend = saved_config.get("backend") == config.backend
+    saved = backend.parse_options(saved_config.get("backend_options", {}) if same_backend else {})
+    current = backend.parse_options(config.backend_options)
+    for name in backend.Options.resume_must_match():
+        if getattr(saved, name) != getattr(current, name):
+            flag = backend.Options.flag(name)
+            raise UsageError(f"checkpoint {checkpoint.path} was written with {flag} {getattr(saved, name)} but this "
+                             f"run has {flag} {getattr(current, name)}; {fix}")
 
 
 # -- per-rank state: RNGs as tensors and plain values, loadable with weights_only=True ---------

@@ -7,23 +7,21 @@ import subprocess
 from typing import List, Optional, Sequence
 
 from ..backends import backend_class
-from ..errors import UsageError, unknown_choice
-from ..process.launchers import LAUNCHERS, launch_environment, launcher_command
+from ..errors import UsageError
+from ..process.launchers import launch_environment, local_launcher
 
 
 def launch_command(num_processes: int, backend: str, train_args: Sequence[str], launcher: Optional[str] = None,
                    port: Optional[int] = None, subcommand: str = "train") -> List[str]:
     """The exact command that starts `num_processes` ranks of `harness train` (or `subcommand`) on this machine."""
-    launcher = launcher or backend_class(backend).local_launcher
-    if launcher not in LAUNCHERS:
-        raise unknown_choice("launcher", launcher, LAUNCHERS)
+    chosen = local_launcher(launcher or backend_class(backend).local_launcher)
     if num_processes < 1:
         raise UsageError(f"-n must be a positive number of processes, got {num_processes}")
-    limit = backend_class(backend).max_world_size
-    if (launcher == "python" or limit is not None) and num_processes > (limit or 1):
+    limit = backend_class(backend).max_world_size or chosen.max_processes  # the backend's, else the launcher's
+    if limit is not None and num_processes > limit:
         raise UsageError(f"backend {backend!r} runs one process; use -n 1 or a distributed backend")
     program = ["-m", "harness", subcommand, "--backend", backend, *train_args]  # subcommand: train or evaluate
-    return launcher_command(launcher, num_processes, program, port)
+    return chosen.command(num_processes, program, port)
 
 
 def run_launch(num_processes: int, backend: str, train_args: Sequence[str], launcher: Optional[str] = None,

@@ -5,113 +5,49 @@ returns its results record. It can be called again and again in one process (a n
 engines do): whatever a run changes in the process (environment variables, library defaults,
 thread count, random state, signal handlers, the process group it created) is put back when it
 ends, normally or by an exception, so every run starts as the first did.
+
+Read it top down: `plan_run` fixes batches, steps and the LR; `train` places the rank, seeds, wraps
+the model and resumes; `_train_epochs` runs the timed window, the preemption vote and checkpoints
+around `_train_step`, which is one optimizer step over micro-batches; `_end_epoch` reduces,
+evaluates and logs; `_finish` measures what the window could not and returns the record. Each
+point where ranks must agree or talk says why in a comment.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
-import os
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..process.allocator import reuse_freed_memory
-from ..backends import BACKENDS, Backend, backend_class, get_backend
-from .callbacks import Callback, CallbackList, EpochEnd, StepEnd
-from .checkpoint import (Checkpointer, Progress, ResumeState, RunLayout, check_checkpoint_flags,
-                         find_resume_checkpoint, restore)
-from ..process.discovery import ClusterEnv, default_threads, detect_cluster, select_device
-from ..config import TrainConfig
-from ..data import DATASETS, DataOptions, ImageArrays, load_split
-from ..data.loader import iterate_batches, to_device_ahead
-from ..data.sharding import RankSchedule, eval_range, steps_per_epoch, train_batches
-from ..data.transforms import TrainTransform, train_transform
-from ..errors import EXIT_PREEMPTED, Preempted, UsageError, unknown_choice
-from ..fileio import atomic_write
-from .lr import learning_rate, scaled_lr
-from .models import MODELS, build_model
 from ..backends.precision import Precision
+from ..config import TrainConfig
+from ..data import DataOptions, ImageArrays, load_split
+from ..data.loader import iterate_batches, to_device_ahead
+from ..data.sharding import RankSchedule, steps_per_epoch, train_batches
+from ..data.transforms import TrainTransform, train_transform
+from ..errors import EXIT_PREEMPTED, Preempted, UsageError
+from ..fileio import atomic_write
 from ..process.preemption import PreemptionWatcher, TestSignal, peer_failure
-from .record import append_record, host_info, library_versions, mean_and_ci95
+from ..process.state import preserved_process_state
+from .callbacks import Callback, CallbackList, EpochEnd, StepEnd
+from .checkpoint import Checkpointer, Progress, ResumeState, RunLayout, find_resume_checkpoint, restore
+from .evaluate import evaluate
+from .lr import learning_rate, scaled_lr
+from .models import build_model
+from .placement import Placement, place_process
+from .record import append_record, run_record
 from .timing import StepTimer, calibrated_compute_per_step, device_waiter, gather_breakdown
 
-EVAL_BATCH = 512
 HISTORY_POINTS = 1000  # the default --log-every keeps at most this many loss points per run
 log = logging.getLogger("harness")
-
-
-def check_config(config: TrainConfig) -> None:
-    """Raise UsageError for anything wrong with `config` that can be told before a process starts:
-    each field, the backend, model and dataset names, every backend's own options, checkpoint flags."""
-    config.validate()
-    backend_class(config.backend)
-    for kind, value, known in (("model", config.model, MODELS), ("dataset", config.dataset, DATASETS)):
-        if value not in known:
-            raise unknown_choice(kind, value, known)
-    for backend in BACKENDS.values():  # a bad value is bad input whichever backend runs it
-        backend.check_options(config)
-    check_checkpoint_flags(config)
-
-
-class Placement(NamedTuple):
-    """Where and how this rank runs, decided before any process group starts."""
-
-    backend: Backend
-    cluster: ClusterEnv
-    device: torch.device
-    threads: int
-    cpu_malloc: str  # the CPU memory mode in effect (harness.process.allocator)
-
-
-def place_process(config: TrainConfig) -> Placement:
-    """Check the config, backend and launch (no process group yet); pick this rank's device, threads
-    and CPU memory reuse. Sets the thread count: call it inside `preserved_process_state`."""
-    check_config(config)
-    backend = get_backend(config.backend)
-    backend.check_available()
-    cluster = detect_cluster()
-    device = select_device(config.device, cluster, config.procs_per_gpu)
-    backend.check_launch(config, cluster, device)
-    threads = config.threads or default_threads(cluster)
-    cpu_malloc = "not applied (GPU run)"
-    if device.type == "cpu":
-        torch.set_num_threads(threads)
-        cpu_malloc = reuse_freed_memory(config.cpu_malloc)
-    return Placement(backend, cluster, device, threads, cpu_malloc)
-
-
-@contextlib.contextmanager
-def preserved_process_state() -> Iterator[None]:
-    """Put back the environment, the thread count, the random generators and the current GPU after
-    a run.
-
-    Backends put back the variables and library defaults they set, in shutdown; the environment is
-    also restored here as a whole because libraries imported during a run set their own at import
-    time (KMP_DUPLICATE_LIB_OK, KMP_INIT_AT_FORK, TORCHINDUCTOR_CACHE_DIR seen after a first ddp run).
-    """
-    environ = dict(os.environ)
-    threads = torch.get_num_threads()
-    cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    try:
-        with torch.random.fork_rng(devices=devices):
-            yield
-    finally:
-        for name in set(os.environ) - set(environ):
-            del os.environ[name]
-        os.environ.update(environ)
-        torch.set_num_threads(threads)
-        if cuda_device is not None:
-            torch.cuda.set_device(cuda_device)
 
 
 @dataclass
@@ -180,7 +116,9 @@ def plan_run(config: TrainConfig, placement: Placement) -> RunPlan:
     total_steps = epoch_steps * config.epochs
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
-    # Batch and LR scaling: --lr is tuned for the base batch; a larger global batch scales it.
+    # LR scaling: the ranks average their gradients over the global batch, so N ranks take one step
+    # where one process with the base batch (what --lr was tuned for) takes N; --lr-scaling raises
+    # the LR by that ratio (linear) or its root, reached after --warmup-epochs (harness.training.lr).
     base_batch = config.base_batch or (config.global_batch or config.batch_size * config.grad_accum)
     cluster = placement.cluster
     transform = train_transform(train_set, placement.device, config.augment, config.seed, cluster.rank, world_size,
@@ -214,6 +152,7 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> Dict[str, 
         # broadcast rank 0's); then a per-rank seed so dropout masks differ between ranks.
         torch.manual_seed(config.seed)
         model = plan.make_model()
+        gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         torch.manual_seed(config.seed * 1000 + cluster.rank + 1)
         try:
             backend.init(cluster, device, config)
@@ -223,6 +162,10 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> Dict[str, 
             resumed = restore(resume_from, backend, cluster, device) if resume_from else None
             checkpointer = Checkpointer(config, cluster, backend, plan.layout()) if config.checkpoint_dir else None
             state = RunState.start(plan, resumed, checkpointer)
+            # Hooks on the real model's parameters mark each step's last gradient, where the wait
+            # for communication begins (harness.training.timing says why it is measured so).
+            state.timer.watch(backend.module().parameters(), device)
+            state.gradient_bytes = gradient_bytes
             _train_epochs(plan, state, model, optimizer, preemption, watchers)
             record = _finish(plan, state, started)
             watchers.on_train_end(record)
@@ -254,33 +197,6 @@ def make_optimizer_factory(config: TrainConfig):
     return make
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, data: ImageArrays, backend: Backend, cluster: ClusterEnv, device: torch.device,
-             precision: Precision = Precision.of("fp32")) -> Dict[str, float]:
-    """Loss and accuracy over the whole set, each sample scored exactly once across ranks.
-
-    Ranks score disjoint contiguous blocks (no padding) and the global sums and counts are reduced
-    in one allreduce; averaging per-rank means would weight small blocks wrongly.
-    """
-    was_training = model.training
-    model.eval()
-    normalise = data.normaliser(device)
-    block = eval_range(len(data), cluster.world_size, cluster.rank)
-    batches = [torch.arange(start, min(start + EVAL_BATCH, block.stop)).numpy()
-               for start in range(block.start, block.stop, EVAL_BATCH)]
-    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
-    for images, labels in iterate_batches(data, batches):
-        images, labels = normalise(images.to(device)), labels.to(device)
-        with precision.autocast(device):
-            logits = model(images)
-        totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum").double()
-        totals[1] += (logits.argmax(dim=1) == labels).sum()
-        totals[2] += labels.numel()
-    loss_sum, correct, count = backend.all_reduce_sum(totals).tolist()
-    model.train(was_training)
-    return {"eval_loss": loss_sum / count, "eval_accuracy": correct / count, "eval_samples": int(count)}
-
-
 @dataclass
 class RunState:
     """What changes while a run trains: position, losses, timings, evaluation, checkpoints."""
@@ -291,6 +207,7 @@ class RunState:
     epoch_step_losses: torch.Tensor  # [epoch_steps, 2] this rank's (loss x samples, samples) per step
     checkpointer: Optional[Checkpointer]
     timer: StepTimer
+    gradient_bytes: int = 0  # what the ranks average per step: the model's trainable parameters' bytes
     epoch_times: List[float] = field(default_factory=list)
     epoch_throughputs: List[float] = field(default_factory=list)
     preempted: bool = False
@@ -302,7 +219,8 @@ class RunState:
             step_losses += resumed.epoch_step_losses.to(step_losses.device)
         device = plan.placement.device
         # Phases end on finished device work only when --profile asks (it costs overlap).
-        timer = StepTimer(plan.config.trace_steps, device_waiter(device) if plan.config.profile else lambda: None)
+        timer = StepTimer(plan.config.trace_steps, device_waiter(device) if plan.config.profile else lambda: None,
+                          threads=plan.placement.threads if device.type == "cpu" else None)
         return cls(step=resumed.step if resumed else 0, start_step=resumed.step if resumed else 0,
                    progress=resumed.progress if resumed else Progress(), epoch_step_losses=step_losses,
                    checkpointer=checkpointer, timer=timer)
@@ -335,7 +253,10 @@ class RunState:
 def _train_epochs(plan: RunPlan, state: RunState, model: nn.Module, optimizer: torch.optim.Optimizer,
                   preemption: PreemptionWatcher, watchers: Callback) -> None:
     config, (backend, cluster, device, _, _) = plan.config, plan.placement
-    # One loader for the whole run, so worker processes start once and prefetch across epochs.
+    # The sampler's epoch: every rank draws the same permutation from (seed, epoch) and takes its own
+    # slice of each global batch, so the ranks' samples are disjoint and a global batch holds the
+    # same samples at any world size (harness.data.sharding). One loader for the whole run, so worker
+    # processes start once and prefetch across epochs; a resumed run starts at its checkpoint's step.
     stream = to_device_ahead(iterate_batches(plan.train_set, RankSchedule(
         len(plan.train_set), cluster.world_size, cluster.rank, plan.local_batch, config.seed, plan.total_steps,
         first_step=state.step), config.num_workers, device.type == "cuda", config.prefetch), device)
@@ -355,7 +276,9 @@ def _train_epochs(plan: RunPlan, state: RunState, model: nn.Module, optimizer: t
             if state.step - state.start_step == timing_warmup:  # start-up (allocations, first collectives) left out
                 _synchronised(plan)
                 state.timer.open_window()
-            state.preempted = preemption.stop_agreed(state.step, cluster.rank, backend, device)  # a collective
+            # The preemption vote, a collective: a signal reaches one rank (or the ranks at different
+            # steps), and a rank that stopped alone would leave its peers waiting in the next allreduce.
+            state.preempted = preemption.stop_agreed(state.step, cluster.rank, backend, device)
             if state.preempted:
                 break
             if state.checkpointer is not None and state.checkpointer.due(state.step) and state.step < epoch_last_step:
@@ -487,66 +410,23 @@ def _calibration_batches(plan: RunPlan) -> List[Any]:
 
 
 def _finish(plan: RunPlan, state: RunState, started: float) -> Dict[str, Any]:
-    """The run's record: counts over the whole run, timings of this segment, the gathered breakdown."""
-    config, (backend, cluster, device, threads, cpu_malloc) = plan.config, plan.placement
-    # Outside every timed window: calibrate compute on the last micro-batches, then gather every rank.
+    """Measure what the timed window could not (compute per step, every rank's breakdown); the run's record."""
+    config, (backend, cluster, device, _, _) = plan.config, plan.placement
+    state.timer.stop()
+    # Outside every timed window: the optional cross-check of compute on a fresh copy (timing.py
+    # says why it is not what splits the step), then every rank's numbers in one collective.
     calibration = _calibration_batches(plan)
 
     def compute_loss(model: nn.Module, batch: Any) -> torch.Tensor:
         with plan.precision.autocast(device):
             return F.cross_entropy(model(batch[0]), batch[1]) * config.grad_accum  # a whole step's compute
 
-    compute_per_step = calibrated_compute_per_step(plan.make_model(), compute_loss, calibration, device)
+    compute_per_step = calibrated_compute_per_step(plan.make_model(), compute_loss, calibration, device) \
+        if calibration else None
     if compute_per_step is not None:
         compute_per_step *= config.grad_accum  # calibrated on one micro-batch; a step runs grad_accum of them
     peak_memory = float(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     breakdown = gather_breakdown(backend.all_reduce_sum, cluster.rank, cluster.world_size, device, state.timer,
                                  compute_per_step, config.calibration_steps,
                                  exact=device.type != "cuda" or config.profile, peak_memory=peak_memory)
-    timer = state.timer
-    throughput = timer.steps * plan.global_batch / timer.seconds if timer.seconds else None
-    progress = state.progress
-    history = {key: progress.history[key] for key in ("step", "loss", "lr")}
-    return {
-        "run_id": uuid.uuid4().hex[:12], "started": started, "wall_time": time.time() - started,
-        "backend": config.backend, "launcher": cluster.launcher, "world_size": cluster.world_size,
-        "local_world_size": cluster.local_world_size, "local_batch": plan.local_batch,
-        "micro_batch": plan.local_batch // config.grad_accum, "grad_accum": config.grad_accum,
-        "global_batch": plan.global_batch, "model": config.model, "dataset": config.dataset,
-        "train_set_size": len(plan.train_set), "device": device.type,
-        "threads_per_rank": threads if device.type == "cpu" else None,
-        "lr_base": config.lr, "base_batch": plan.base_batch, "lr_effective": plan.peak_lr,
-        "warmup_steps": plan.warmup_steps,
-        # Counts cover the whole run, each step once, however many segments (resumes) it took;
-        # timings (timed_*, throughput, epoch_*, wall_time) cover this segment only.
-        "steps": state.step, "epochs": plan.num_epochs, "steps_per_epoch": plan.epoch_steps,
-        "samples_seen": state.step * plan.global_batch,
-        "resumed_from_step": state.start_step, "segments": progress.segments,
-        "checkpoint_seconds": state.checkpointer.seconds if state.checkpointer is not None else 0.0,
-        "timed_steps": timer.steps, "timed_seconds": timer.seconds,
-        "timing_warmup_steps": min(config.timing_warmup_steps, (plan.total_steps - state.start_step) // 2),
-        "throughput": throughput, "throughput_ci95": mean_and_ci95(state.epoch_throughputs)["ci95"],
-        "throughput_per_worker": throughput / cluster.world_size if throughput else None,
-        "epoch_times": state.epoch_times, "epoch_throughputs": state.epoch_throughputs,
-        **breakdown,
-        "train_loss": progress.train_losses[-1], "train_losses": progress.train_losses,
-        "history": {"log_every": plan.log_every, **history},
-        "lr_final": plan.lr_at(state.step - 1),
-        "skipped_steps": backend.skipped_steps,
-        **progress.evaluation,
-        "math": backend.math_settings(config),
-        "tuning": {**backend.tuning(), "cpu_malloc": cpu_malloc, "channels_last_weights": plan.channels_last_weights},
-        "versions": {**library_versions(), **backend.versions()},
-        "host": host_info(),
-        **({"gpu": _gpu_facts(device, config)} if device.type == "cuda" else {}),
-        "config": config.to_dict(), "tags": dict(config.tags),
-    }
-
-
-def _gpu_facts(device: torch.device, config: TrainConfig) -> Dict[str, Any]:
-    """What a GPU run's record states about the hardware and its software."""
-    nccl = torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else None
-    return {"name": torch.cuda.get_device_name(device), "cuda": torch.version.cuda,
-            "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
-            "ranks_per_gpu": config.procs_per_gpu, "profile_synchronised": config.profile,
-            "channels_last": config.channels_last}
+    return run_record(plan, state, started, breakdown)

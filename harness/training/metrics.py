@@ -1,22 +1,63 @@
-"""Scaling and POP efficiency arithmetic: pure functions of measured numbers, no I/O, no torch.
+"""Scaling, POP and contention arithmetic: pure functions of measured numbers, no I/O, no torch.
 
-Definitions (REFERENCE.md section 6):
+This docstring is the one home of the definitions below; `DEFINITIONS` reads them from it, the
+report prints them under every table, and tests check that the README and notebook 03 say the same.
 
-- speedup(N) = T(N) / T(1), throughputs in samples/s. For weak scaling (fixed batch per worker)
-  this is the throughput ratio by definition; for strong scaling (fixed global batch) every step
-  processes the same samples, so the throughput ratio equals the step-time ratio, the classic
-  strong-scaling speedup. One formula serves both.
-- scaling efficiency(N) = speedup(N) / N (1.0 is perfect scaling).
-- POP multiplicative model, from per-rank *useful* time (compute outside communication and data
-  waiting) over a window of `runtime` seconds:
-  load balance = mean(useful) / max(useful);
-  communication efficiency = max(useful) / runtime;
-  parallel efficiency = load balance x communication efficiency = mean(useful) / runtime.
+Definitions (per rank, summed over the steps of the timed window):
+
+- **timed window**: the steps measured, between two barriers, so it spans the slowest rank; the
+  first --timing-warmup-steps steps are left out.
+- **data wait**: from asking for the next batch until it is on the device.
+- **communication**: from the last parameter gradient of the step's backward to the averaged
+  gradients being ready (Backend.finish_gradient_sync returned): the time the rank waits for
+  gradient communication that did not overlap its compute, measured in the timed window on the
+  real model. A rank alone has nothing to wait for, so its communication is about zero.
+- **forward + backward**: from the batch on the device to the last parameter gradient.
+- **optimizer**: the optimizer step after the gradients are averaged.
+- **other**: the rest of the window: bookkeeping, the preemption vote, the closing barrier.
+- **useful time**: forward + backward + optimizer, the rank's own compute.
+- **AU** (accelerator utilisation, as DLIO defines it): (window - data wait) / window, summed
+  over ranks: the share of the time not spent waiting for data. Communication is not a data wait,
+  so AU does not count it; the POP metrics do.
+- **load balance**: mean over ranks of useful time / max over ranks of useful time.
+- **communication efficiency**: max useful time / window.
+- **parallel efficiency**: load balance x communication efficiency = mean useful time / window.
+- **speedup**: throughput / the baseline's throughput, where the baseline is the same backend at
+  the study's fewest workers with the same work per rank (threads per rank, and for weak scaling
+  the batch per rank); never a run with more threads per rank.
+- **scaling efficiency**: speedup x baseline workers / workers (1.0 is perfect scaling). For weak
+  scaling, above 1.05 is suspect: the baseline was slowed (contention, noise), not the study sped up.
+- **contention**: a run is flagged when on any rank the CPU time of the rank's process during its
+  compute is below 0.8 of threads x wall time, or its threads waited for a CPU (run queue) for more
+  than 10% of the time they were ready to run, or the 1-minute load average exceeded 1.25 x the
+  node's cores, or the hypervisor stole more than 5% of the CPU time.
+
+For weak scaling (fixed batch per worker) the speedup is the throughput ratio by definition; for
+strong scaling (fixed global batch) every step processes the same samples, so the throughput ratio
+equals the step-time ratio, the classic strong-scaling speedup. One formula serves both.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+
+def _definitions(doc: str) -> Dict[str, str]:
+    """name -> definition text (whitespace collapsed) of the `- **name**: text` items above."""
+    block = doc.split("Definitions", 1)[1]
+    items = re.findall(r"^- \*\*(.+?)\*\*(.*?)(?=^- \*\*|^\s*$)", block, flags=re.M | re.S)
+    return {name: " ".join(f"**{name}**{text}".split()) for name, text in items}
+
+
+DEFINITIONS: Dict[str, str] = _definitions(__doc__ or "")
+
+# Contention thresholds (see **contention** above).
+CPU_SHARE_BELOW = 0.8
+RUNQUEUE_WAIT_ABOVE = 0.10
+LOAD_PER_CORE_ABOVE = 1.25
+STEAL_ABOVE = 0.05
+SUSPECT_WEAK_EFFICIENCY = 1.05
 
 
 def speedup(throughput: float, baseline_throughput: float) -> Optional[float]:
@@ -70,40 +111,81 @@ def pop_metrics(useful: Sequence[float], runtime: float) -> Dict[str, Optional[f
     }
 
 
-def accelerator_utilisation(compute: float, data_wait: float) -> Optional[float]:
-    """AU as DLIO defines it: compute / (compute + time waiting for data); sums over ranks go in."""
-    total = compute + data_wait
-    if total <= 0:
+def accelerator_utilisation(runtime: float, data_wait: float) -> Optional[float]:
+    """AU = (runtime - data wait) / runtime; sums over ranks go in (see **AU** above)."""
+    if runtime <= 0:
         return None
-    return compute / total
+    return max(runtime - data_wait, 0.0) / runtime
 
 
 # Phases of one training step, in the order they happen; the loop measures each rank's totals.
 STEP_PHASES = ("data_wait", "forward_backward", "communication", "optimizer", "other")
 
 
-def rank_breakdown(runtime: float, data_wait: float, gradient_phase: float, optimizer: float,
-                   compute_estimate: Optional[float]) -> Dict[str, Optional[float]]:
-    """Split one rank's timed window (seconds, totals over its steps) into STEP_PHASES plus `useful`.
+def rank_breakdown(runtime: float, data_wait: float, forward_backward: float, communication: float,
+                   optimizer: float) -> Dict[str, float]:
+    """One rank's timed window (seconds, totals over its steps) as STEP_PHASES plus `useful`.
 
-    gradient_phase is forward + backward + waiting until the gradients are averaged over ranks;
-    compute_estimate is forward + backward alone for the same steps (None when not measured). The
-    communication share is what the phase took beyond pure compute, never negative (calibration
-    noise on a single rank could otherwise make it so). `other` is loop bookkeeping plus the wait at
-    the window's closing barrier. Useful time (POP) = forward + backward compute + optimizer.
+    `other` is what the measured phases leave of the window (never negative: the phases are
+    measured inside it, so only clock granularity could make it so).
     """
-    if compute_estimate is None:
-        compute = communication = useful = None
-    else:
-        compute = min(max(compute_estimate, 0.0), gradient_phase)
-        communication = gradient_phase - compute
-        useful = compute + optimizer
     return {
         "runtime": runtime,
         "data_wait": data_wait,
-        "forward_backward": compute,
+        "forward_backward": forward_backward,
         "communication": communication,
         "optimizer": optimizer,
-        "other": max(runtime - data_wait - gradient_phase - optimizer, 0.0),
-        "useful": useful,
+        "other": max(runtime - data_wait - forward_backward - communication - optimizer, 0.0),
+        "useful": forward_backward + optimizer,
     }
+
+
+def contention_reasons(cpu_share: Sequence[Optional[float]], runqueue_wait: Sequence[Optional[float]],
+                       load_average: Optional[float], cores: int, steal: Optional[float]) -> List[str]:
+    """Why a run counts as measured under contention (empty: it does not); see **contention** above.
+
+    `cpu_share` and `runqueue_wait` are per rank (None where not measured), `load_average` the
+    highest 1-minute load seen, `cores` the node's cores, `steal` the share of CPU time stolen.
+    """
+    reasons = []
+    for rank, share in enumerate(cpu_share):
+        if share is not None and share < CPU_SHARE_BELOW:
+            reasons.append(f"rank {rank} had the CPU {share:.0%} of its compute time x threads "
+                           f"(< {CPU_SHARE_BELOW:.0%})")
+    for rank, wait in enumerate(runqueue_wait):
+        if wait is not None and wait > RUNQUEUE_WAIT_ABOVE:
+            reasons.append(f"rank {rank}'s threads waited for a CPU {wait:.0%} of the time they could run "
+                           f"(> {RUNQUEUE_WAIT_ABOVE:.0%})")
+    if load_average is not None and cores > 0 and load_average > LOAD_PER_CORE_ABOVE * cores:
+        reasons.append(f"load average {load_average:.1f} on {cores} cores (> {LOAD_PER_CORE_ABOVE:g} per core)")
+    if steal is not None and steal > STEAL_ABOVE:
+        reasons.append(f"{steal:.0%} of the CPU time was stolen by the hypervisor (> {STEAL_ABOVE:.0%})")
+    return reasons
+
+
+def contention_summary(measures: Mapping[str, Any]) -> Dict[str, Any]:
+    """A record's `contention` section from its per-rank measures (see harness.training.contention):
+    the measures, whether the run is flagged and why."""
+    reasons = contention_reasons(measures.get("cpu_share", []), measures.get("runqueue_wait_share", []),
+                                 measures.get("load_average"), measures.get("cores", 0),
+                                 measures.get("steal_share"))
+    return {**measures, "flagged": bool(reasons), "reasons": reasons,
+            "thresholds": {"cpu_share_below": CPU_SHARE_BELOW, "runqueue_wait_above": RUNQUEUE_WAIT_ABOVE,
+                           "load_per_core_above": LOAD_PER_CORE_ABOVE, "steal_above": STEAL_ABOVE}}
+
+
+def suspect_weak_efficiency(efficiency: Optional[float], baseline_contended: bool, row_contended: bool,
+                            baseline_ci95: Optional[float], baseline_throughput: float) -> Optional[str]:
+    """Why a weak-scaling efficiency above SUSPECT_WEAK_EFFICIENCY cannot be taken at face value
+    (None when it is not above): the likeliest cause, from what the records say."""
+    if efficiency is None or efficiency <= SUSPECT_WEAK_EFFICIENCY:
+        return None
+    if baseline_contended:
+        return "its baseline ran under contention, so it is too slow"
+    if baseline_ci95 is None:
+        return "its baseline is one run: no interval shows how far it may be off"
+    if baseline_throughput and baseline_ci95 / baseline_throughput > efficiency - 1:
+        return "within the baseline's run-to-run spread (its 95% interval)"
+    if row_contended:
+        return "runs at both sizes were contended differently"
+    return "the baseline ran slower per rank than this run: check what else ran then"

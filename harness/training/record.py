@@ -1,4 +1,9 @@
-"""Results as data: one JSON object per run, appended to a JSONL file that plots and reports read."""
+"""Results as data: one JSON object per run, appended to a JSONL file that plots and reports read.
+
+`run_record` writes the record a training returns; `append_record` appends it, under a lock;
+`read_results` reads records back. torch is imported only where a record is made, so reading
+results does not import it.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,15 @@ import os
 import platform
 import socket
 import sys
-from typing import Any, Dict, Iterable, List, Sequence
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Sequence
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..config import TrainConfig
+    from .loop import RunPlan, RunState
 
 # Two-sided 95% Student-t quantiles for 1..30 degrees of freedom; the normal 1.96 beyond.
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -44,6 +57,61 @@ def library_versions() -> Dict[str, str]:
 def host_info() -> Dict[str, Any]:
     """Where the run happened."""
     return {"hostname": socket.gethostname(), "platform": platform.platform(), "argv": sys.argv}
+
+
+def run_record(plan: "RunPlan", state: "RunState", started: float, breakdown: Dict[str, Any]) -> Dict[str, Any]:
+    """The results record of a run that has trained (`breakdown`: its gathered step breakdown,
+    harness.training.timing.gather_breakdown): counts over the whole run, timings of this segment."""
+    config, (backend, cluster, device, threads, cpu_malloc) = plan.config, plan.placement
+    timer, progress = state.timer, state.progress
+    throughput = timer.steps * plan.global_batch / timer.seconds if timer.seconds else None
+    history = {key: progress.history[key] for key in ("step", "loss", "lr")}
+    return {
+        "run_id": uuid.uuid4().hex[:12], "started": started, "wall_time": time.time() - started,
+        "backend": config.backend, "launcher": cluster.launcher, "world_size": cluster.world_size,
+        "local_world_size": cluster.local_world_size, "local_batch": plan.local_batch,
+        "micro_batch": plan.local_batch // config.grad_accum, "grad_accum": config.grad_accum,
+        "global_batch": plan.global_batch, "model": config.model, "dataset": config.dataset,
+        "train_set_size": len(plan.train_set), "device": device.type,
+        "threads_per_rank": threads if device.type == "cpu" else None,
+        "gradient_bytes": state.gradient_bytes,
+        "lr_base": config.lr, "base_batch": plan.base_batch, "lr_effective": plan.peak_lr,
+        "warmup_steps": plan.warmup_steps,
+        # Counts cover the whole run, each step once, however many segments (resumes) it took;
+        # timings (timed_*, throughput, epoch_*, wall_time) cover this segment only.
+        "steps": state.step, "epochs": plan.num_epochs, "steps_per_epoch": plan.epoch_steps,
+        "samples_seen": state.step * plan.global_batch,
+        "resumed_from_step": state.start_step, "segments": progress.segments,
+        "checkpoint_seconds": state.checkpointer.seconds if state.checkpointer is not None else 0.0,
+        "timed_steps": timer.steps, "timed_seconds": timer.seconds,
+        "timing_warmup_steps": min(config.timing_warmup_steps, (plan.total_steps - state.start_step) // 2),
+        "throughput": throughput, "throughput_ci95": mean_and_ci95(state.epoch_throughputs)["ci95"],
+        "throughput_per_worker": throughput / cluster.world_size if throughput else None,
+        "epoch_times": state.epoch_times, "epoch_throughputs": state.epoch_throughputs,
+        **breakdown,
+        "train_loss": progress.train_losses[-1], "train_losses": progress.train_losses,
+        "history": {"log_every": plan.log_every, **history},
+        "lr_final": plan.lr_at(state.step - 1),
+        "skipped_steps": backend.skipped_steps,
+        **progress.evaluation,
+        "math": backend.math_settings(config),
+        "tuning": {**backend.tuning(), "cpu_malloc": cpu_malloc, "channels_last_weights": plan.channels_last_weights},
+        "versions": {**library_versions(), **backend.versions()},
+        "host": host_info(),
+        **({"gpu": _gpu_facts(device, config)} if device.type == "cuda" else {}),
+        "config": config.to_dict(), "tags": dict(config.tags),
+    }
+
+
+def _gpu_facts(device: "torch.device", config: "TrainConfig") -> Dict[str, Any]:
+    """What a GPU run's record states about the hardware and its software."""
+    import torch
+
+    nccl = torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else None
+    return {"name": torch.cuda.get_device_name(device), "cuda": torch.version.cuda,
+            "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
+            "ranks_per_gpu": config.procs_per_gpu, "profile_synchronised": config.profile,
+            "channels_last": config.channels_last}
 
 
 def append_record(path: str, record: Dict[str, Any]) -> None:

@@ -1,25 +1,39 @@
-"""Where a step's time goes: the timed window, per-phase totals, a per-rank timeline, and the split
-of the gradient phase into compute and communication.
+"""Where a step's time goes: the timed window, per-phase totals, a per-rank timeline, and the
+split of the gradient phase into compute and communication (definitions: harness.training.metrics).
 
-The loop marks four instants per step on every rank: the step starts waiting for data, the data
-is on the device, the gradients are averaged over ranks (forward + backward + sync), the optimizer
-has stepped. `StepTimer` sums the phases over the timed window (which opens and closes at
-barriers, so it spans the slowest rank's work) and keeps the instants of the first `trace_steps`
-timed steps for a timeline. After training, `gather_breakdown` collects every rank's numbers in one
-collective and derives AU and the POP metrics (harness.training.metrics).
+The loop marks the instants of each step on every rank: it starts waiting for data, the data is
+on the device, the averaged gradients are ready (Backend.finish_gradient_sync returned), the
+optimizer has stepped. A hook on every parameter of the real model (`GradientClock`) marks a fifth:
+the step's last parameter gradient. `StepTimer` sums the phases over the timed window (which
+opens and closes at barriers, so it spans the slowest rank's work) and keeps the instants of the
+first `trace_steps` timed steps for a timeline. After training, `gather_breakdown` collects every
+rank's numbers in one collective and derives AU, the POP metrics and the contention verdict.
+
+Why communication is measured this way: DDP waits for its bucketed allreduce at the end of
+backward, DeepSpeed reduces after backward inside engine.backward, Horovod waits in
+finish_gradient_sync; in all three, what the rank loses to communication is the time from its
+last gradient to the averaged gradients. That interval is measured on every step, inside the
+timed window, on the model that trains, so it cannot drift from the compute it is split from (the
+earlier method, compute calibrated after training on a copy, turned any drift into
+"communication", 40% of a step at one rank on a busy machine). A rank alone waits for nothing: its
+communication is the backend's bookkeeping after the last gradient, about zero. Not counted as
+communication: a reduction that blocks inside backward before the last gradient (ZeRO-2/3 reduce
+from gradient hooks; on GPUs, compute queued behind it), and ZeRO >= 1's parameter all-gather in
+the optimizer step.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
-from .metrics import accelerator_utilisation, pop_metrics, rank_breakdown
+from .contention import CpuMeter, node_cores
+from .metrics import accelerator_utilisation, contention_summary, pop_metrics, rank_breakdown
 
-TRACE_PHASES = ("data_wait", "forward_backward_sync", "optimizer")
+TRACE_PHASES = ("data_wait", "forward_backward", "communication", "optimizer")
 
 
 def device_waiter(device: torch.device) -> Callable[[], None]:
@@ -29,6 +43,39 @@ def device_waiter(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
+class GradientClock:
+    """When the step's last parameter gradient was computed, from a hook on every parameter.
+
+    On the CPU the hook reads the clock (backward runs on the calling thread); on a GPU it records
+    a CUDA event on the stream that computed the gradient, so the instant is when the GPU finished
+    it, not when the host queued it.
+    """
+
+    def __init__(self, parameters: Iterable[nn.Parameter], device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.instant: Optional[float] = None
+        self.event: Optional[Any] = None
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in parameters if p.requires_grad]
+
+    def _hook(self, parameter: torch.Tensor) -> None:
+        if self.cuda:
+            if self.event is None:
+                self.event = torch.cuda.Event(enable_timing=True)
+            self.event.record()
+        else:
+            self.instant = time.perf_counter()
+
+    def take(self) -> Tuple[Optional[float], Optional[Any]]:
+        """This step's last-gradient instant (CPU) or event (GPU), and forget it for the next step."""
+        taken = (self.instant, self.event)
+        self.instant = self.event = None
+        return taken
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
 class StepTimer:
     """One rank's phase totals over the timed window, and the instants of its first traced steps.
 
@@ -36,16 +83,26 @@ class StepTimer:
     phases exact at the cost of overlap; on the CPU, and without --profile, it does nothing.
     """
 
-    def __init__(self, trace_steps: int, phase_sync: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, trace_steps: int, phase_sync: Callable[[], None] = lambda: None,
+                 threads: Optional[int] = None) -> None:
         self.trace_steps = trace_steps
         self.phase_sync = phase_sync
-        self.trace: List[List[float]] = []  # per traced step: wait start, data ready, gradients ready, stepped
+        self.clock: Optional[GradientClock] = None  # set by watch(); without it the whole phase is compute
+        self.cpu = CpuMeter(threads)
+        # per traced step: wait start, data ready, last gradient, gradients ready, stepped
+        self.trace: List[List[float]] = []
         self.origin: Optional[float] = None  # when the first timed window opened (the trace's zero)
-        self.seconds = self.data_wait = self.gradients = self.optimizer = 0.0
+        self.seconds = self.data_wait = self.forward_backward = self.communication = self.optimizer = 0.0
         self.steps = 0
         self._window_open = False
         self._window_steps = 0
         self._window_start = self._wait_start = self._data_ready = self._gradients_ready = 0.0
+        self._last_gradient: Tuple[Optional[float], Optional[Any]] = (None, None)
+        self._pending: List[Tuple[Any, Any, float, Optional[List[float]]]] = []  # GPU: resolved at close
+
+    def watch(self, parameters: Iterable[nn.Parameter], device: torch.device) -> None:
+        """Mark each step's last parameter gradient of these (the real model's) parameters."""
+        self.clock = GradientClock(parameters, device)
 
     def open_window(self) -> None:
         """Start timing (after a barrier); the steps before are left out."""
@@ -54,14 +111,18 @@ class StepTimer:
         self._window_start = time.perf_counter()
         if self.origin is None:
             self.origin = self._window_start
+        self.cpu.open()
 
     def close_window(self) -> Optional[Tuple[float, int]]:
-        """Stop timing (after a barrier): the window's (seconds, steps), or None if none was open."""
+        """Stop timing (after a barrier, with the device's work done): the window's (seconds, steps),
+        or None if none was open."""
         if not self._window_open:
             return None
         self._window_open = False
         elapsed = time.perf_counter() - self._window_start
         self.seconds += elapsed
+        self.cpu.close()
+        self._resolve_gpu_steps()
         return elapsed, self._window_steps
 
     def pause(self, seconds: float) -> None:
@@ -74,10 +135,19 @@ class StepTimer:
     def data_ready(self) -> None:
         self.phase_sync()
         self._data_ready = time.perf_counter()
+        if self.clock is not None:
+            self.clock.take()  # a gradient before this step's backward is not this step's
+        self.cpu.compute_starts()
 
     def gradients_ready(self) -> None:
         self.phase_sync()
         self._gradients_ready = time.perf_counter()
+        instant, event = self.clock.take() if self.clock is not None else (None, None)
+        ready = None
+        if event is not None:  # GPU: when the device has the averaged gradients, to compare with `event`
+            ready = torch.cuda.Event(enable_timing=True)
+            ready.record()
+        self._last_gradient = (instant, (event, ready) if event is not None else None)
 
     def stepped(self) -> None:
         """The step is done: add its phases to the window's totals (if a window is open)."""
@@ -87,31 +157,46 @@ class StepTimer:
             return
         self.steps += 1
         self._window_steps += 1
+        gradient_phase = self._gradients_ready - self._data_ready
+        instant, event = self._last_gradient
+        waited = min(max(self._gradients_ready - instant, 0.0), gradient_phase) if instant is not None else 0.0
         self.data_wait += self._data_ready - self._wait_start
-        self.gradients += self._gradients_ready - self._data_ready
+        self.forward_backward += gradient_phase - waited
+        self.communication += waited
         self.optimizer += stepped - self._gradients_ready
+        self.cpu.add_compute(stepped - self._data_ready - waited)
+        traced = None
         if len(self.trace) < self.trace_steps:
-            self.trace.append([instant - self.origin for instant in
-                               (self._wait_start, self._data_ready, self._gradients_ready, stepped)])
+            instants = (self._wait_start, self._data_ready, self._gradients_ready - waited, self._gradients_ready, stepped)
+            traced = [value - self.origin for value in instants]
+            self.trace.append(traced)
+        if event is not None:  # GPU: the gap between the events is known once the device has run them
+            self._pending.append((*event, gradient_phase, traced))
+
+    def _resolve_gpu_steps(self) -> None:
+        """Move each GPU step's wait (last-gradient event to gradients-ready event) from compute to
+        communication, now that the device has finished the window's work."""
+        for last, ready, gradient_phase, traced in self._pending:
+            waited = min(max(last.elapsed_time(ready) / 1000.0, 0.0), gradient_phase)
+            self.forward_backward -= waited
+            self.communication += waited
+            if traced is not None:
+                traced[2] = traced[3] - waited
+        self._pending.clear()
+
+    def stop(self) -> None:
+        """Remove the hooks from the model (the run is over)."""
+        if self.clock is not None:
+            self.clock.remove()
 
 
 def calibrated_compute_per_step(model: nn.Module, compute_loss: Callable[[nn.Module, Any], torch.Tensor],
                                 batches: Sequence[Any], device: torch.device) -> Optional[float]:
-    """Median seconds of one forward + backward on this rank when no communication can happen.
+    """Median seconds of one forward + backward on this rank on a fresh, hook-free copy of the model,
+    after training (--calibration-steps): a cross-check of the window's forward + backward only.
 
-    Why this method: communication must be measured the same way for every backend, but DDP
-    overlaps its allreduce with backward, DeepSpeed reduces inside engine.backward and Horovod
-    finishes in optimizer.synchronize(), so no timer fits around "the allreduce" of all three. The
-    loop instead times forward + backward + gradient sync as one phase on every backend, and this
-    function times forward + backward alone on a fresh instance of the same architecture (no DDP
-    or Horovod hooks, no ZeRO partitioning: no collective can run) on the rank's own batches, after
-    the timed window, with every rank calibrating at once as they trained at once. The loop then
-    takes communication = phase - steps x this estimate. It includes the time compute lost to
-    communication running beside it, a real cost of communicating. Weight values do not change
-    the cost of dense layers, so the fresh weights time like the trained ones. Not counted as
-    communication: DeepSpeed ZeRO >= 1 all-gathers updated parameters inside engine.step, which
-    shows as optimizer time. The estimate is taken after the window, not during it, so on a machine
-    shared with other jobs the split moves with their load (the phase total does not).
+    It is not used to split the step: measured after the window, on a shared machine it moves with
+    the machine's load; the record keeps it beside the in-window compute so a reader can compare.
     """
     if len(batches) < 2:
         return None
@@ -129,52 +214,76 @@ def calibrated_compute_per_step(model: nn.Module, compute_loss: Callable[[nn.Mod
     return timed[len(timed) // 2]
 
 
+SCALARS = ("runtime", "data_wait", "forward_backward", "communication", "optimizer", "calibrated", "memory",
+           "cpu_share", "runqueue_wait_share", "load_average", "steal_share")
+
+
+def _gather(all_reduce_sum: Callable[[torch.Tensor], torch.Tensor], rank: int, world_size: int,
+            device: torch.device, values: List[float]) -> torch.Tensor:
+    """A [quantity x rank] table of every rank's `values`: one allreduce, each rank filling its column."""
+    mine = torch.tensor(values, dtype=torch.float64)
+    table = torch.zeros(len(mine), world_size, dtype=torch.float64, device=device)
+    table[:, rank] = mine.to(device)
+    return all_reduce_sum(table).cpu()
+
+
 def gather_breakdown(all_reduce_sum: Callable[[torch.Tensor], torch.Tensor], rank: int, world_size: int,
                      device: torch.device, timer: StepTimer, compute_per_step: Optional[float],
                      calibration_steps: int, exact: bool, peak_memory: Optional[float]) -> Dict[str, Any]:
-    """Every rank's phase totals, trace and peak memory gathered in one collective; AU and POP metrics.
-
-    One allreduce of a [quantity x rank] table in which each rank fills only its own column
-    gathers all ranks' values at once.
-    """
+    """Every rank's phase totals, CPU measures, trace and peak memory gathered in one collective;
+    AU, the POP metrics and the contention verdict."""
     steps = timer.steps
-    my_compute = compute_per_step * steps if compute_per_step is not None else -1.0  # -1: not measured
-    scalars = [timer.seconds, timer.data_wait, timer.gradients, timer.optimizer, my_compute,
-               peak_memory if peak_memory is not None else -1.0]
+    scalars = [timer.seconds, timer.data_wait, timer.forward_backward, timer.communication, timer.optimizer,
+               compute_per_step if compute_per_step is not None else -1.0,  # -1: not measured
+               peak_memory if peak_memory is not None else -1.0, *timer.cpu.values()]
     trace = [value for instants in timer.trace for value in instants]
-    trace += [-1.0] * (4 * timer.trace_steps - len(trace))  # -1: this rank traced fewer steps
-    mine = torch.tensor(scalars + trace, dtype=torch.float64)
-    table = torch.zeros(len(mine), world_size, dtype=torch.float64, device=device)
-    table[:, rank] = mine.to(device)
-    table = all_reduce_sum(table).cpu()
-    runtime, data_wait, gradients, optimizer, compute, memory = table[:len(scalars)].tolist()
-    ranks = [rank_breakdown(runtime[r], data_wait[r], gradients[r], optimizer[r],
-                            compute[r] if compute[r] >= 0 else None) for r in range(world_size)]
+    trace += [-1.0] * (5 * timer.trace_steps - len(trace))  # -1: this rank traced fewer steps
+    table = _gather(all_reduce_sum, rank, world_size, device, scalars + trace)
+    columns = dict(zip(SCALARS, table[:len(scalars)].tolist()))
+    ranks = [rank_breakdown(*(columns[key][r] for key in SCALARS[:5])) for r in range(world_size)]
     per_rank = {key: [one[key] for one in ranks] for key in ranks[0]}
-    per_step = {key: (sum(values) / len(values) / steps if steps and None not in values else None)
-                for key, values in per_rank.items()}
-    calibrated = None not in per_rank["useful"] and steps > 0
+    per_step = {key: (sum(values) / len(values) / steps if steps else None) for key, values in per_rank.items()}
     breakdown: Dict[str, Any] = {
-        "au": accelerator_utilisation(sum(runtime) - sum(data_wait), sum(data_wait)),
-        **(pop_metrics(per_rank["useful"], max(runtime)) if calibrated else
+        "au": accelerator_utilisation(sum(columns["runtime"]), sum(columns["data_wait"])),
+        **(pop_metrics(per_rank["useful"], max(columns["runtime"])) if steps else
            {"load_balance": None, "communication_efficiency": None, "parallel_efficiency": None}),
         "step_breakdown": {
             "seconds_per_step": per_step, "per_rank_seconds": per_rank, "timed_steps": steps,
+            "communication_method": "last parameter gradient to gradients averaged, in the timed window",
             "calibration_steps": calibration_steps,
-            "compute_per_step_calibrated": [c / steps if c >= 0 and steps else None for c in compute],
+            "compute_per_step_calibrated": [c if c >= 0 else None for c in columns["calibrated"]],
             "exact": exact,
         },
+        "contention": _contention(columns, timer.cpu.threads),
     }
     if timer.trace_steps:
-        instants = table[len(scalars):].view(timer.trace_steps, 4, world_size)
-        breakdown["timeline"] = {
-            "phases": list(TRACE_PHASES),
-            "doc": "per rank, per traced step: [start, end] seconds of each phase from the first timed "
-                   "window's opening (a barrier, so the ranks' clocks share that zero)",
-            "per_rank": [[[[instants[s, p, r].item(), instants[s, p + 1, r].item()] for p in range(3)]
-                          for s in range(timer.trace_steps) if instants[s, 0, r].item() >= 0]
-                         for r in range(world_size)],
-        }
+        breakdown["timeline"] = _timeline(table[len(scalars):], timer.trace_steps, world_size)
     if peak_memory is not None:
-        breakdown["peak_memory_bytes_per_rank"] = [int(value) for value in memory]
+        breakdown["peak_memory_bytes_per_rank"] = [int(value) for value in columns["memory"]]
     return breakdown
+
+
+def _measured(values: Sequence[float]) -> List[Optional[float]]:
+    return [value if value >= 0 else None for value in values]
+
+
+def _contention(columns: Dict[str, List[float]], threads: Optional[int]) -> Dict[str, Any]:
+    loads = [value for value in columns["load_average"] if value >= 0]
+    steals = [value for value in columns["steal_share"] if value >= 0]
+    return contention_summary({
+        "cpu_share": _measured(columns["cpu_share"]), "runqueue_wait_share": _measured(columns["runqueue_wait_share"]),
+        "load_average": max(loads) if loads else None, "cores": node_cores(),
+        "steal_share": max(steals) if steals else None, "threads_per_rank": threads,
+    })
+
+
+def _timeline(instants: torch.Tensor, trace_steps: int, world_size: int) -> Dict[str, Any]:
+    table = instants.view(trace_steps, 5, world_size)
+    return {
+        "phases": list(TRACE_PHASES),
+        "doc": "per rank, per traced step: [start, end] seconds of each phase from the first timed "
+               "window's opening (a barrier, so the ranks' clocks share that zero)",
+        "per_rank": [[[[table[s, p, r].item(), table[s, p + 1, r].item()] for p in range(len(TRACE_PHASES))]
+                      for s in range(trace_steps) if table[s, 0, r].item() >= 0]
+                     for r in range(world_size)],
+    }

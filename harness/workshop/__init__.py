@@ -4,6 +4,7 @@
   CNN, exact evaluation, the epoch's line, `todo`), and how an exercise is generated from its
   solution; solutions use it as `from harness import workshop; workshop.parse_args(...)`;
 - `checker`: `harness check`, which runs an attendee's script on real ranks and judges it;
+- `my_exercises`: `harness exercise start 02`, an attendee's own copy of a step in my-exercises/;
 - `engines`: ipyparallel MPI engines for the notebooks, started and stopped so that none is left;
 - `demo`: `make demo`, every backend on the embedded digits and one comparison table;
 - `figures`, `pipeline`, `packing`: the notebooks' figures, data-pipeline and ranks-per-device studies.
@@ -18,12 +19,15 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "parse_args", "digits", "Digits", "build_model", "evaluate", "report", "todo", "TodoNotDone",
         "use_launcher_environment", "skip_deepspeed_shm_op", "exercise_text", "todo_blocks")},
     "check_script": "checker",
+    "start_exercise": "my_exercises", "exercise_steps": "my_exercises",
     "start_engines": "engines", "Engines": "engines",
     "run_demo": "demo",
     **{name: "figures" for name in (
-        "accuracy_figure", "sharding_figure", "padded_evaluation_figure", "loading_figure", "packing_figure")},
+        "accuracy_figure", "epoch_loss_figure", "run_colours", "sharding_figure", "padded_evaluation_figure",
+        "loading_figure", "packing_figure")},
     **{name: "pipeline" for name in (
-        "loading_table", "measure_loading", "padded_evaluation", "sample_correctness", "write_image_tree")},
+        "compare_loading", "loading_table", "measure_loading", "padded_evaluation", "sample_correctness",
+        "write_image_tree")},
     **{name: "packing" for name in ("packing_rows", "packing_table", "packings", "run_packing_study", "mps_daemon")},
 })
 __all__ = __dir__()

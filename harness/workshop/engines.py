@@ -6,7 +6,7 @@ ipyparallel (`ipp.Cluster(engines="mpi", n=N)`), so MPI is initialised in every 
 cell runs and engine i is MPI rank i. `harness.train` called on the engines
 (`engines.run(harness.train, config)`) finds its rank in OpenMPI's variables, as under mpirun.
 
-What it takes care of (the traps of REFERENCE.md section 3):
+What it takes care of, each a way engines failed to start, to run or to stop:
 - OpenMPI refuses to start as root without OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM); the engines get them
   (and the shared-memory setting containers need) in their environment, not the notebook's.
 - mpiexec binds each engine to one core unless told otherwise (ipyparallel #906), and refuses more
@@ -45,28 +45,33 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import UsageError, unknown_choice
-from ..process.launchers import OPENMPI_ENV, free_port
+from ..process.launchers import OPENMPI_ENV, free_port, site_launcher
 
 ENGINE_TIMEOUT_S = 180  # engines registering, cold imports on a busy node included
 RUN_TIMEOUT_S = 900  # one call on the engines (a training run); harness collectives time out sooner
 STOP_GRACE_S = 10.0  # after stopping the cluster, how long its processes get to exit before SIGKILL
 CLUSTER_VARIABLE = "IPP_CLUSTER_ID"  # ipyparallel sets it in the environment of every process it starts
-LAUNCHERS = ("mpi", "slurm", "pbs")
+# How the engines start: ipyparallel's engine-set launcher names, not the process launchers of
+# harness.process.launchers. "mpi" runs mpiexec on this node; "slurm" and "pbs" submit a batch job
+# whose script starts them with that batch system's site launcher (BATCH_TEMPLATES).
+ENGINE_STARTERS = ("mpi", "slurm", "pbs")
 # What each MPI's mpiexec needs so that N engines share the node's cores: no binding of a rank to
-# one core (its torch threads would all run there), and more ranks than cores allowed.
+# one core (its torch threads would all run there), and more ranks than cores allowed. Keyed by the
+# MPI families of harness.process.launchers.MPI_FAMILIES (what mpi_flavour tells), and "unknown".
 MPI_ARGUMENTS: Dict[str, List[str]] = {
     "openmpi": ["--bind-to", "none", "--oversubscribe"],
     "mpich": ["-bind-to", "none"],
     "pals": ["--cpu-bind", "none"],
     "unknown": [],
 }
-# Batch scripts that start the engines as one MPI job on compute nodes. {n}, {cluster_id} and
-# {program_and_args} are ipyparallel's; {directives} and {launch} are filled in by batch_script.
+# Batch scripts that start the engines as one MPI job on compute nodes, through the batch system's
+# site launcher. {n}, {cluster_id} and {program_and_args} are ipyparallel's; {directives} and
+# {launch} are filled in by batch_script.
 BATCH_TEMPLATES: Dict[str, str] = {
     "slurm": "#!/bin/sh\n#SBATCH --job-name=ipengine-{cluster_id}\n#SBATCH --ntasks={n}\n#SBATCH --export=ALL\n"
-             "{directives}\nsrun {launch} {program_and_args} --mpi\n",
+             "{directives}\n" + f"{site_launcher('slurm').executable} {{launch}} {{program_and_args}} --mpi\n",
     "pbs": "#!/bin/sh\n#PBS -N ipengine\n#PBS -V\n{directives}\ncd \"$PBS_O_WORKDIR\"\n"
-           "mpiexec -n {n} {launch} {program_and_args} --mpi\n",
+           + f"{site_launcher('pbs').executable} -n {{n}} {{launch}} {{program_and_args}} --mpi\n",
 }
 BATCH_PREFIX = {"slurm": "#SBATCH", "pbs": "#PBS"}
 log = logging.getLogger("harness")
@@ -202,8 +207,8 @@ def start_engines(n: Optional[int] = None, launcher: str = "mpi", timeout: float
     Raises EnginesError, after stopping whatever started, when the engines do not register within
     `timeout` seconds.
     """
-    if launcher not in LAUNCHERS:
-        raise unknown_choice("engine launcher", launcher, LAUNCHERS)
+    if launcher not in ENGINE_STARTERS:
+        raise unknown_choice("engine launcher", launcher, ENGINE_STARTERS)
     # Read once, when ipyparallel is first imported: set it before.
     os.environ.setdefault("IPP_NONINTERACTIVE", "1")
     import ipyparallel as ipp

@@ -5,9 +5,9 @@ that is what attendees learn. From here they take only what is not about data pa
 
 - `parse_args`: the flags every step accepts (epochs, per-process batch, LR, seed, dropout, ...);
 - `digits`: the embedded digits (harness.data.builtin) as a torch Dataset;
-- `build_model`: the workshop CNN (harness.models.WorkshopCNN);
+- `build_model`: the workshop CNN (harness.training.models.WorkshopCNN);
 - `evaluate` and `report`: a model's summed test loss and correct count, and the epoch's line;
-- `use_launcher_environment`: torchrun's variables under any launcher (harness.cluster), so that
+- `use_launcher_environment`: torchrun's variables under any launcher (harness.process.discovery), so that
   `init_process_group`'s default env:// works under srun, mpiexec and horovodrun as well;
 - `skip_deepspeed_shm_op`: DeepSpeed on a CPU without the op it would compile for inference;
 - `todo`: what an exercise runs where a step is left to the attendee.
@@ -21,9 +21,9 @@ The TODO convention. A solution marks each piece of distributed code that the ex
 
 tools/make_exercises.py numbers the blocks in order and writes the exercise with each block's
 code replaced by `workshop.todo(N, "title")`, which stops the run with "TODO N of FILE is not done yet:
-title". `harness check` (harness.checker) names the TODO that governs a failed property by its key,
-and watches a run through OBSERVERS: what each rank fetched, the model it built, its flags, what it
-reported.
+title". `harness check` (harness.workshop.checker) names the TODO that governs a failed property by
+its key, and watches a run through an ExerciseObserver per rank (`add_observer`): what each rank
+fetched, the model it built, its flags, what it evaluated and reported.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import List, NoReturn, Optional, Sequence, Tuple
+from typing import List, NoReturn, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -47,10 +47,35 @@ from ..process.discovery import ClusterEnv, detect_cluster
 from ..data.builtin import load_digits
 from ..training.models import WorkshopCNN
 
-# harness.checker appends an object with batch_fetched(split, indices), model_built(model),
-# arguments_parsed(args) and reported(epoch, train_sums, test_sums); nothing else does, so a normal
-# run only pays an empty loop.
-OBSERVERS: List[object] = []
+
+class ExerciseObserver(Protocol):
+    """What a hands-on script does through this module, told as it happens. `harness check`
+    registers one in each rank it runs (add_observer); a normal run has none."""
+
+    def arguments_parsed(self, args: argparse.Namespace) -> None:
+        """parse_args read the script's flags."""
+
+    def batch_fetched(self, split: str, indices: Sequence[int]) -> None:
+        """A Digits split served the samples `indices` (a DataLoader's batch, or one sample)."""
+
+    def model_built(self, model: nn.Module) -> None:
+        """build_model made `model`, before the script moves or wraps it."""
+
+    def evaluated(self, sums: torch.Tensor) -> None:
+        """evaluate is about to return these sums of one rank's test images."""
+
+    def reported(self, epoch: int, train_sums: torch.Tensor, test_sums: torch.Tensor) -> None:
+        """report is about to print epoch `epoch`'s line from these sums."""
+
+
+# Registered through add_observer only; a normal run leaves it empty and pays an empty loop per event.
+_observers: List[ExerciseObserver] = []
+
+
+def add_observer(observer: ExerciseObserver) -> None:
+    """Tell `observer` from now on what this process's hands-on script does through this module."""
+    _observers.append(observer)
+
 
 TODO_START = re.compile(r"^(?P<indent>\s*)# TODO\((?P<key>[a-z0-9-]+)\): (?P<title>.+)$")
 TODO_END = re.compile(r"^\s*# END TODO\s*$")
@@ -188,7 +213,7 @@ def parse_args(description: str, warmup: bool = False, argv: Optional[Sequence[s
         parser.error(f"--train-samples must be at most {training_images}, got {args.train_samples}")
     if not args.lr > 0:
         parser.error(f"--lr must be positive, got {args.lr}")
-    for observer in OBSERVERS:
+    for observer in _observers:
         observer.arguments_parsed(args)
     return args
 
@@ -197,7 +222,7 @@ class Digits(Dataset):
     """A split of the embedded digits: normalised float images [1, 28, 28] and int64 labels.
 
     A DataLoader fetches a batch through __getitems__ in one call; both fetch paths tell the
-    OBSERVERS which samples went out.
+    observers (add_observer) which samples went out.
     """
 
     def __init__(self, split: str, samples: Optional[int] = None) -> None:
@@ -212,7 +237,7 @@ class Digits(Dataset):
         return len(self.labels)
 
     def _observe(self, indices: Sequence[int]) -> None:
-        for observer in OBSERVERS:
+        for observer in _observers:
             observer.batch_fetched(self.split, indices)
 
     def __getitem__(self, index: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -233,7 +258,7 @@ def digits(split: str, samples: Optional[int] = None) -> Digits:
 def build_model(dropout: Optional[float] = None) -> nn.Module:
     """A freshly initialised workshop CNN (from torch's global RNG: seed it first)."""
     model = WorkshopCNN(dropout=dropout)
-    for observer in OBSERVERS:
+    for observer in _observers:
         observer.model_built(model)
     return model
 
@@ -252,12 +277,14 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> torc
                                  (logits.argmax(1) == labels).sum().float(),
                                  torch.tensor(float(len(labels)), device=device)])
     model.train(was_training)
+    for observer in _observers:
+        observer.evaluated(sums)
     return sums
 
 
 def report(epoch: int, train_sums: torch.Tensor, test_sums: torch.Tensor) -> None:
     """Print an epoch's line from [summed loss, samples] of training and evaluate()'s test sums."""
-    for observer in OBSERVERS:
+    for observer in _observers:
         observer.reported(epoch, train_sums, test_sums)
     train_loss, train_samples = train_sums.tolist()
     test_loss, correct, test_samples = test_sums.tolist()
@@ -267,7 +294,7 @@ def report(epoch: int, train_sums: torch.Tensor, test_sums: torch.Tensor) -> Non
 
 def use_launcher_environment() -> ClusterEnv:
     """Export torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT) from whichever launcher started this process, as harness.cluster discovers them;
+    MASTER_PORT) from whichever launcher started this process, as harness.process.discovery finds them;
     variables already set are kept. Under torchrun and the deepspeed launcher this changes nothing;
     under srun, mpiexec or horovodrun it lets torch.distributed's env:// find the other ranks. A
     process started without a launcher is rank 0 of 1."""
@@ -287,7 +314,7 @@ def skip_deepspeed_shm_op() -> None:
     inference uses it. The harness's DeepSpeed backend goes without it for the same reasons (see
     DeepSpeedBackend.init). On GPUs DeepSpeed never builds it, so this changes nothing there.
     """
-    from ..backends.deepspeed import _no_shm_allreduce
+    from ..backends.compat import no_shm_allreduce as _no_shm_allreduce
 
     # (deepspeed.comm's attribute `torch` is the torch package, so the module is looked up by name.)
     comm_torch = importlib.import_module("deepspeed.comm.torch")

@@ -1,11 +1,11 @@
-"""Figures the workshop notebooks draw besides the scaling ones (harness.plot), in the same slide
+"""Figures the workshop notebooks draw besides the scaling ones (harness.study.plot), in the same slide
 style: large text, labelled axes with units, matplotlib Figure objects without pyplot state (a
 notebook displays one by evaluating it).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Sequence
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -19,16 +19,24 @@ def _figure(size: Any = FIGSIZE) -> Any:
     return Figure(figsize=size, layout="constrained")
 
 
+def run_colours(labels: Iterable[str]) -> Dict[str, str]:
+    """One colour per run label, in order (the palette's grey left for reference lines): pass the
+    same mapping to every figure of a notebook so that a run keeps its colour from one to the next."""
+    return {label: PALETTE[1 + i % (len(PALETTE) - 1)] for i, label in enumerate(labels)}
+
+
 def accuracy_figure(records: Sequence[Mapping[str, Any]], labels: Sequence[str], chance: float = 0.1,
-                    title: str = "Final test accuracy") -> Any:
-    """Each run's final eval accuracy (%) as a labelled bar, with the accuracy of guessing dashed."""
+                    title: str = "Final test accuracy", colours: Optional[Mapping[str, str]] = None) -> Any:
+    """Each run's final eval accuracy (%) as a labelled bar, with the accuracy of guessing dashed.
+    `colours`: label -> colour (run_colours), so that each run looks as in the notebook's other figures."""
     from matplotlib import rc_context
 
+    colours = colours or run_colours(labels)
     with rc_context(SLIDE_STYLE):
         fig = _figure()
         ax = fig.add_subplot()
         values = [100 * record["eval_accuracy"] for record in records]
-        bars = ax.barh(range(len(values)), values, color=[PALETTE[1 + i % (len(PALETTE) - 1)] for i in range(len(values))])
+        bars = ax.barh(range(len(values)), values, color=[colours[label] for label in labels])
         ax.bar_label(bars, labels=[f"{value:.1f}%" for value in values], padding=4)
         ax.axvline(100 * chance, color="black", linestyle="--", linewidth=1.6, label=f"guessing ({100 * chance:.0f}%)")
         ax.set_yticks(range(len(values)))
@@ -40,6 +48,42 @@ def accuracy_figure(records: Sequence[Mapping[str, Any]], labels: Sequence[str],
         ax.grid(False, axis="y")
         ax.legend(loc="lower right")
     return fig
+
+
+def epoch_loss_figure(records: Sequence[Mapping[str, Any]], labels: Sequence[str],
+                      title: str = "Training loss per epoch", colours: Optional[Mapping[str, str]] = None) -> Any:
+    """Each run's training loss per epoch (the record's `train_losses`: the mean over every sample
+    of the epoch) against the epoch, on a log scale: runs with different batches compared after
+    the same samples seen. `colours`: label -> colour (run_colours)."""
+    from matplotlib import rc_context
+
+    colours = colours or run_colours(labels)
+    with rc_context(SLIDE_STYLE):
+        fig = _figure()
+        ax = fig.add_subplot()
+        for record, label in zip(records, labels):
+            losses = record["train_losses"]
+            ax.plot(range(1, len(losses) + 1), losses, marker="o", color=colours[label],
+                    label=f"{label} ({record['steps_per_epoch']} steps/epoch)")
+        ax.set_yscale("log")
+        _plain_log_labels(ax, [loss for record in records for loss in record["train_losses"]])
+        ax.set_xticks(range(1, max(len(record["train_losses"]) for record in records) + 1))
+        ax.set_xlabel("epoch (every run has seen the same samples)")
+        ax.set_ylabel("training loss (mean over the epoch)")
+        ax.set_title(title)
+        ax.legend(loc="best")
+    return fig
+
+
+def _plain_log_labels(ax: Any, values: Sequence[float]) -> None:
+    """Log-axis labels as plain numbers (0.4, 2) rather than 4x10^-1; within one decade the
+    labelled ticks are minor ones, so those get plain labels too."""
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    ax.yaxis.set_major_formatter(plain)
+    if max(values) < 10 * min(values):
+        ax.yaxis.set_minor_formatter(plain)
 
 
 def sharding_figure(num_samples: int, global_batch: int, world_sizes: Sequence[int], seed: int = 0,
@@ -88,7 +132,7 @@ def sharding_figure(num_samples: int, global_batch: int, world_sizes: Sequence[i
 def padded_evaluation_figure(evaluations: Sequence[Any]) -> Any:
     """Test accuracy (%) against world size: what a DistributedSampler evaluation reports (padded)
     and the exact value, with the duplicates counted on a second axis
-    (harness.pipeline.PaddedEvaluation items)."""
+    (harness.workshop.pipeline.PaddedEvaluation items)."""
     from matplotlib import rc_context
 
     worlds = [e.world_size for e in evaluations]
@@ -121,7 +165,7 @@ def padded_evaluation_figure(evaluations: Sequence[Any]) -> Any:
 
 def loading_figure(measurements: Sequence[Any]) -> Any:
     """Throughput (samples/s) and AU of each loading configuration side by side
-    (harness.pipeline.LoadingMeasurement items)."""
+    (harness.workshop.pipeline.LoadingMeasurement items)."""
     from matplotlib import rc_context
 
     labels = [f"{m.source}\n{m.num_workers} worker(s)" + (f", prefetch {m.prefetch}" if m.num_workers else "")
@@ -147,21 +191,30 @@ def loading_figure(measurements: Sequence[Any]) -> Any:
 
 
 def packing_figure(rows: Sequence[Dict[str, Any]], title: str = "Several ranks per device") -> Any:
-    """Throughput (samples/s) per placement (harness.packing.packing_rows), with the speedup over
-    the first placement written on each bar."""
+    """Throughput (samples/s) per placement (harness.workshop.packing.packing_rows): the mean over
+    repeats with its 95% interval as an error bar, and the speedup over the first placement
+    written on each bar."""
     from matplotlib import rc_context
 
+    on_gpus = rows[0]["device"] == "cuda"
     with rc_context(SLIDE_STYLE):
         fig = _figure()
         ax = fig.add_subplot()
-        labels = [(f"{row['ranks per device']} rank(s) per GPU" if row["device"] == "cuda"
-                   else f"{row['ranks']} rank(s) x {row['threads per rank']} thread(s)") for row in rows]
-        bars = ax.bar(range(len(rows)), [row["samples/s"] for row in rows], color=PALETTE[1], width=0.6)
-        ax.bar_label(bars, labels=[f"{row['samples/s']:,.0f}\n(x{row['speedup']:.2f})" for row in rows], padding=3)
+        labels = [row["placement"].replace(" (", "\n(") for row in rows]
+        errors = [row.get("ci95") or 0.0 for row in rows]
+        ax.bar(range(len(rows)), [row["samples/s"] for row in rows], color=PALETTE[1], width=0.6,
+               yerr=errors, capsize=10, error_kw={"linewidth": 2, "ecolor": "black"})
+        for x, (row, error) in enumerate(zip(rows, errors)):  # above the error bar, not on it
+            ax.annotate(f"{row['samples/s']:,.0f}" + (f" ± {error:,.0f}" if error else "")
+                        + f"\n(x{row['speedup']:.2f})", (x, row["samples/s"] + error), xytext=(0, 4),
+                        textcoords="offset points", ha="center", va="bottom")
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels(labels)
+        ax.set_xlabel("placement: ranks per GPU (MPS shares each GPU)" if on_gpus
+                      else "placement: ranks x torch threads per rank, sharing the cores")
         ax.set_ylabel("throughput (samples/s, all ranks)")
-        ax.set_ylim(0, max(row["samples/s"] for row in rows) * 1.3)
+        runs = min(row["runs"] for row in rows)
+        ax.set_ylim(0, max(row["samples/s"] + error for row, error in zip(rows, errors)) * 1.35)
         ax.grid(False, axis="x")
-        ax.set_title(title)
+        ax.set_title(f"{title}\nmean of {runs} interleaved repeats, error bars: 95% interval" if runs > 1 else title)
     return fig

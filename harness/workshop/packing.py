@@ -6,7 +6,7 @@ more throughput on one GPU. The CPU analogue is how a node's cores are split int
 
 `packings(cores, gpus)` lists the placements to compare on this node: on a CPU every power-of-two
 split of the cores into ranks x threads; on GPUs 1, 2 and 4 ranks per GPU (`--procs-per-gpu`;
-ranks sharing a GPU reduce through gloo, since NCCL refuses two ranks on one GPU).
+how ranks sharing a GPU reduce is their backend's business, see harness.backends).
 `run_packing_study` trains each placement with `harness.run_sweep` (the same per-rank batch, so the
 weak-scaling throughputs compare directly), inside `mps_daemon()` on GPUs when MPS can be started,
 and tags each record with its placement; `packing_table` sets them side by side.
@@ -15,7 +15,9 @@ and tags each record with its placement; `packing_table` sets them side by side.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -30,6 +32,7 @@ MPS_CONTROL = "nvidia-cuda-mps-control"
 MPS_VARIABLES = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 MPS_TIMEOUT_S = 30
 PLACEMENT_TAG = "ranks_per_device"
+REPEAT_TAG = "packing_repeat"
 
 
 @dataclass(frozen=True)
@@ -127,29 +130,48 @@ def mps_daemon(gpus: int, control: Optional[str] = None) -> Iterator[MpsState]:
 
 def run_packing_study(train_args: Sequence[str], results: str, plan: Optional[Sequence[Packing]] = None,
                       backend: str = "ddp", repeats: int = 1, launcher: Optional[str] = None) -> Dict[str, Any]:
-    """Train every placement of `plan` (default: packings()) `repeats` times, interleaved, each a
-    one-run `harness.run_sweep` appending to `results`. Returns {"records", "mps", "failed"}:
+    """Train every placement of `plan` (default: packings()) `repeats` times, interleaved (every
+    placement once, then all again), each a one-run `harness.run_sweep` appending to `results`.
+    Prints one line per run, numbered over the whole study. Returns {"records", "mps", "failed"}:
     the records in run order, the MpsState the runs had, the labels of runs that failed."""
-    from ..study.sweep import SweepSettings, run_sweep
-
     plan = list(plan or packings())
     if not plan:
         raise UsageError("no placements to compare; pass at least one Packing")
+    if repeats < 1:
+        raise UsageError(f"repeats must be a positive integer, got {repeats}")
     if any(flag in train_args for flag in ("--threads", "--procs-per-gpu")):
         raise UsageError("a packing study sets --threads and --procs-per-gpu per placement; drop them from train_args")
     gpus = plan[0].ranks // plan[0].ranks_per_device if plan[0].device == "cuda" else 0
     records: List[Dict[str, Any]] = []
     failed: List[str] = []
+    total = repeats * len(plan)
     with mps_daemon(gpus) as mps:
         for repeat in range(repeats):
-            for packing in plan:
-                result = run_sweep(SweepSettings(
-                    backends=[backend], ranks=[packing.ranks], scaling="weak", results=results, launcher=launcher,
-                    train_args=[*train_args, *packing.train_args(), "--tag", f"mps={'on' if mps.running else 'off'}",
-                                "--tag", f"packing_repeat={repeat}"]))
+            for index, packing in enumerate(plan):
+                label = f"{packing.label()}, repeat {repeat + 1}/{repeats}"
+                args = [*train_args, *packing.train_args(), "--tag", f"mps={'on' if mps.running else 'off'}",
+                        "--tag", f"{REPEAT_TAG}={repeat}"]
+                result = _run_placement(backend, packing, args, results, launcher,
+                                        f"[{repeat * len(plan) + index + 1}/{total}] {label}")
                 records += result.records
-                failed += [f"{packing.label()}: {failure}" for failure in result.failed]
+                failed += [f"{label}: {failure}" for failure in result.failed]
     return {"records": records, "mps": mps, "failed": failed}
+
+
+def _run_placement(backend: str, packing: Packing, train_args: List[str], results: str, launcher: Optional[str],
+                   progress: str) -> Any:
+    """One run of the study as a sweep of one run; its SweepResult.
+
+    The line announcing the run is the study's: the sweep's own would number the run within its
+    one-run sweep ("[1/1] ... repeat 1/1"), so it is left out."""
+    from ..study.sweep import SweepSettings, plan_sweep, run_sweep
+
+    settings = SweepSettings(backends=[backend], ranks=[packing.ranks], scaling="weak", results=results,
+                             launcher=launcher, train_args=train_args, repeats=1)  # the study repeats, interleaved
+    command = plan_sweep(settings)[0].command
+    print(f"== {progress}: {shlex.join(command[:4])} ... {shlex.join(packing.train_args()[:2])}", flush=True)
+    with contextlib.redirect_stdout(io.StringIO()):  # only the sweep's own progress line; runs print to the terminal
+        return run_sweep(settings)
 
 
 def _placement(record: Mapping[str, Any]) -> int:
@@ -157,8 +179,13 @@ def _placement(record: Mapping[str, Any]) -> int:
 
 
 def packing_rows(records: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """One row per placement (mean over repeats): ranks, threads, ranks per device, throughput,
-    and the speedup over the placement with the fewest ranks per device."""
+    """One row per placement: its label, ranks, threads, ranks per device, the throughput's mean
+    over repeats and the half-width of its 95% interval ("ci95", None from one run), the speedup
+    of the mean over the placement with the fewest ranks per device, and "apart": whether the two
+    95% intervals do not overlap, so that the difference is larger than the run-to-run spread
+    (None for the first row, or without intervals)."""
+    from ..training.record import mean_and_ci95
+
     groups: Dict[int, List[Mapping[str, Any]]] = {}
     for record in records:
         if record.get("throughput"):
@@ -166,21 +193,42 @@ def packing_rows(records: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     rows = []
     for per_device in sorted(groups):
         runs = groups[per_device]
-        throughput = sum(run["throughput"] for run in runs) / len(runs)
-        rows.append({"ranks per device": per_device, "ranks": runs[0]["world_size"],
-                     "threads per rank": runs[0].get("threads_per_rank"), "device": runs[0].get("device"),
-                     "runs": len(runs), "samples/s": throughput, "per rank": throughput / runs[0]["world_size"],
+        spread = mean_and_ci95([run["throughput"] for run in runs])
+        rows.append({"placement": _placement_label(runs[0], per_device), "ranks per device": per_device,
+                     "ranks": runs[0]["world_size"], "threads per rank": runs[0].get("threads_per_rank"),
+                     "device": runs[0].get("device"), "runs": len(runs), "samples/s": spread["mean"],
+                     "ci95": spread["ci95"], "per rank": spread["mean"] / runs[0]["world_size"],
                      "mps": runs[0].get("tags", {}).get("mps")})
     for row in rows:
         row["speedup"] = row["samples/s"] / rows[0]["samples/s"]
+        row["apart"] = None if row is rows[0] else _apart(row, rows[0])
     return rows
 
 
+def _placement_label(record: Mapping[str, Any], per_device: int) -> str:
+    """How the figure and the verdict name a placement: as Packing.label() does."""
+    if record.get("device") == "cuda":
+        return f"{per_device} rank(s) per GPU ({record['world_size']} ranks)"
+    return f"{record['world_size']} rank(s) x {record.get('threads_per_rank')} thread(s)"
+
+
+def _apart(row: Mapping[str, Any], base: Mapping[str, Any]) -> Optional[bool]:
+    """Whether the 95% intervals of two rows' throughputs do not overlap (None if one has none)."""
+    if row["ci95"] is None or base["ci95"] is None:
+        return None
+    return abs(row["samples/s"] - base["samples/s"]) > row["ci95"] + base["ci95"]
+
+
 def packing_table(records: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown of packing_rows."""
+    """Markdown of packing_rows: throughput as mean ± 95% interval over repeats."""
     from ..study.report import markdown_table
 
     rows = packing_rows(records)
-    keys = ("ranks per device", "ranks", "threads per rank", "device", "mps", "runs", "samples/s", "per rank",
-            "speedup")
-    return markdown_table(rows, [(key, lambda row, key=key: row[key]) for key in keys])
+    keys = ("ranks per device", "ranks", "threads per rank", "device", "mps", "runs")
+    columns = [(key, lambda row, key=key: row[key]) for key in keys]
+    columns += [("samples/s ± 95%", lambda row: f"{row['samples/s']:,.0f} ± "
+                 + ("-" if row["ci95"] is None else f"{row['ci95']:,.0f}")),
+                ("per rank", lambda row: row["per rank"]), ("speedup", lambda row: row["speedup"]),
+                ("95% intervals apart",
+                 lambda row: None if row["apart"] is None else ("yes" if row["apart"] else "no"))]
+    return markdown_table(rows, columns)

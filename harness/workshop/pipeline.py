@@ -5,14 +5,16 @@ Evaluation. The workshop scripts evaluate with torch's `DistributedSampler`, whi
 set with repeated samples until it divides by the world size, and average the ranks' accuracies.
 `padded_evaluation` computes what that reports at any world size from each test sample's
 correctness (`sample_correctness`), with torch's own sampler choosing the indices, so it can be
-set beside the harness's exact evaluation (every sample once, global sums; harness.loop.evaluate).
+set beside the harness's exact evaluation (every sample once, global sums;
+harness.training.evaluate.evaluate).
 
 Loading. `write_image_tree` writes a dataset as one PNG per sample (an ImageNet-style tree, the
 form raw data arrives in); `measure_loading` trains the model on it for a few steps either the
 textbook way, decoding and transforming every sample in a torchvision `ImageFolder` behind a
 `DataLoader`, or the harness's way, from the arrays `harness data prepare` decoded once. Both go
 through the same timed loop, so throughput and AU (compute / (compute + data wait), as DLIO and the
-harness's records define it) compare like with like.
+harness's records define it) compare like with like; `compare_loading` measures several
+configurations in interleaved rounds, so that a shared machine's drifting load falls on all alike.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -91,13 +93,19 @@ def padded_evaluation(correct: np.ndarray, world_size: int, shuffle: bool = True
 
 # -- per-sample image files against prepared arrays -------------------------------------------------
 
-def write_image_tree(data_dir: str, dataset: str = "digits") -> Dict[str, int]:
+def write_image_tree(data_dir: str, dataset: str = "digits", size: Optional[int] = None) -> Dict[str, int]:
     """Write `dataset` (an embedded one) as PNG files, DATA_DIR/train/<class>/<n>.png and
-    DATA_DIR/val/<class>/<n>.png, the layout of `--dataset imagefolder`; the images written per split."""
+    DATA_DIR/val/<class>/<n>.png, the layout of `--dataset imagefolder`; the images written per split.
+
+    `size`: the side of the written images in pixels (default: the dataset's own). Photos arrive
+    larger than the network's input (ImageNet's are resized to 224 and smaller); writing the
+    images larger gives each per-sample decode and resize what it costs for such files."""
     from PIL import Image
 
     if os.path.isdir(os.path.join(data_dir, "train")):
         raise UsageError(f"{data_dir}/train exists already; write the image tree into an empty directory")
+    if size is not None and size < 1:
+        raise UsageError(f"size must be a positive number of pixels, got {size}")
     written = {}
     for split, folder in IMAGE_TREE_SPLITS:
         arrays = load_split(dataset, split, DataOptions(data_dir, "cnn", 0, 60.0))
@@ -106,8 +114,11 @@ def write_image_tree(data_dir: str, dataset: str = "digits") -> Dict[str, int]:
             directory = os.path.join(data_dir, folder, str(label))
             os.makedirs(directory, exist_ok=True)
             mode = "L" if image.shape[0] == 1 else "RGB"
-            Image.fromarray(image[0] if mode == "L" else image.transpose(1, 2, 0), mode).save(
-                os.path.join(directory, f"{index:05d}.png"))
+            picture = Image.fromarray(image[0] if mode == "L" else image.transpose(1, 2, 0), mode)
+            if size is not None and size != picture.width:
+                picture = picture.resize((size, size), Image.Resampling.BILINEAR)
+            # Fast compression: written once here, decoded at every epoch by the per-sample pipeline.
+            picture.save(os.path.join(directory, f"{index:05d}.png"), compress_level=1)
         written[split] = len(arrays)
     return written
 
@@ -165,29 +176,66 @@ def measure_loading(data_dir: str, source: str, num_workers: int = 0, prefetch: 
     (write_image_tree), fed by `source`; time the last `steps`. `threads` torch threads compute
     (on the CPU); `num_workers` loader processes prefetch `prefetch` batches each. Runs in this
     process, on GPU 0 when there is one (device "auto"), else on the CPU."""
-    from ..training.models import build_model
-    from ..training.timing import device_waiter
+    return compare_loading(data_dir, [(source, num_workers)], rounds=1, prefetch=prefetch, batch_size=batch_size,
+                           steps=steps, warmup_steps=warmup_steps, image_size=image_size, threads=threads, seed=seed,
+                           device=device)[0]
 
-    if source not in LOADING_SOURCES:
-        raise unknown_choice("loading source", source, LOADING_SOURCES)
+
+def compare_loading(data_dir: str, configurations: Sequence[Tuple[str, int]], rounds: int = 3, prefetch: int = 2,
+                    batch_size: int = 64, steps: int = 10, warmup_steps: int = 3, image_size: int = 28,
+                    threads: int = 1, seed: int = 0, device: str = "auto") -> List[LoadingMeasurement]:
+    """measure_loading for every (source, num_workers) of `configurations`, `rounds` times
+    interleaved (each configuration once, then all again), `steps` timed steps a round; each
+    configuration's rounds add up to one measurement, in the order given.
+
+    Interleaving lays the load of other programs on every configuration alike: on a busy machine
+    compute times drift by a factor of two within a minute, which one measurement after the other
+    would read as a difference between the configurations."""
+    if rounds < 1 or steps < 1:
+        raise UsageError(f"rounds and steps must be positive, got {rounds} and {steps}")
+    if len(set(configurations)) != len(configurations):
+        raise UsageError(f"each (source, workers) once, got {list(configurations)}")
+    for source, _ in configurations:
+        if source not in LOADING_SOURCES:
+            raise unknown_choice("loading source", source, LOADING_SOURCES)
     # The prepared arrays (decoded once by `harness data prepare`, here on first use) give the
     # normalisation statistics to both sources, so both feed the model the same numbers.
     arrays = load_split("imagefolder", "train", DataOptions(data_dir, "cnn", image_size, 600.0))
-    total = warmup_steps + steps
     target = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                           "cpu" if device == "auto" else device)
-    finish = device_waiter(target)  # a GPU step is done when the device says so
+    totals = {configuration: np.zeros(3) for configuration in configurations}  # data wait, compute, elapsed (s)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
+    try:
+        for _ in range(rounds):
+            for source, workers in configurations:
+                batches = (_per_sample_batches(data_dir, image_size, arrays, batch_size, workers, prefetch, seed)
+                           if source == "per-sample" else
+                           _prepared_batches(arrays, batch_size, workers, prefetch, seed, warmup_steps + steps))
+                totals[source, workers] += _timed_steps(batches, arrays, image_size, target, warmup_steps, steps, seed)
+    finally:
+        torch.set_num_threads(previous_threads)
+    timed = rounds * steps
+    return [LoadingMeasurement(source, workers, prefetch, batch_size, timed, timed * batch_size / elapsed,
+                               computed / (computed + waited), 1000 * waited / timed, 1000 * computed / timed)
+            for (source, workers), (waited, computed, elapsed) in totals.items()]
+
+
+def _timed_steps(batches: Iterator[Tuple[torch.Tensor, torch.Tensor]], arrays: ImageArrays, image_size: int,
+                 target: torch.device, warmup_steps: int, steps: int, seed: int) -> np.ndarray:
+    """Train a fresh workshop CNN for `warmup_steps` + `steps` steps from `batches`, then close them;
+    the data wait, compute and elapsed seconds of the last `steps`."""
+    from ..training.models import build_model
+    from ..training.timing import device_waiter
+
+    finish = device_waiter(target)  # a GPU step is done when the device says so
     torch.manual_seed(seed)
     model = build_model("cnn", arrays.shape[0], image_size, arrays.num_classes).to(target)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    batches = (_per_sample_batches(data_dir, image_size, arrays, batch_size, num_workers, prefetch, seed)
-               if source == "per-sample" else _prepared_batches(arrays, batch_size, num_workers, prefetch, seed, total))
     waited = computed = 0.0
     try:
         started = time.perf_counter()
-        for step in range(total):
+        for step in range(warmup_steps + steps):
             if step == warmup_steps:  # worker start-up and first allocations left out
                 waited = computed = 0.0
                 started = time.perf_counter()
@@ -207,9 +255,7 @@ def measure_loading(data_dir: str, source: str, num_workers: int = 0, prefetch: 
         elapsed = time.perf_counter() - started
     finally:
         batches.close()  # stops the loader's workers
-        torch.set_num_threads(previous_threads)
-    return LoadingMeasurement(source, num_workers, prefetch, batch_size, steps, steps * batch_size / elapsed,
-                              computed / (computed + waited), 1000 * waited / steps, 1000 * computed / steps)
+    return np.array([waited, computed, elapsed])
 
 
 def loading_table(measurements: List[LoadingMeasurement]) -> str:

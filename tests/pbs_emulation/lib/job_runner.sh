@@ -32,6 +32,7 @@ if [[ "$(attribute Join_Path)" == oe ]]; then error="$output"; fi
 
 set -m  # the batch shell gets a process group of its own
 cd "$spool/home"
+echo "    stime = $(date '+%a %b %e %H:%M:%S %Y')" >> "$spool/$number.attributes"  # as PBS's ctime() writes it
 echo R > "$spool/$number.state"
 status=0
 if [[ "$error" == "$output" ]]; then

@@ -1,0 +1,189 @@
+"""`harness bench allreduce`: any backend's allreduce timed per message size, and the alpha-beta
+model of a ring allreduce fitted to it.
+
+Every rank joins the job through the backend (Backend.init, as a training run does) and times
+`start_all_reduce_sum` + its wait on float32 tensors of each size, so what is measured is the
+communicator a training run of that backend uses (DDP's and DeepSpeed's process group, Horovod's
+controller and fusion). Per size: a warm-up, then as many repetitions as fit `seconds_per_size`
+(the count agreed by all ranks, since each repetition is a collective); the time of a size is the
+slowest rank's mean. As nccl-tests reports them: algbw = size / time, busbw = algbw x 2(n-1)/n,
+the bandwidth each rank's link must carry in a ring allreduce.
+
+The model (NCCL's tuner's for a ring allreduce of S bytes over n ranks) is
+    time = steps x alpha + 2(n-1)/n x S / busbw,   steps = 2(n-1),
+fitted by least squares on relative errors (every size counts alike, whether it takes 10 us or
+1 s). One rank communicates nothing: no fit.
+
+Ranks start like `harness launch`: with `ranks` set, this process starts them through the
+backend's local launcher (or `launcher`); without, this process is a rank of whatever launched it
+(mpiexec or srun inside an allocation, for a benchmark across nodes). The model, the fit and the
+printed table are in harness.study.allreduce (no torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any, Callable, Dict, List
+
+import torch
+
+from ..backends import Backend, backend_class, get_backend
+from ..config import TrainConfig
+from ..errors import UsageError
+from ..process.discovery import ClusterEnv, detect_cluster, select_device
+from ..process.launchers import launch_environment, local_launcher
+from ..process.state import preserved_process_state
+from ..training.contention import CpuMeter, node_cores
+from ..training.metrics import contention_summary
+from ..training.timing import device_waiter
+from .allreduce import ELEMENT_BYTES, BenchSettings, fit_alpha_beta, repeats_for, size_result
+
+
+def bench_allreduce(settings: BenchSettings) -> Dict[str, Any]:
+    """Measure (or, with settings.ranks, launch ranks that measure) and return the result; rank 0
+    writes it to settings.results. Bad input raises UsageError before any rank starts."""
+    settings.check()
+    get_backend(settings.backend).check_available()
+    if settings.ranks is not None:
+        return _launch(settings)
+    result = measure_on_this_rank(settings)
+    if result["rank"] == 0 and settings.results:
+        _write(settings.results, result)
+    return result
+
+
+def _write(path: str, result: Dict[str, Any]) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path, "w") as handle:
+        json.dump(result, handle, indent=1, allow_nan=False)
+
+
+def worker_flags(settings: BenchSettings, results: str) -> List[str]:
+    """The `harness bench allreduce` flags each launched rank runs with (all but -n and --launcher)."""
+    return ["--backend", settings.backend, "--sizes", ",".join(str(size) for size in settings.sizes),
+            "--seconds-per-size", str(settings.seconds_per_size), "--min-repeats", str(settings.min_repeats),
+            "--max-repeats", str(settings.max_repeats), "--device", settings.device,
+            "--timeout", str(settings.timeout), "--results", results, "--quiet"]
+
+
+def launch_command(settings: BenchSettings, results: str) -> List[str]:
+    """The command that starts settings.ranks local ranks of the benchmark, as `harness launch` would."""
+    assert settings.ranks is not None
+    backend = backend_class(settings.backend)
+    chosen = local_launcher(settings.launcher or backend.local_launcher)
+    limit = backend.max_world_size or chosen.max_processes
+    if limit is not None and settings.ranks > limit:
+        raise UsageError(f"backend {settings.backend!r} runs {limit} process(es); use -n {limit} or a "
+                         "distributed backend")
+    return chosen.command(settings.ranks, ["-m", "harness", "bench", "allreduce", *worker_flags(settings, results)])
+
+
+def _launch(settings: BenchSettings) -> Dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="harness-bench-") as scratch:
+        results = settings.results or os.path.join(scratch, "allreduce.json")
+        command = launch_command(settings, results)
+        print(f"== {shlex.join(command[:4])} ... ({settings.ranks} ranks, {len(settings.sizes)} sizes)", flush=True)
+        limit = settings.timeout + 60 * len(settings.sizes)
+        completed = subprocess.run(command, env=launch_environment(), timeout=limit)
+        if completed.returncode != 0 or not os.path.exists(results):
+            raise UsageError(f"the benchmark's ranks failed (exit {completed.returncode}); run the command above "
+                             "to see why, or try another --backend")
+        with open(results) as handle:
+            return json.load(handle)
+
+
+def _slowest(backend: Backend, rank: int, world_size: int, values: List[float]) -> List[List[float]]:
+    """Every rank's `values` ([value][rank]), in one allreduce of a table each rank fills its column of."""
+    table = torch.zeros(len(values), world_size, dtype=torch.float64)
+    table[:, rank] = torch.tensor(values, dtype=torch.float64)
+    device = torch.device("cuda", torch.cuda.current_device()) if _on_gpu(backend) else torch.device("cpu")
+    return backend.all_reduce_sum(table.to(device)).cpu().tolist()
+
+
+def _on_gpu(backend: Backend) -> bool:
+    return getattr(backend, "group_backend", "") == "nccl"
+
+
+def _time_size(backend: Backend, size: int, device: torch.device, settings: BenchSettings,
+               cluster: ClusterEnv) -> Dict[str, Any]:
+    """The mean seconds of one allreduce of `size` bytes on this rank, repetitions agreed by all ranks."""
+    tensor = torch.zeros(max(1, size // ELEMENT_BYTES), dtype=torch.float32, device=device)
+    name = f"harness.bench.allreduce.{size}"  # one name per size: Horovod negotiates it once
+    wait_for_device = device_waiter(device)
+
+    def once() -> float:
+        start = time.perf_counter()
+        backend.start_all_reduce_sum(tensor, name)()
+        wait_for_device()
+        return time.perf_counter() - start
+
+    once()  # the first of a size allocates buffers (and Horovod negotiates its name)
+    warmup = _slowest(backend, cluster.rank, cluster.world_size, [once()])[0]
+    repeats = repeats_for(max(warmup), settings)  # the same count on every rank: each repetition is a collective
+    backend.barrier()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        backend.start_all_reduce_sum(tensor, name)()
+    wait_for_device()
+    mean = (time.perf_counter() - start) / repeats
+    slowest = max(_slowest(backend, cluster.rank, cluster.world_size, [mean])[0])
+    return size_result(tensor.numel() * ELEMENT_BYTES, slowest, cluster.world_size, repeats)
+
+
+def _timed(backend: Backend, cluster: ClusterEnv, measure: Callable[[], List[Dict[str, Any]]]) -> Dict[str, Any]:
+    meter = CpuMeter(threads=None)
+    meter.open()
+    lines = measure()
+    meter.close()
+    _, runqueue, load, steal = meter.values()
+    columns = _slowest(backend, cluster.rank, cluster.world_size, [runqueue, load, steal])
+    loads, steals = [v for v in columns[1] if v >= 0], [v for v in columns[2] if v >= 0]
+    contention = contention_summary({
+        "cpu_share": [None] * cluster.world_size,
+        "runqueue_wait_share": [v if v >= 0 else None for v in columns[0]],
+        "load_average": max(loads) if loads else None, "cores": node_cores(),
+        "steal_share": max(steals) if steals else None, "threads_per_rank": None})
+    return {"sizes": lines, "contention": contention, "load_average": contention["load_average"],
+            "cores": contention["cores"]}
+
+
+def measure_on_this_rank(settings: BenchSettings) -> Dict[str, Any]:
+    """This rank's part of the benchmark; every rank returns the same result."""
+    started = time.time()
+    config = TrainConfig(backend=settings.backend, device=settings.device, timeout=settings.timeout)
+    backend = get_backend(settings.backend)
+    with preserved_process_state():
+        cluster = detect_cluster()
+        device = select_device(config.device, cluster)
+        backend.check_launch(config, cluster, device)
+        backend.init(cluster, device, config)
+        try:
+            measured = _timed(backend, cluster, lambda: [_time_size(backend, size, device, settings, cluster)
+                                                          for size in settings.sizes])
+            backend.barrier()
+        finally:
+            backend.shutdown()
+    lines = measured["sizes"]
+    fit = fit_alpha_beta([line["bytes"] for line in lines], [line["seconds"] for line in lines], cluster.world_size)
+    return {"kind": "allreduce-benchmark", "backend": settings.backend, "rank": cluster.rank,
+            "world_size": cluster.world_size, "ranks_per_node": cluster.local_world_size,
+            "nodes": cluster.world_size // max(1, cluster.local_world_size), "launcher": cluster.launcher,
+            "device": device.type, **measured, "fit": fit, "started": started, "wall_time": time.time() - started,
+            "hostname": socket.gethostname(), "tuning": _tuning(backend),
+            "settings": {"seconds_per_size": settings.seconds_per_size, "min_repeats": settings.min_repeats,
+                         "max_repeats": settings.max_repeats}}
+
+
+def _tuning(backend: Backend) -> Dict[str, Any]:
+    try:
+        return backend.tuning()
+    except AttributeError:  # knobs that only exist once a model is wrapped
+        return {}
+

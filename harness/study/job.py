@@ -1,0 +1,336 @@
+"""`harness study` inside a batch job: one scaling study of the allocation, all of it in JOB_DIR.
+
+    study.json              the resolved settings; a resubmitted or requeued job runs them again
+    jobs.txt                the job chain: starts, signals, ends, resubmissions (time, job id, event)
+    discovery-<job>.jsonl   `harness env` of every rank of the allocation under the site launcher
+    results.jsonl, logs/, checkpoints/   the sweep's (harness.study.sweep)
+    figures/scaling-*.{png,svg,json}, report.md   what the records show, after every job
+    <name>-<job>.out, <name>.o<job>   the jobs' own output, moved here from the submission directory
+
+A job: reads itself from the scheduler (harness.study.scheduler), resolves its settings, applies the
+site's environment (network variables, TMPDIR, rendezvous domain), runs the same checks as
+`--check` (harness.study.check), checks what every rank discovers, warns itself before the walltime
+where the scheduler will not (PBS), runs the sweep (which passes SIGTERM/SIGUSR1 to the run in
+progress; it checkpoints), and writes figures and report. A study cut short continues: warned before
+its time limit, or preempted, the job resubmits itself (or leaves it to Slurm where a preempted job
+is requeued); cancelled (scancel, qdel) it stops after its checkpoint.
+
+Exit statuses: 0 complete, or continued in another job; 1 discovery or a run failed; 2 bad settings
+(nothing ran); 3 stopped after a checkpoint and not continued; 4 a rank died (see its log).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, UsageError
+from ..process.discovery import RENDEZVOUS_DOMAIN_VARIABLE
+from ..process.launchers import launch_environment
+from .check import CheckResult, StudyRequest, run_checks
+from .continuation import continue_study
+from .jobdir import StudyJob, say
+from .scheduler import pbs_allocation, read_job, slurm_allocation
+from .settings import kit_directory, load_settings, resolve_settings, site_launch, sweep_settings
+from .sites import SiteProfile, load_site
+from .sweep import SweepSettings, run_sweep, template_command
+
+DISCOVERY_TIMEOUT_S = 600
+MPS_TIMEOUT_S = 120
+# MPS makes AF_UNIX sockets in its pipe directory, and a socket path holds at most 107 bytes; under
+# mpiexec a job's long TMPDIR (/local/scratch/pbs.<job id>...) leaves too little for their names.
+MPS_PIPE_LIMIT = 80
+
+
+def gpus_on_this_node() -> int:
+    """The GPUs nvidia-smi lists; 0 where there is none (a CPU node)."""
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in listed.splitlines() if line.startswith("GPU"))
+
+
+def open_job(profile: SiteProfile, environ: Dict[str, str], kit_dir: str, script: Optional[str]) -> StudyJob:
+    """This job as the scheduler sees it, and its study's settings (saved ones when it continues one)."""
+    variable = "PBS_JOBID" if profile.scheduler == "pbs" else "SLURM_JOB_ID"
+    job_id = environ.get(variable)
+    if not job_id:
+        raise UsageError(f"{variable} is not set: `harness study` runs a study inside a {profile.scheduler} job; "
+                         "on a login node use --check or --submit")
+    allocation = pbs_allocation(environ) if profile.scheduler == "pbs" else slurm_allocation(environ)
+    record = read_job(profile.scheduler, job_id, profile.queue_field, environ)
+    submitted = record.script or script
+    if submitted and record.workdir and not os.path.isabs(submitted):
+        submitted = os.path.join(record.workdir, submitted)
+    stem = os.path.splitext(os.path.basename(submitted or "study"))[0]
+    job_dir = os.path.realpath(environ.get("JOB_DIR") or os.path.join(kit_dir, "runs", f"{stem}-{job_id.split('.')[0]}"))
+    saved = load_settings(job_dir)
+    settings = saved or resolve_settings(profile, {**environ, "JOB_DIR": job_dir}, allocation, gpus_on_this_node(), job_dir)
+    return StudyJob(profile, job_id, record, allocation, settings, kit_dir, submitted, saved is not None)
+
+
+def mps_directories(environ: Dict[str, str], number: str) -> Dict[str, str]:
+    """NVIDIA MPS's pipe and log directories: per job, on the node's own disk (TMPDIR)."""
+    base = os.path.join(environ.get("TMPDIR") or "/tmp", f"mps-{number}")
+    return {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(base, "pipe"), "CUDA_MPS_LOG_DIRECTORY": os.path.join(base, "log")}
+
+
+def apply_site_environment(job: StudyJob, environ: Dict[str, str]) -> None:
+    """What every rank must inherit: the site's network variables (its required ones over the job's),
+    the rendezvous domain, and what the per-rank GPU and MPS helpers read."""
+    environ.update(job.profile.environment)
+    for name, value in job.profile.environment_defaults.items():
+        environ.setdefault(name, value)
+    if job.settings.rendezvous_domain:
+        environ[RENDEZVOUS_DOMAIN_VARIABLE] = job.settings.rendezvous_domain
+    environ.update(GPUS_PER_NODE=str(job.settings.gpus_per_node), PROCS_PER_GPU=str(job.settings.procs_per_gpu))
+    environ.update(mps_directories(environ, job.number))
+
+
+def in_job_checks(job: StudyJob, sweep: SweepSettings, environ: Dict[str, str]) -> CheckResult:
+    """`--check`'s checks against what the scheduler gave, plus what only the job can see."""
+    record = job.record
+    request = StudyRequest(nodes=job.allocation.nodes, account=record.account,
+                           queue=record.submit_queue or record.queue, walltime_s=record.walltime_s,
+                           filesystems=record.filesystems, queued=True)
+    result = run_checks(job.profile, job.settings, request, sweep, environ, job.settings.job_dir)
+    pipe = environ["CUDA_MPS_PIPE_DIRECTORY"]
+    if job.settings.procs_per_gpu > 1 and len(pipe) > MPS_PIPE_LIMIT:
+        result.problems.append(f"the MPS pipe directory {pipe} is {len(pipe)} characters long, too long for the "
+                               f"AF_UNIX sockets MPS makes there (at most {MPS_PIPE_LIMIT}); set TMPDIR=/tmp")
+    try:
+        warning_delay(job)
+    except UsageError as exc:
+        result.problems.append(str(exc))
+    return result
+
+
+def warning_delay(job: StudyJob) -> Optional[float]:
+    """Seconds from now until the job must warn itself (SIGUSR1) before its walltime, where the
+    scheduler will not (PBS has no --signal); None where no timer is needed."""
+    settings, record = job.settings, job.record
+    if job.profile.warning != "timer" or not settings.stop_before_walltime or record.walltime_s is None:
+        return None
+    elapsed = time.time() - record.start_time if record.start_time else 0.0
+    delay = record.walltime_s - settings.stop_before_walltime - elapsed
+    if delay <= 0:
+        raise UsageError(f"the walltime ({record.walltime_s} s, {elapsed:.0f} s gone) leaves no time before "
+                         f"STOP_BEFORE_WALLTIME={settings.stop_before_walltime}; ask for more walltime or lower it")
+    return delay
+
+
+def discover(job: StudyJob, launch: str) -> None:
+    """`harness env` on every rank of the whole allocation under the site launcher: a rank layout other
+    than nodes x ranks per node stops the job here (status 1), before hours are spent."""
+    per_node, nodes = job.settings.ranks_per_node, job.allocation.nodes
+    total = per_node * nodes
+    command = template_command(f"{launch} {{python}} -m harness env {{args}}", total, per_node, "", [])
+    job.log_command("discovery", command)
+    say(f"discovery: {shlex.join(command)}")
+    ran = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=launch_environment(),
+                         timeout=DISCOVERY_TIMEOUT_S)
+    print(ran.stdout, end="", flush=True)
+    seen, status = json_objects(ran.stdout), ran.returncode
+    path = job.path(f"discovery-{job.number}.jsonl")
+    with open(path, "w") as output:  # one rank a line, whatever the launcher interleaved
+        output.writelines(json.dumps(entry, sort_keys=True) + "\n" for entry in seen)
+    ranks = {entry.get("rank") for entry in seen if entry.get("world_size") == total and entry.get("launcher") != "none"}
+    if status != 0 or ranks != set(range(total)) or len(seen) != total:
+        raise StudyFailed(f"discovery saw {len(ranks)} of {total} ranks ({len(seen)} line(s), exit status "
+                              f"{status}; see {path}); check the launcher's flags and RANKS_PER_NODE")
+    hosts = {entry.get("master_addr") for entry in seen}
+    say(f"discovery: {total} ranks on {nodes} node(s), {per_node} per node, rendezvous at {', '.join(sorted(hosts))}")
+
+
+def json_objects(text: str) -> List[Dict[str, Any]]:
+    """Every JSON object in `text`: ranks printing at once may share a line, and launchers add noise."""
+    decoder, found, index = json.JSONDecoder(), [], text.find("{")
+    while index >= 0:
+        try:
+            value, end = decoder.raw_decode(text, index)
+        except ValueError:
+            end = index + 1
+        else:
+            if isinstance(value, dict):
+                found.append(value)
+        index = text.find("{", end)
+    return found
+
+
+class StudyFailed(Exception):
+    """The study cannot start: the ranks did not see the layout it plans for, or MPS did not start."""
+
+
+class _SignalRecorder:
+    """Records SIGTERM/SIGUSR1 outside the sweep (the sweep forwards them to its runs itself)."""
+
+    def __init__(self) -> None:
+        self.received: Optional[int] = None
+        self._previous: Dict[int, Any] = {}
+
+    def __enter__(self) -> "_SignalRecorder":
+        for signum in (signal.SIGTERM, signal.SIGUSR1):
+            self._previous[signum] = signal.signal(signum, self._record)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.received = signum  # only that: printing here could re-enter a print the signal interrupted
+
+
+def _mps(job: StudyJob, which: str) -> Optional[str]:
+    """Start or stop NVIDIA MPS once per node, where the site does it per job (Polaris); what went
+    wrong, if something did."""
+    command = job.profile.mps_command(which, {"nodes": job.allocation.nodes, "kit": job.kit_dir})
+    if command is None or job.settings.procs_per_gpu < 2:
+        return None
+    job.log_command(f"MPS {which}", command)
+    status = subprocess.run(command, env=launch_environment(), timeout=MPS_TIMEOUT_S).returncode
+    return f"MPS {which} (`{shlex.join(command)}`) failed with status {status}" if status else None
+
+
+def summarize(job: StudyJob) -> None:
+    """Figures and report from whatever records the study has so far."""
+    from ..training.record import read_records
+    from .plot import write_figures
+    from .report import scaling_report
+
+    results = job.path("results.jsonl")
+    if not os.path.exists(results) or not os.path.getsize(results):
+        say("no records yet: no figures or report")
+        return
+    try:
+        records = read_records([results])
+        os.makedirs(job.path("figures"), exist_ok=True)
+        write_figures(records, job.path("figures", "scaling"))
+        with open(job.path("report.md"), "w") as handle:
+            handle.write(scaling_report(records) + "\n")
+    except Exception as exc:  # whatever it is: a figure that fails must not cost the study its continuation
+        say(f"figures or report failed ({type(exc).__name__}: {exc}); the records are in {results}")
+        return
+    say(f"figures in {job.path('figures')}, report in {job.path('report.md')}")
+
+
+def move_outputs(job: StudyJob) -> None:
+    """The scheduler opened this job's output where it was submitted; renamed into JOB_DIR (same file
+    system) it keeps receiving the output, so everything the job writes lives in JOB_DIR."""
+    for path in dict.fromkeys(job.record.outputs):
+        path = path.replace("%j", job.number).replace("%x", job.record.name)
+        target = job.path(os.path.basename(path))
+        if not os.path.isfile(path) or os.path.dirname(os.path.realpath(path)) == job.settings.job_dir:
+            continue
+        if not os.path.exists(target) and os.stat(path).st_dev == os.stat(job.settings.job_dir).st_dev:
+            os.rename(path, target)
+            say(f"this job's output continues in {target}")
+
+
+def arm_warning(job: StudyJob) -> Optional[threading.Timer]:
+    """A timer that sends this process SIGUSR1 STOP_BEFORE_WALLTIME seconds before the walltime,
+    where the scheduler will not warn the job itself (PBS); cancel it when the study ends."""
+    delay = warning_delay(job)
+    if delay is None:
+        return None
+    timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.daemon = True
+    timer.start()
+    at = time.strftime("%H:%M:%S", time.localtime(time.time() + delay))
+    say(f"will checkpoint and continue at {at}, {job.settings.stop_before_walltime} s before the walltime")
+    return timer
+
+
+def _run(job: StudyJob, sweep: SweepSettings, launch: str, recorder: "_SignalRecorder") -> Tuple[int, Optional[int]]:
+    """Discovery, the walltime timer, MPS and the sweep: the sweep's status, and the preemption
+    signal this process received (None when none came: a preempted step's ranks may get it alone)."""
+    discover(job, launch)
+    timer = arm_warning(job)
+    try:
+        failed = _mps(job, "start")
+        if failed:
+            raise StudyFailed(failed)
+        if recorder.received is not None:  # warned before the sweep began: nothing to checkpoint
+            say(f"got {signal.Signals(recorder.received).name} before the sweep began: no run to checkpoint")
+            return EXIT_PREEMPTED, recorder.received
+        say(f"sweep {sweep.sweep_id}: backends {' '.join(sweep.backends)}, ranks {sweep.ranks}, "
+            f"{sweep.scaling} scaling, in {job.settings.job_dir}")
+        result = run_sweep(sweep)
+        return result.status, result.signal or recorder.received
+    finally:
+        if timer is not None:
+            timer.cancel()
+        failed = _mps(job, "stop")
+        if failed:
+            say(f"{failed}; the node's daemon ends with the job")
+
+
+def _report_problems(result: CheckResult) -> bool:
+    """Print the check's lines; whether it passed."""
+    for line in result.warnings:
+        print(f"harness study: warning: {line}", file=sys.stderr, flush=True)
+    for line in result.problems:
+        print(f"harness study: error: {line}", file=sys.stderr, flush=True)
+    return result.ok
+
+
+def _prepare(job: StudyJob) -> None:
+    os.makedirs(job.path("logs"), exist_ok=True)
+    move_outputs(job)
+    if not job.resumed:
+        job.settings.save()
+    job.note(f"start on {socket.gethostname()}: {job.allocation.nodes} node(s) x {job.settings.ranks_per_node} ranks")
+
+
+def run_study(site: str, kit_dir: Optional[str] = None, script: Optional[str] = None) -> int:
+    """Run this job's part of the study (see the module docstring); returns the exit status.
+
+    Reads the job from the scheduler and the settings from this process's environment; bad
+    settings print one line each and return 2 before anything is written. SIGTERM and SIGUSR1 are
+    caught from the first line on: a warning that comes early is kept, not fatal."""
+    with _SignalRecorder() as recorder:
+        return _study(site, kit_dir, script, recorder)
+
+
+def _study(site: str, kit_dir: Optional[str], script: Optional[str], recorder: _SignalRecorder) -> int:
+    environ = os.environ
+    profile = load_site(site)
+    kit = kit_dir or kit_directory(environ)
+    job = open_job(profile, dict(environ), kit, script)
+    apply_site_environment(job, environ)
+    sweep = sweep_settings(profile, job.settings, kit)
+    if not _report_problems(in_job_checks(job, sweep, dict(environ))):
+        return EXIT_USAGE
+    _prepare(job)
+    try:
+        status, signum = _run(job, sweep, site_launch(profile, job.settings, kit), recorder)
+    except StudyFailed as exc:
+        job.note(f"end: {exc}")
+        print(f"harness study: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    if signum is not None:
+        job.note(f"signal {signal.Signals(signum).name[3:]}")
+    job.note(f"end: sweep status {status}")
+    if status == 0:
+        summarize(job)
+        job.note("study complete")
+        say(f"study complete: {job.settings.job_dir}")
+        return 0
+    # A preempted job decides first, while its grace time runs; the figures can wait.
+    outcome = continue_study(job, signum) if status == EXIT_PREEMPTED else status
+    summarize(job)
+    if status == EXIT_PEER_FAILURE:
+        say(f"a rank died during a run (status 4): the study stops here; see the run's log in {job.path('logs')}, "
+            f"then submit again with JOB_DIR={job.settings.job_dir} to finish it")
+    elif status != EXIT_PREEMPTED:
+        say(f"the sweep failed (status {status}); see {job.path('logs')}")
+    return outcome

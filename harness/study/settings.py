@@ -1,0 +1,231 @@
+"""A job study's settings: NAME=VALUE variables (qsub -v, sbatch's environment) over the site's
+defaults, resolved against the allocation into one checked `StudySettings`.
+
+    BACKENDS            backends to compare (default: the site's; lists take spaces or commas)
+    NODES | RANKS       node counts (x RANKS_PER_NODE) or total rank counts; default powers of two
+                        up to the allocation, by nodes on GPU sites and by ranks on CPU sites
+    RANKS_PER_NODE      default GPUS_PER_NODE x PROCS_PER_GPU, or the allocation's tasks per node
+    GPUS_PER_NODE       default: what nvidia-smi lists on the node (0 on a CPU node)
+    PROCS_PER_GPU       K > 1: K ranks per GPU under NVIDIA MPS
+    SCALING REPEATS     weak | strong; runs per configuration, interleaved
+    MODEL DATASET DATA_DIR BATCH_SIZE GLOBAL_BATCH EPOCHS STEPS PRECISION CHECKPOINT_EVERY
+    TRACE_STEPS TRAIN_ARGS   the runs' `harness train` flags (TRAIN_ARGS: any others)
+    CORES_PER_NODE DEPTH THREADS   cores a rank is bound to (--depth), its CPU threads
+    SRUN_MPI            srun --mpi (Slurm sites)
+    RUN_TIMEOUT         seconds before a run is killed
+    RESUBMIT            auto (where the queue allows it) | 1 (required) | 0 (never)
+    MAX_RESUBMISSIONS   bound on the job chain
+    STOP_BEFORE_WALLTIME  seconds before the walltime at which the runs checkpoint (PBS)
+    RENDEZVOUS_DOMAIN   appended to rank 0's host for the rendezvous (default: the site's network)
+    JOB_DIR SWEEP_ID    the job's directory (default runs/<template>-<job id>) and the records' tag
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+from dataclasses import dataclass
+from typing import Any, Callable, List, Mapping, Optional
+
+from ..errors import UsageError
+from .scheduler import Allocation
+from .sites import SiteProfile
+from .sweep import RUN_TEMPLATE, SweepSettings
+
+RESUBMIT_CHOICES = ("auto", "1", "0")
+BUILTIN_DEFAULTS = {
+    "SCALING": "weak", "REPEATS": "1", "DATA_DIR": "", "GLOBAL_BATCH": "", "EPOCHS": "1000", "TRAIN_ARGS": "",
+    "PROCS_PER_GPU": "1", "RUN_TIMEOUT": "3600", "RESUBMIT": "auto", "MAX_RESUBMISSIONS": "10", "TRACE_STEPS": "10",
+    "STOP_BEFORE_WALLTIME": "300", "SRUN_MPI": "", "SCALE_BY": "ranks",
+}
+SETTINGS_FILE = "study.json"
+
+
+@dataclass
+class StudySettings:
+    """Everything a job study runs with, resolved and checked (saved as JOB_DIR/study.json)."""
+
+    backends: List[str]
+    ranks: List[int]
+    ranks_per_node: int
+    gpus_per_node: int
+    procs_per_gpu: int
+    scaling: str
+    repeats: int
+    model: str
+    dataset: str
+    data_dir: str
+    batch_size: int
+    global_batch: Optional[int]
+    epochs: int
+    steps: int
+    precision: str
+    checkpoint_every: int
+    trace_steps: int
+    train_args: List[str]
+    depth: int
+    threads: int
+    cpus_per_task: int
+    srun_mpi: str
+    run_timeout: float
+    resubmit: str
+    max_resubmissions: int
+    stop_before_walltime: int
+    rendezvous_domain: str
+    job_dir: str
+    sweep_id: str
+
+    def train_flags(self) -> List[str]:
+        """The `harness train` flags every run of the study shares."""
+        flags = ["--model", self.model, "--dataset", self.dataset, "--batch-size", str(self.batch_size),
+                 "--epochs", str(self.epochs), "--max-steps", str(self.steps), "--precision", self.precision,
+                 "--threads", str(self.threads), "--checkpoint-every", str(self.checkpoint_every),
+                 "--trace-steps", str(self.trace_steps)]
+        if self.global_batch is not None:
+            flags += ["--global-batch", str(self.global_batch)]
+        if self.data_dir:
+            flags += ["--data-dir", self.data_dir]
+        if self.procs_per_gpu > 1:
+            flags += ["--procs-per-gpu", str(self.procs_per_gpu)]
+        return flags + self.train_args
+
+    def save(self) -> str:
+        path = os.path.join(self.job_dir, SETTINGS_FILE)
+        with open(path, "w") as handle:
+            json.dump(dataclasses.asdict(self), handle, indent=1)
+        return path
+
+
+def load_settings(job_dir: str) -> Optional[StudySettings]:
+    """The settings a job of this study saved in `job_dir`, if one did: a resubmitted job runs them."""
+    path = os.path.join(job_dir, SETTINGS_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as handle:
+        return StudySettings(**json.load(handle))
+
+
+def _words(text: str) -> List[str]:
+    return text.replace(",", " ").split()
+
+
+def _positive(name: str, text: str, zero: bool = False) -> int:
+    if not text.isdigit() or (int(text) == 0 and not zero):
+        raise UsageError(f"{name}={text!r} is not a {'non-negative' if zero else 'positive'} integer; e.g. {name}=2")
+    return int(text)
+
+
+def _given(get: Callable[[str], str], name: str, default: Any, zero: bool = False) -> Any:
+    """NAME's value as a number where it is set, else `default`."""
+    return _positive(name, get(name), zero) if get(name) else default
+
+
+def _counts(name: str, text: str, limit: int, unit: str, fix: str) -> List[int]:
+    counts = [_positive(name, word) for word in _words(text)]
+    if not counts:
+        raise UsageError(f"{name} is empty; e.g. {name}=\"1 2\"")
+    too_many = [count for count in counts if count > limit]
+    if too_many:
+        raise UsageError(f"{name}={text}: {too_many[0]} {unit} do not fit the job's {limit}; {fix}")
+    return sorted(set(counts))
+
+
+def powers_of_two_up_to(n: int) -> List[int]:
+    """1 2 4 ... below n, and n itself."""
+    values, value = [], 1
+    while value < n:
+        values.append(value)
+        value *= 2
+    return values + [n]
+
+
+def _ranks(get: Callable[[str], str], nodes: int, per_node: int) -> List[int]:
+    total = nodes * per_node
+    if get("RANKS"):
+        return _counts("RANKS", get("RANKS"), total, "ranks", f"the job has {nodes} node(s) x {per_node} ranks per node")
+    if get("NODES") or get("SCALE_BY") == "nodes":
+        node_counts = (_counts("NODES", get("NODES"), nodes, "nodes", "request more nodes or drop it")
+                       if get("NODES") else powers_of_two_up_to(nodes))
+        return [count * per_node for count in node_counts]
+    return powers_of_two_up_to(total)
+
+
+def _ranks_per_node(get: Callable[[str], str], profile: SiteProfile, gpus: int, allocation: Allocation) -> int:
+    procs_per_gpu = _positive("PROCS_PER_GPU", get("PROCS_PER_GPU"))
+    if get("RANKS_PER_NODE"):
+        return _positive("RANKS_PER_NODE", get("RANKS_PER_NODE"))
+    if gpus:
+        return gpus * procs_per_gpu
+    if profile.gpus_per_node:
+        raise UsageError(f"no GPUs on this node, but {profile.name} nodes have {profile.gpus_per_node}; "
+                         "for a CPU run pass RANKS_PER_NODE=N and GPUS_PER_NODE=0")
+    return allocation.tasks_per_node or 1
+
+
+def resolve_settings(profile: SiteProfile, values: Mapping[str, str], allocation: Allocation, gpus_detected: int,
+                     default_job_dir: str) -> StudySettings:
+    """Settings from `values` (NAME=VALUE) over the site's defaults, checked against the allocation;
+    bad input raises UsageError naming the variable and the fix."""
+    defaults = {**BUILTIN_DEFAULTS, "BACKENDS": " ".join(profile.backends),
+                "RENDEZVOUS_DOMAIN": profile.rendezvous_domain, **profile.defaults}
+
+    def get(name: str) -> str:
+        value = values.get(name)
+        return (defaults.get(name, "") if value is None else value).strip()
+
+    gpus = _given(get, "GPUS_PER_NODE", gpus_detected, zero=True)
+    per_node = _ranks_per_node(get, profile, gpus, allocation)
+    procs_per_gpu = _positive("PROCS_PER_GPU", get("PROCS_PER_GPU"))
+    if procs_per_gpu > 1 and not gpus:
+        raise UsageError(f"PROCS_PER_GPU={procs_per_gpu} shares GPUs between ranks, but the node has none; on CPUs "
+                         "run more RANKS with fewer THREADS each")
+    cores = _given(get, "CORES_PER_NODE", profile.cores_per_node or os.cpu_count() or 1)
+    depth = _given(get, "DEPTH", max(1, cores // per_node))
+    threads = _given(get, "THREADS", allocation.cpus_per_task or depth)
+    resubmit = get("RESUBMIT")
+    if resubmit not in RESUBMIT_CHOICES:
+        raise UsageError(f"RESUBMIT={resubmit}: choose auto (where the queue allows it), 1 or 0")
+    backends = _words(get("BACKENDS"))
+    if not backends:
+        raise UsageError("BACKENDS is empty; e.g. BACKENDS=\"ddp deepspeed\"")
+    job_dir = get("JOB_DIR") or default_job_dir
+    job_dir = os.path.realpath(job_dir) if job_dir else ""
+    return StudySettings(
+        backends=list(dict.fromkeys(backends)), ranks=_ranks(get, allocation.nodes, per_node), ranks_per_node=per_node,
+        gpus_per_node=gpus, procs_per_gpu=procs_per_gpu, scaling=get("SCALING"),
+        repeats=_positive("REPEATS", get("REPEATS")), model=get("MODEL"), dataset=get("DATASET"),
+        data_dir=get("DATA_DIR"), batch_size=_positive("BATCH_SIZE", get("BATCH_SIZE")),
+        global_batch=_given(get, "GLOBAL_BATCH", None),
+        epochs=_positive("EPOCHS", get("EPOCHS")), steps=_positive("STEPS", get("STEPS")), precision=get("PRECISION"),
+        checkpoint_every=_positive("CHECKPOINT_EVERY", get("CHECKPOINT_EVERY")),
+        trace_steps=_positive("TRACE_STEPS", get("TRACE_STEPS"), zero=True), train_args=shlex.split(get("TRAIN_ARGS")),
+        depth=depth, threads=threads, cpus_per_task=allocation.cpus_per_task or threads, srun_mpi=get("SRUN_MPI"),
+        run_timeout=float(_positive("RUN_TIMEOUT", get("RUN_TIMEOUT"))), resubmit=resubmit,
+        max_resubmissions=_positive("MAX_RESUBMISSIONS", get("MAX_RESUBMISSIONS"), zero=True),
+        stop_before_walltime=_positive("STOP_BEFORE_WALLTIME", get("STOP_BEFORE_WALLTIME"), zero=True),
+        rendezvous_domain=get("RENDEZVOUS_DOMAIN"), job_dir=job_dir,
+        sweep_id=get("SWEEP_ID") or os.path.basename(job_dir))
+
+
+def kit_directory(environ: Mapping[str, str]) -> str:
+    """The kit: KIT_DIR, else the checkout this harness package is part of."""
+    return os.path.realpath(environ.get("KIT_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+
+def site_launch(profile: SiteProfile, settings: StudySettings, kit_dir: str) -> str:
+    """The site launcher's words for one run of the study, {ranks} {ppn} {nodes} left to fill."""
+    return profile.launch_template({"depth": settings.depth, "threads": settings.threads,
+                                    "cpus_per_task": settings.cpus_per_task, "kit": kit_dir},
+                                   settings.gpus_per_node, settings.srun_mpi, settings.procs_per_gpu > 1)
+
+
+def sweep_settings(profile: SiteProfile, settings: StudySettings, kit_dir: str) -> SweepSettings:
+    """The study as one `harness sweep` through the site launcher, everything under JOB_DIR."""
+    return SweepSettings(
+        backends=settings.backends, ranks=settings.ranks, scaling=settings.scaling,
+        results=os.path.join(settings.job_dir, "results.jsonl"), train_args=settings.train_flags(),
+        repeats=settings.repeats, launch_template=f"{site_launch(profile, settings, kit_dir)} {RUN_TEMPLATE}",
+        ppn=settings.ranks_per_node, sweep_id=settings.sweep_id, run_timeout=settings.run_timeout,
+        log_dir=os.path.join(settings.job_dir, "logs"), checkpoint_root=os.path.join(settings.job_dir, "checkpoints"))

@@ -1,0 +1,215 @@
+"""Site profiles: what a job study needs to know about a cluster, as data (one JSON file per site).
+
+A profile names its batch system, the site launcher's words for one run (a template whose
+placeholders the study fills), ranks and GPUs per node, CPU binding, GPU affinity order, the
+network variables, the software environment, the queues with their node and walltime limits and
+whether a job may resubmit itself there, the file systems job data may live on, and the network's
+figures (NICs, links, latencies) that `harness predict` models the site with. `polaris`,
+`perlmutter`, `generic-slurm` and `generic-pbs` come with the kit; `--site path/to/site.json`
+takes another written the same way.
+
+Launch template placeholders, filled per site: {depth} {threads} {cpus_per_task} {gpus_per_node}
+{gpu_order} {mpi} {kit}, and the optional segments {gpu_flags} {gpu_binding} (when the nodes have
+GPUs), {mpi_flags} (when SRUN_MPI is set) and {mps_wrapper} (when ranks share GPUs). {ranks} {ppn}
+and {nodes} are left for the sweep, which fills them per run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ...errors import UsageError, unknown_choice
+from ..walltime import parse_walltime
+
+SITES_DIR = os.path.dirname(os.path.abspath(__file__))
+SCHEDULERS = ("pbs", "slurm")
+WARNINGS = ("timer", "signal")  # who warns the job before its walltime: the study itself, or Slurm's --signal
+GPU_ORDERS = ("natural", "reverse")
+SEGMENTS = ("gpu_flags", "gpu_binding", "mpi_flags", "mps_wrapper")
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+@dataclass(frozen=True)
+class Queue:
+    """One queue (PBS) or QOS/partition (Slurm) and what it accepts."""
+
+    name: str
+    min_nodes: int = 1
+    max_nodes: Optional[int] = None
+    max_walltime_s: Optional[int] = None
+    chaining: bool = True  # may a job queue its own continuation here
+    execution_only: bool = False  # jobs land here from a routing queue; users cannot submit to it
+    routes_to: Tuple[str, ...] = ()  # a routing queue: the execution queues its jobs land in
+    preempt: Optional[str] = None  # "requeue": a preempted job is requeued by the scheduler itself
+    note: str = ""
+
+    def accepts(self, nodes: int) -> bool:
+        return self.min_nodes <= nodes <= (self.max_nodes if self.max_nodes is not None else nodes)
+
+    def node_range(self) -> str:
+        return f"{self.min_nodes}-{self.max_nodes if self.max_nodes is not None else 'any'} nodes"
+
+
+@dataclass(frozen=True)
+class Storage:
+    """A file system prefix: its PBS `-l filesystems` name, or a warning for job data there."""
+
+    path: str  # may hold $VARIABLES, expanded when checked
+    filesystem: Optional[str] = None
+    warn: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class SiteProfile:
+    """One cluster, as its JSON file describes it (see the module docstring)."""
+
+    name: str
+    description: str
+    scheduler: str
+    gpus_per_node: int
+    cores_per_node: Optional[int]
+    launch: str
+    gpu_order: str
+    warning: str
+    software: str
+    queue_field: str  # the job attribute that names its queue: queue (PBS), qos or partition (Slurm)
+    account_required: bool = False  # the site refuses (or should not get) a job without -A
+    gpu_flags: str = ""
+    gpu_binding: str = ""
+    mps: Dict[str, str] = field(default_factory=dict)  # start/stop once per node, or wrapper per rank
+    rendezvous_domain: str = ""
+    environment: Dict[str, str] = field(default_factory=dict)  # always set in the job
+    environment_defaults: Dict[str, str] = field(default_factory=dict)  # set unless the job has them
+    backends: Tuple[str, ...] = ()
+    backend_notes: Dict[str, str] = field(default_factory=dict)
+    backend_requirements: Dict[str, Dict[str, bool]] = field(default_factory=dict)
+    queues: Dict[str, Queue] = field(default_factory=dict)
+    storage: Tuple[Storage, ...] = ()
+    defaults: Dict[str, str] = field(default_factory=dict)
+    # NICs, links and NCCL ring latencies for `harness predict` (harness.study.predict.network_from_site)
+    network: Dict[str, Any] = field(default_factory=dict)
+
+    def queue(self, name: Optional[str]) -> Optional[Queue]:
+        """The queue `name`; None where the profile lists no queues (or no name is known)."""
+        if not self.queues or not name:
+            return None
+        if name not in self.queues:
+            raise unknown_choice(f"{self.name} queue", name, [q for q, v in self.queues.items() if not v.execution_only])
+        return self.queues[name]
+
+    def execution_queue(self, name: str, nodes: int) -> Optional[Queue]:
+        """Where a job of `nodes` submitted to `name` runs: `name` itself, or the routing queue's
+        execution queue that takes that many nodes (UsageError when none does)."""
+        queue = self.queue(name)
+        if queue is None or not queue.routes_to:
+            return queue
+        for route in queue.routes_to:
+            if self.queues[route].accepts(nodes):
+                return self.queues[route]
+        ranges = ", ".join(f"{r}: {self.queues[r].node_range()}" for r in queue.routes_to)
+        raise UsageError(f"queue {name} routes jobs of {nodes} node(s) nowhere ({ranges}); "
+                         "ask for a node count one of them takes, or choose another queue with -q")
+
+    def submit_queue(self, name: str) -> str:
+        """The queue to name when submitting again: the routing queue an execution queue belongs to."""
+        for routing in self.queues.values():
+            if name in routing.routes_to:
+                return routing.name
+        return name
+
+    def storage_for(self, path: str, environ: Mapping[str, str]) -> Optional[Storage]:
+        """The longest storage prefix `path` lies under (variables expanded), if any."""
+        best: Optional[Tuple[int, Storage]] = None
+        real = os.path.realpath(path)
+        for entry in self.storage:
+            prefix = _expand(entry.path, environ)
+            if not prefix:
+                continue  # a variable that is not set here ($SCRATCH on a laptop)
+            prefix = os.path.realpath(prefix)
+            if (real == prefix or real.startswith(prefix.rstrip("/") + "/")) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), entry)
+        return best[1] if best else None
+
+    def gpu_order_list(self, gpus: int) -> List[int]:
+        """The GPU a node's k-th local GPU slot maps to: 0..n-1, or reversed where the CPU binding
+        puts low local ranks next to the highest-numbered GPU (Polaris, Perlmutter)."""
+        order = list(range(gpus))
+        return order[::-1] if self.gpu_order == "reverse" else order
+
+    def launch_template(self, values: Mapping[str, Any], gpus: int, mpi: str, mps: bool) -> str:
+        """The site launcher's words for one run, {ranks} {ppn} {nodes} left for the sweep."""
+        segments = {"gpu_flags": self.gpu_flags if gpus else "", "gpu_binding": self.gpu_binding if gpus else "",
+                    "mpi_flags": "--mpi {mpi}" if mpi else "", "mps_wrapper": self.mps.get("wrapper", "") if mps else ""}
+        text = _PLACEHOLDER.sub(lambda m: segments.get(m[1], m[0]), self.launch)
+        filled = {**{k: shlex.quote(str(v)) for k, v in values.items()}, "mpi": shlex.quote(mpi),
+                  "gpus_per_node": str(gpus), "gpu_order": ",".join(map(str, self.gpu_order_list(gpus)))}
+        text = _PLACEHOLDER.sub(lambda m: filled.get(m[1], m[0]), text)
+        return " ".join(text.split())
+
+    def mps_command(self, which: str, values: Mapping[str, Any]) -> Optional[List[str]]:
+        """The once-per-node MPS `start` or `stop` command (None where each run wraps its ranks)."""
+        template = self.mps.get(which)
+        if not template:
+            return None
+        return shlex.split(_PLACEHOLDER.sub(lambda m: shlex.quote(str(values.get(m[1], m[0]))), template))
+
+
+def _expand(path: str, environ: Mapping[str, str]) -> str:
+    """`path` with $NAME replaced from `environ`; empty when a variable it names is unset."""
+    names = re.findall(r"\$(\w+)", path)
+    if any(not environ.get(name) for name in names):
+        return ""
+    return re.sub(r"\$(\w+)", lambda m: environ[m[1]], path)
+
+
+def site_names() -> List[str]:
+    """The profiles that come with the kit."""
+    return sorted(name[:-5] for name in os.listdir(SITES_DIR) if name.endswith(".json"))
+
+
+def load_site(name: str) -> SiteProfile:
+    """The profile `name` (one of site_names()), or the JSON file at that path."""
+    path = name if name.endswith(".json") else os.path.join(SITES_DIR, f"{name}.json")
+    if not os.path.isfile(path):
+        raise unknown_choice("site", name, [*site_names(), "path/to/site.json"])
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"site profile {path} cannot be read ({exc}); fix its JSON") from exc
+    return profile_from_dict(data, path)
+
+
+def profile_from_dict(data: Dict[str, Any], source: str) -> SiteProfile:
+    """A checked SiteProfile from a profile's JSON object; UsageError naming the field at fault."""
+    data = dict(data)
+    queues = {name: _queue(name, spec, source) for name, spec in data.pop("queues", {}).items()}
+    storage = tuple(Storage(**entry) for entry in data.pop("storage", []))
+    try:
+        profile = SiteProfile(queues=queues, storage=storage, backends=tuple(data.pop("backends", ())), **data)
+    except TypeError as exc:
+        raise UsageError(f"site profile {source}: {exc}; see harness/study/sites/generic-slurm.json") from exc
+    for what, value, known in (("scheduler", profile.scheduler, SCHEDULERS), ("warning", profile.warning, WARNINGS),
+                               ("gpu_order", profile.gpu_order, GPU_ORDERS)):
+        if value not in known:
+            raise UsageError(f"site profile {source}: {what} {value!r} is not one of {', '.join(known)}")
+    for queue in queues.values():
+        missing = [route for route in queue.routes_to if route not in queues]
+        if missing:
+            raise UsageError(f"site profile {source}: queue {queue.name} routes to unknown queues {missing}")
+    return profile
+
+
+def _queue(name: str, spec: Dict[str, Any], source: str) -> Queue:
+    spec = dict(spec)
+    walltime = spec.pop("max_walltime", None)
+    try:
+        return Queue(name=name, max_walltime_s=None if walltime is None else parse_walltime(walltime, "slurm"),
+                     routes_to=tuple(spec.pop("routes_to", ())), **spec)
+    except TypeError as exc:
+        raise UsageError(f"site profile {source}: queue {name}: {exc}") from exc

@@ -1,0 +1,116 @@
+"""`check_script`: one attendee's script in, a verdict out.
+
+It recognises the script's framework (todos), launches the script on its ranks and collects their
+records (control, observe), judges them (judge) and writes each failed property as one line naming
+the TODO that governs it (todos.TodoIndex).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+from .. import exercise
+from ...errors import EXIT_OK, UsageError
+from .control import GLOBAL_LR, Launch, RunDirectory, launch_locally, rank_program
+from .judge import judge, pass_line, run_failure
+from .observe import EXIT_FAILED, Observation
+from .todos import Failure, TodoIndex, framework_of
+
+
+@dataclass
+class CheckResult:
+    """What `check_script` found. `status` is the exit status (0 passed, 1 failed); `lines` what
+    `harness check` prints; `weights` rank 0's final weights (None if the run did not finish)."""
+
+    status: int
+    lines: List[str]
+    failures: List[Failure] = field(default_factory=list)
+    weights: Optional[Dict[str, torch.Tensor]] = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == EXIT_OK
+
+
+def _warm_up() -> None:
+    """Load the digits (cached for the process) and what torch.optim imports on first use."""
+    exercise.digits("test")
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=GLOBAL_LR)
+
+
+def _script_to_run(path: Path, run: RunDirectory) -> Path:
+    if path.suffix == ".py":
+        return path
+    try:
+        import jupytext
+    except ImportError:
+        raise UsageError("checking a notebook needs jupytext: pip install jupytext (make setup installs it)") from None
+    script = run.path / f"{path.stem}.py"
+    script.write_text(jupytext.writes(jupytext.read(path), fmt="py:percent"))
+    return script
+
+
+def _check_input(path: str, ranks: int, timeout: float, simulate_nodes: int) -> Path:
+    source_path = Path(path)
+    if not source_path.is_file():
+        raise UsageError(f"{path} does not exist; give the path of your script, e.g. exercises/02_ddp.py")
+    if source_path.suffix not in (".py", ".ipynb"):
+        raise UsageError(f"{path} is neither a Python script (.py) nor a notebook (.ipynb)")
+    if ranks < 2:
+        raise UsageError(f"--ranks must be at least 2 to check data parallelism, got {ranks}")
+    if not timeout > 0:
+        raise UsageError(f"--timeout must be positive, got {timeout}")
+    if simulate_nodes < 1 or ranks % simulate_nodes:
+        raise UsageError(f"--simulate-nodes must be at least 1 and divide --ranks {ranks}, got {simulate_nodes}")
+    return source_path
+
+
+def _line(failure: Failure, index: TodoIndex) -> str:
+    """`harness check`'s line for a failed property: what was seen, and the TODO behind it."""
+    return f"FAIL {failure.name}: {failure.observed}" + (f" -> {index.describe(failure.keys)}" if failure.keys else "")
+
+
+def check_script(path: str, ranks: int = 2, timeout: float = 300.0, simulate_nodes: int = 1,
+                 launch: Launch = launch_locally) -> CheckResult:
+    """Run the script (or notebook) at `path` on `ranks` local ranks under its framework's real
+    launcher and judge it (harness.workshop.checker's docstring says how); with `simulate_nodes` > 1
+    each rank takes the place it would have on one of that many nodes (checker.devices); `launch`
+    starts the ranks (control.Launch: here, or across a cluster's nodes). Returns a CheckResult;
+    raises UsageError for bad input (a missing file, no distributed framework imported, ranks < 2,
+    nodes that do not divide the ranks)."""
+    source_path = _check_input(path, ranks, timeout, simulate_nodes)
+    run = RunDirectory(Path(tempfile.mkdtemp(prefix="harness-check-")))
+    keep_run_dir = False
+    try:
+        script = _script_to_run(source_path.resolve(), run)
+        framework = framework_of(script.read_text(), path)
+        program = rank_program(run, timeout, framework.backend, script, ranks, simulate_nodes)
+        # While the ranks run, this process loads what judging needs (seconds of its own otherwise).
+        warm_up = threading.Thread(target=_warm_up, daemon=True)
+        warm_up.start()
+        status, timed_out = launch(framework.launcher, ranks, program, run, timeout)
+        warm_up.join()
+        observations = {rank: Observation.read(run.observations(rank)) for rank in range(ranks)}
+        warmup = any(observation and observation.args and "warmup_epochs" in observation.args
+                     for observation in observations.values())
+        index = TodoIndex(source_path.with_suffix(".py").name, framework, warmup)
+        stopped = run_failure(observations, ranks, status, timed_out, timeout, run, str(script), framework)
+        if stopped is not None:
+            keep_run_dir = str(run.output_log) in stopped.observed
+            return CheckResult(EXIT_FAILED, [_line(stopped, index)], [stopped])
+        finished = [observations[rank] for rank in range(ranks)]
+        failures = judge(finished, framework, ranks, run)
+        weights = finished[0].final
+        if failures:
+            return CheckResult(EXIT_FAILED, [_line(failure, index) for failure in failures], failures, weights)
+        return CheckResult(EXIT_OK, [pass_line(finished, ranks)], [], weights)
+    finally:
+        if not keep_run_dir:
+            shutil.rmtree(run.path, ignore_errors=True)

@@ -1,0 +1,153 @@
+"""The harness across two nodes for real: 2 nodes x 2 ranks, each node a network namespace of its own
+with its own hostname and address (netns_cluster.py), under every multi-node launcher (jobs.py).
+
+- discovery: every rank finds its rank, local rank, node, sizes and node 1 as the rendezvous address;
+- training: every distributed backend ends with the weights of one process on the global batch,
+  and the job exits 0 (every launcher's finished run: mpirun's once exited 1, see harness.cli);
+- a preempted run exits with 3 through mpirun;
+- a lost node (its link pulled mid-run, so nothing tells the survivors) ends the job with a non-zero
+  status within --timeout + 30 s, and nothing is left running on node 1.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Dict
+
+import pytest
+import torch
+
+from harness.backends import BACKENDS
+from harness.errors import EXIT_PREEMPTED
+from harness.study.equivalence import UPDATE_BOUND, update_differences, worst
+
+from ..conftest import REPO, launch
+from ..test_equivalence import COMMON, OPTIMIZERS, _initial
+from .conftest import NODES
+from .jobs import MULTINODE_LAUNCHERS, RANKS_PER_NODE, ClusterJob, discovered, multinode_commands, run_job
+from .netns_cluster import NetnsCluster
+
+RANKS = NODES * RANKS_PER_NODE
+LOCAL_BATCH = 8  # 4 ranks x 8: the global batch of 32 the single-process reference takes
+DISCOVERY_LIMIT_S = 120
+TRAIN_LIMIT_S = 300
+# Every distributed backend, each under another launcher, so every multi-node launcher runs a training.
+TRAINING = [("ddp", "torchrun"), ("ddp", "horovodrun"), ("horovod", "mpirun"), ("deepspeed", "deepspeed")]
+TIMEOUT_S = 20
+# mpirun's own detection, and the survivors' --timeout under a launcher that waits for them (measured
+# on a loaded 2-core machine: 10 s, and 34 s; ddp via torchrun 24-28 s, horovod via horovodrun 21 s).
+LOST_NODE = [("horovod", "mpirun"), ("deepspeed", "deepspeed")]
+SLACK_S = 30
+# A harmless signal as a progress marker: rank 0 prints this line when it sends itself SIGCONT after step 3.
+TRAINING_MARKER = "sending SIGCONT to itself after step 3"
+LOST = "lost contact with a peer"
+
+
+def test_the_training_runs_cover_every_distributed_backend_and_multinode_launcher():
+    distributed = {name for name, cls in BACKENDS.items() if cls.max_world_size is None}
+    assert {backend for backend, _ in TRAINING} == distributed
+    assert {launcher for _, launcher in TRAINING} == set(MULTINODE_LAUNCHERS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun", "horovodrun"])
+def test_every_rank_discovers_its_node_and_node1_as_the_rendezvous(cluster, launcher):
+    statuses, job = run_job(cluster, launcher, ["env"], DISCOVERY_LIMIT_S, cwd=REPO)
+    assert statuses is not None, f"{launcher}: `harness env` did not end within {DISCOVERY_LIMIT_S} s\n{job.tail()}"
+    assert set(statuses) == {0}, f"{launcher}: exit {statuses}\n{job.tail()}"
+    found = discovered(job.output)
+    assert sorted(found) == list(range(RANKS)), job.tail()
+    for rank, row in found.items():
+        node = rank // RANKS_PER_NODE  # launchers fill node 1's slots first
+        where = f"{launcher}, rank {rank}: {row}"
+        assert row["hostname"] == cluster.hostnames[node], where
+        assert (row["local_rank"], row["local_world_size"], row["world_size"]) == (
+            rank % RANKS_PER_NODE, RANKS_PER_NODE, RANKS), where
+        assert cluster.address(row["master_addr"]) == cluster.addresses[0], where
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory) -> Dict[str, torch.Tensor]:
+    """The `none` baseline's weights with the 4-rank global batch (run on this machine, no namespace)."""
+    path = tmp_path_factory.mktemp("reference") / "model.pt"
+    launch(1, "none", [*COMMON, *OPTIMIZERS["sgd"], "--batch-size", str(RANKS * LOCAL_BATCH),
+                       "--save-model", str(path)])
+    return torch.load(path, weights_only=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend, launcher", TRAINING, ids=[f"{b}-{l}" for b, l in TRAINING])
+def test_backend_trains_across_nodes_like_one_process(cluster, single_process, tmp_path, backend, launcher):
+    model, results = tmp_path / "model.pt", tmp_path / "results.jsonl"
+    started = time.monotonic()
+    statuses, job = run_job(cluster, launcher, ["train", "--backend", backend, *COMMON, *OPTIMIZERS["sgd"],
+                                                "--batch-size", str(LOCAL_BATCH), "--save-model", str(model),
+                                                "--results", str(results)], TRAIN_LIMIT_S, cwd=REPO)
+    assert statuses is not None, f"{backend} via {launcher}: still running after {TRAIN_LIMIT_S} s\n{job.tail()}"
+    assert set(statuses) == {0}, f"{backend} via {launcher}: a finished run exited {statuses}\n{job.tail()}"
+    print(f"\n{backend} via {launcher} on {NODES} nodes x {RANKS_PER_NODE}: {time.monotonic() - started:.0f} s")
+    with open(results) as handle:
+        record = json.loads(handle.read().splitlines()[-1])
+    assert (record["world_size"], record["local_world_size"], record["host"]["hostname"]) == (
+        RANKS, RANKS_PER_NODE, cluster.hostnames[0])
+    name, value = worst(update_differences(torch.load(model, weights_only=True), single_process, _initial()))
+    assert value <= UPDATE_BOUND, f"{backend} via {launcher}: {name} differs by {value:.3g} of its update"
+
+
+@pytest.mark.slow
+def test_a_preempted_run_across_nodes_exits_3_through_mpirun(cluster):
+    """The failed run's status across nodes, through the launcher whose exit path the CLI finalises
+    MPI for: every rank stops at the same step after rank 0's SIGTERM and exits with 3, which mpirun
+    passes on (finished runs exit 0 under every launcher above; tests/test_exit_status.py has every
+    pair on one node)."""
+    args = ["train", "--backend", "horovod", *COMMON, *OPTIMIZERS["sgd"], "--batch-size", str(LOCAL_BATCH),
+            "--max-steps", "200", "--timeout", str(TIMEOUT_S)]
+    job = ClusterJob(cluster, multinode_commands("mpirun", cluster, args), env={"HARNESS_TEST_SIGNAL": "TERM@2:0"},
+                     cwd=REPO)
+    assert job.wait(TRAIN_LIMIT_S) is not None, f"still running after {TRAIN_LIMIT_S} s\n{job.tail()}"
+    assert "stopped by SIGTERM after step" in job.output, job.tail()
+    assert job.statuses == [EXIT_PREEMPTED], job.tail()
+
+
+def _cut_node_off_mid_run(cluster: NetnsCluster, backend: str, launcher: str, node: int) -> ClusterJob:
+    """Start a long run, wait until it trains, then pull `node`'s link; return the job once node 1's
+    launcher ended (or, killed, overstayed).
+
+    The node's processes keep running, cut off: nothing tells anyone, no FIN, no RST, no exit, as
+    when a node's network or power fails. (Killing them instead would also kill the cluster's ssh
+    session to the node, a local process here, and its exit would tell mpirun at once, which a real
+    ssh over a dead network does not.)"""
+    args = ["train", "--backend", backend, *COMMON, *OPTIMIZERS["sgd"], "--batch-size", str(LOCAL_BATCH),
+            "--max-steps", "100000", "--epochs", "1000", "--timeout", str(TIMEOUT_S)]
+    job = ClusterJob(cluster, multinode_commands(launcher, cluster, args), env={"HARNESS_TEST_SIGNAL": "CONT@3:0"},
+                     markers=[TRAINING_MARKER, LOST], cwd=REPO)
+    if not job.wait_for(TRAINING_MARKER, TRAIN_LIMIT_S):
+        job.kill()
+        pytest.fail(f"{backend} via {launcher}: never reached step 3\n{job.tail()}")
+    job.mark("node lost")
+    cluster.set_link(node, up=False)
+    job.wait(TIMEOUT_S + SLACK_S + 60, nodes=[1])
+    return job
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend, launcher", LOST_NODE, ids=[f"{b}-{l}" for b, l in LOST_NODE])
+def test_a_lost_node_ends_the_job_within_the_timeout(cluster, backend, launcher):
+    """mpirun ends the job when its daemon on the lost node stops answering (tests/multinode/jobs.py:
+    OPENMPI_KEEPALIVE; with OpenMPI's defaults, 300 s idle + 9 probes x 20 s, it still waited after
+    3 minutes, for ddp too, whose survivors had exited with 4 after --timeout); under the other
+    launchers the survivors' collectives give up after --timeout, they say so and exit with 4."""
+    job = _cut_node_off_mid_run(cluster, backend, launcher, node=2)
+    tail = job.tail()
+    assert job.statuses is not None, f"{backend} via {launcher}: the job hung after node 2 was lost\n{tail}"
+    took = job.seconds_since("node lost")
+    print(f"\n{backend} via {launcher}: node 1's launcher exited {took:.1f} s after node 2 was lost "
+          f"(status {job.statuses})")
+    assert all(status != 0 for status in job.statuses), tail
+    assert took <= TIMEOUT_S + SLACK_S, tail
+    if launcher != "mpirun":  # mpirun ends the ranks itself, often before --timeout is up
+        assert LOST in job.output, tail
+    time.sleep(1)
+    assert cluster.pids(1) == [], f"{backend} via {launcher}: processes left running on node 1\n{tail}"
+

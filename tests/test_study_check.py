@@ -1,0 +1,167 @@
+"""`harness study --check` before anything is queued: each problem one line naming its fix, exit 2.
+
+The request is the template's directives with the command line over them, as qsub/sbatch read it.
+Horovod missing from Polaris' conda is refused by the check run through the template itself, and
+nothing is submitted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from harness.study.job import apply_site_environment, in_job_checks
+from harness.study.preflight import check_study
+from harness.study.settings import sweep_settings
+from harness.study.submit import parse_pbs_variables, parse_submission
+
+from .conftest import REPO
+from .study_helpers import make_job
+
+POLARIS = os.path.join(REPO, "submissions", "polaris.sc")
+PERLMUTTER = os.path.join(REPO, "submissions", "perlmutter.sbatch")
+
+
+def polaris(*args: str, **variables: str):
+    """check_study of qsub ARGS polaris.sc, the -v list from `variables` (ddp only: quick imports)."""
+    settings = {"BACKENDS": "ddp", **variables}
+    return check_study("polaris", POLARIS, [*args, "-v", ",".join(f"{k}={v}" for k, v in settings.items())],
+                       environ={})[0]
+
+
+def perlmutter(*args: str, environ=None):
+    return check_study("perlmutter", PERLMUTTER, list(args), environ={"BACKENDS": "ddp", **(environ or {})})[0]
+
+
+def test_the_templates_own_request_passes_once_the_account_is_given():
+    result = polaris("-A", "DLscaling")
+    assert result.ok and result.warnings == [], result
+    assert polaris().problems == ["no account: polaris charges every job to one; pass -A <project>"]
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["-q", "debug", "-l", "select=4:system=polaris"], "queue debug takes 1-2 nodes, not 4"),
+    (["-q", "debug-scaling", "-l", "walltime=02:00:00"], "walltime 02:00:00 exceeds queue debug-scaling's 01:00:00"),
+    (["-q", "small", "-l", "select=12:system=polaris"], "queue small takes no submissions; submit to prod"),
+    (["-q", "prod", "-l", "select=4:system=polaris"], "queue prod routes jobs of 4 node(s) nowhere"),
+    (["-q", "prod", "-l", "select=30:system=polaris", "-l", "walltime=12:00:00"],
+     "walltime 12:00:00 exceeds queue medium's 06:00:00"),
+    (["-q", "prdo"], "unknown polaris queue 'prdo'; choose one of debug, debug-scaling, prod, capacity"),
+])
+def test_polaris_queues_refuse_what_they_do_not_take(args, problem):
+    result = polaris("-A", "DLscaling", *args)
+    assert any(line.startswith(problem) for line in result.problems), result.problems
+
+
+def test_a_routing_queue_with_a_size_it_routes_passes():
+    assert polaris("-A", "DLscaling", "-q", "prod", "-l", "select=12:system=polaris", "-l", "walltime=03:00:00").ok
+
+
+def test_job_data_must_be_on_a_file_system_the_job_asks_for():
+    result = polaris("-A", "DLscaling", JOB_DIR="/lus/grand/projects/DLscaling/study")
+    assert result.problems == ["JOB_DIR=/lus/grand/projects/DLscaling/study is on grand, which -l filesystems=home:eagle "
+                               "does not name; pass -l filesystems=home:eagle:grand"]
+    assert polaris("-A", "DLscaling", "-l", "filesystems=home:grand", JOB_DIR="/lus/grand/projects/DLscaling/study").ok
+
+
+def test_perlmutter_warns_about_job_data_in_home(tmp_path):
+    home = tmp_path / "home"
+    result = perlmutter("-A", "m4321", environ={"HOME": str(home), "JOB_DIR": str(home / "study")})
+    assert result.ok and result.warnings == [f"JOB_DIR={home / 'study'}: $HOME has a 40 GB quota and is not meant for "
+                                             "job data; set JOB_DIR under $SCRATCH"]
+    scratch = perlmutter("-A", "m4321", environ={"HOME": str(home), "SCRATCH": str(tmp_path / "scratch"),
+                                                 "JOB_DIR": str(tmp_path / "scratch" / "study")})
+    assert scratch.ok and scratch.warnings == []
+
+
+def test_chaining_is_refused_up_front_in_the_debug_qos():
+    result = perlmutter("-A", "m4321", "-q", "debug", "-N", "1", "-t", "30:00", environ={"RESUBMIT": "1"})
+    assert result.problems == ["RESUBMIT=1, but queue debug allows no job chaining (NERSC allows no job chaining in "
+                               "the debug QOS); submit with RESUBMIT=0 (or auto), or to another queue"]
+    warned = perlmutter("-A", "m4321", "-q", "debug", "-N", "1", "-t", "30:00")
+    assert warned.ok and warned.warnings[0].startswith("queue debug allows no job chaining")
+    assert perlmutter("-A", "m4321", "-q", "debug", "-N", "1", "-t", "30:00", environ={"RESUBMIT": "0"}).warnings == []
+    assert perlmutter("-A", "m4321", "-q", "debug", "-N", "1", "-t", "1:00:00").problems == [
+        "walltime 01:00:00 exceeds queue debug's 00:30:00; ask for at most 00:30:00"]
+
+
+def test_a_dataset_read_from_files_must_be_there(tmp_path):
+    assert polaris("-A", "p", DATASET="cifar10").problems[0].startswith(
+        "DATASET=cifar10 is read from files: pass DATA_DIR=<directory>")
+    empty = tmp_path / "data"
+    empty.mkdir()
+    assert polaris("-A", "p", DATASET="cifar10", DATA_DIR=str(empty)).problems[0].startswith(
+        f"DATA_DIR={empty} holds no cifar10: `harness data download cifar10 --data-dir {empty}`")
+
+
+def test_bad_settings_and_bad_runs_are_problems_too():
+    assert polaris("-A", "p", RANKS="16").problems == [
+        "RANKS=16: 16 ranks do not fit the job's 8; the job has 2 node(s) x 4 ranks per node"]
+    assert polaris("-A", "p", BACKENDS="ddp dpp").problems[0].startswith("backend dpp: unknown backend 'dpp'")
+    odd = polaris("-A", "p", SCALING="strong", GLOBAL_BATCH="100")
+    assert odd.problems[0].startswith("the runs' settings: --scaling strong splits the global batch 100")
+
+
+def test_horovod_without_nccl_is_refused_where_the_site_needs_it():
+    # This machine's Horovod is a CPU build (gloo and MPI controllers, no NCCL operations).
+    result = polaris("-A", "p", BACKENDS="horovod")
+    assert len(result.problems) == 1 and result.problems[0].startswith(
+        "backend horovod is built without nccl (mpi=True gloo=True nccl=False")
+
+
+def test_horovod_missing_from_polaris_conda_is_refused_before_anything_is_queued(tmp_path):
+    # ALCF's conda has no Horovod: a package that cannot be imported stands in for it, and a qsub
+    # that records its calls shows that nothing was submitted. The check runs through the template,
+    # as on the login node: its module/conda lines (no-ops here), then `harness study --submit`.
+    shims = tmp_path / "site-shell"
+    shims.write_text("module() { :; }\nconda() { :; }\n")
+    fake = tmp_path / "site-packages" / "horovod"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'horovod'\")\n")
+    calls = tmp_path / "qsub-calls"
+    qsub = tmp_path / "bin" / "qsub"
+    qsub.parent.mkdir()
+    qsub.write_text(f'#!/bin/bash\necho "$@" >> {calls}\necho 1.fake\n')
+    qsub.chmod(0o755)
+    env = dict(os.environ, BASH_ENV=str(shims), PYTHONPATH=str(fake.parent), PYTHON_ENV="venv",
+               VENV=os.path.join(REPO, ".venv"), PATH=f"{qsub.parent}:{os.environ['PATH']}")
+    result = subprocess.run(["bash", POLARIS, "--submit", "--", "-A", "DLscaling", "-v", "BACKENDS=ddp horovod"],
+                            env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("harness study: error:")]
+    assert len(errors) == 1 and "backend horovod: horovod.torch cannot be loaded (No module named 'horovod')" in errors[0]
+    assert "on polaris: ALCF's conda module has no Horovod since 2025-10" in errors[0]
+    assert "submit with -v PYTHON_ENV=venv" in errors[0]
+    assert not calls.exists(), "qsub must not run when the check fails"
+    passed = subprocess.run(["bash", POLARIS, "--submit", "--", "-A", "DLscaling"], env=env, cwd=str(tmp_path),
+                            capture_output=True, text=True, timeout=300)
+    assert passed.returncode == 0 and passed.stdout.strip().splitlines()[-1] == "1.fake", passed.stderr
+    assert calls.read_text().split() == ["-A", "DLscaling", POLARIS]
+
+
+def test_a_long_tmpdir_is_refused_where_ranks_share_gpus_under_mps(tmp_path):
+    job = make_job("generic-pbs", str(tmp_path / "job"), {"BACKENDS": "ddp", "PROCS_PER_GPU": "2"}, gpus=1)
+    environ = {"TMPDIR": "/local/scratch/pbs.3214567.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov/with/some/more"}
+    apply_site_environment(job, environ)
+    result = in_job_checks(job, sweep_settings(job.profile, job.settings, REPO), environ)
+    assert any(line.startswith(f"the MPS pipe directory {environ['TMPDIR']}/mps-123/pipe is") and
+               line.endswith("set TMPDIR=/tmp") for line in result.problems), result.problems
+
+
+def test_the_request_is_the_directives_with_the_command_line_over_them():
+    pbs = parse_submission("pbs", POLARIS, ["-A", "p", "-l", "select=8:system=polaris:mpiprocs=4,walltime=00:30:00",
+                                            "-v", "BACKENDS='ddp, deepspeed',STEPS=9"], {})
+    assert (pbs.account, pbs.queue, pbs.nodes, pbs.tasks_per_node, pbs.walltime_s, pbs.filesystems) == (
+        "p", "debug", 8, 4, 1800, "home:eagle")
+    assert pbs.variables == {"BACKENDS": "ddp, deepspeed", "STEPS": "9"}  # PBS passes the -v list only
+    slurm = parse_submission("slurm", PERLMUTTER, ["-N8", "--time=2-00:00:00", "-qpremium", "--export=NONE,STEPS=9"],
+                             {"HOME": "/h"})
+    assert (slurm.nodes, slurm.walltime_s, slurm.queue, slurm.tasks_per_node, slurm.cpus_per_task) == (
+        8, 2 * 86400, "premium", 4, 32)
+    assert slurm.variables == {"STEPS": "9"}
+    assert parse_submission("slurm", PERLMUTTER, [], {"HOME": "/h"}).variables == {"HOME": "/h"}  # --export=ALL
+
+
+def test_a_bare_pbs_variable_takes_the_submitters_value():
+    assert parse_pbs_variables("A,B=2,C='x,y'", {"A": "1"}) == {"A": "1", "B": "2", "C": "x,y"}

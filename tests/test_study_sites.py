@@ -1,0 +1,132 @@
+"""Site profiles as data, and what a job takes from them: the launcher's words, GPU affinity, the
+network variables (NCCL_NET required on Polaris), a short TMPDIR, and the rendezvous on the
+high-speed network; discovery reads the step's node list, not the job's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from harness.errors import UsageError
+from harness.process.discovery import RENDEZVOUS_DOMAIN_VARIABLE, detect_cluster
+from harness.study.job import apply_site_environment
+from harness.study.settings import site_launch
+from harness.study.sites import load_site, profile_from_dict, site_names
+
+from .conftest import REPO
+from .study_helpers import make_job
+
+
+def test_the_kit_brings_the_four_sites():
+    assert {"polaris", "perlmutter", "generic-slurm", "generic-pbs"} <= set(site_names())
+    for name in site_names():
+        profile = load_site(name)
+        assert profile.name == name and profile.scheduler in ("pbs", "slurm") and "{ranks}" in profile.launch
+
+
+def test_polaris_leaves_horovod_out_and_says_why():
+    polaris = load_site("polaris")
+    assert "horovod" not in polaris.backends and "ddp" in polaris.backends
+    note = polaris.backend_notes["horovod"]
+    assert "no Horovod since 2025-10" in note and "PYTHON_ENV=venv" in note and "tools/layered_venv.sh" in note
+    assert polaris.backend_requirements["horovod"] == {"mpi": True, "nccl": True}
+
+
+def test_queues_with_limits_routing_and_chaining():
+    polaris, perlmutter = load_site("polaris"), load_site("perlmutter")
+    assert polaris.execution_queue("prod", 12).name == "small" and polaris.execution_queue("prod", 300).name == "large"
+    assert polaris.queue("debug-scaling").max_walltime_s == 3600 and not polaris.queue("debug-scaling").chaining
+    assert not perlmutter.queue("debug").chaining and perlmutter.queue("regular").max_walltime_s == 2 * 86400
+    assert perlmutter.queue("preempt").preempt == "requeue"
+    with pytest.raises(UsageError, match="routes jobs of 3 node"):
+        polaris.execution_queue("prod", 3)
+    with pytest.raises(UsageError, match="unknown polaris queue 'prdo'"):
+        polaris.queue("prdo")
+
+
+def test_a_profile_with_a_typo_is_refused_naming_the_field(tmp_path):
+    data = json.load(open(os.path.join(REPO, "harness", "study", "sites", "generic-slurm.json")))
+    with pytest.raises(UsageError, match="scheduler 'lsf'"):
+        profile_from_dict({**data, "scheduler": "lsf"}, "x.json")
+    with pytest.raises(UsageError, match="gpu_count"):
+        profile_from_dict({**data, "gpu_count": 4}, "x.json")
+    path = tmp_path / "mysite.json"
+    path.write_text(json.dumps({**data, "name": "mysite"}))
+    assert load_site(str(path)).name == "mysite"
+
+
+def test_polaris_launches_with_depth_binding_and_the_affinity_helper(tmp_path):
+    job = make_job("polaris", str(tmp_path / "job"), gpus=4)
+    assert site_launch(job.profile, job.settings, "/kit") == (
+        "mpiexec -n {ranks} --ppn {ppn} --depth 8 --cpu-bind depth --env OMP_NUM_THREADS=8 "
+        "/kit/submissions/set_affinity_gpu_polaris.sh")
+    shared = make_job("polaris", str(tmp_path / "mps"), {"PROCS_PER_GPU": "2"}, gpus=4)
+    assert shared.settings.ranks_per_node == 8 and shared.settings.depth == 4
+    assert shared.profile.mps_command("start", {"nodes": 2, "kit": "/kit"}) == [
+        "mpiexec", "-n", "2", "--ppn", "1", "/kit/submissions/mps.sh", "start"]
+
+
+def test_perlmutter_launches_srun_with_gpus_in_reverse_order(tmp_path):
+    job = make_job("perlmutter", str(tmp_path / "job"), gpus=4)
+    assert site_launch(job.profile, job.settings, "/kit") == (
+        "srun --nodes {nodes} --ntasks {ranks} --ntasks-per-node {ppn} --cpus-per-task 16 --cpu-bind cores "
+        "--gpus-per-node 4 env CUDA_VISIBLE_DEVICES=3,2,1,0")
+    cpu = make_job("perlmutter", str(tmp_path / "cpu"), {"GPUS_PER_NODE": "0", "RANKS_PER_NODE": "2", "SRUN_MPI": "pmix"})
+    assert site_launch(cpu.profile, cpu.settings, "/kit").endswith("--cpu-bind cores --mpi pmix")
+
+
+def test_a_gpu_site_without_gpus_asks_for_a_cpu_layout(tmp_path):
+    with pytest.raises(UsageError, match="RANKS_PER_NODE=N and GPUS_PER_NODE=0"):
+        make_job("perlmutter", str(tmp_path / "job"), gpus=0)
+
+
+def test_polaris_affinity_helper_follows_the_profiles_gpu_order():
+    order = load_site("polaris").gpu_order_list(4)
+    seen = []
+    for local_rank in range(4):
+        env = dict(os.environ, GPUS_PER_NODE="4", PROCS_PER_GPU="1", PMI_LOCAL_RANK=str(local_rank))
+        result = subprocess.run([os.path.join(REPO, "submissions", "set_affinity_gpu_polaris.sh"), "sh", "-c",
+                                 'echo "$CUDA_VISIBLE_DEVICES"'], env=env, capture_output=True, text=True, timeout=30)
+        seen.append(int(result.stdout))
+    assert seen == order == [3, 2, 1, 0]
+
+
+def test_polaris_sets_nccl_net_always_a_short_tmpdir_and_the_hsn_domain(tmp_path):
+    # NCCL_NET names the plugin even where its directory is not found: NCCL then fails loudly
+    # instead of falling back to TCP sockets. The job's long TMPDIR is replaced (MPS sockets).
+    job = make_job("polaris", str(tmp_path / "job"), gpus=4)
+    environ = {"TMPDIR": "/local/scratch/pbs.3214567.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov",
+               "NCCL_CROSS_NIC": "0"}
+    apply_site_environment(job, environ)
+    assert environ["NCCL_NET"] == "AWS Libfabric" and environ["TMPDIR"] == "/tmp"
+    assert environ["NCCL_CROSS_NIC"] == "0"  # a tuning value the user set wins over the site's default
+    assert (environ["FI_MR_CACHE_MONITOR"], environ["FI_CXI_DEFAULT_CQ_SIZE"], environ["NCCL_NET_GDR_LEVEL"]) == (
+        "userfaultfd", "131072", "PHB")
+    assert environ["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/mps-123/pipe"
+    assert environ[RENDEZVOUS_DOMAIN_VARIABLE] == "hsn.cm.polaris.alcf.anl.gov"
+    assert environ["GPUS_PER_NODE"] == "4"
+    off = make_job("polaris", str(tmp_path / "off"), {"RENDEZVOUS_DOMAIN": ""}, gpus=4)
+    apply_site_environment(off, quiet := {})
+    assert RENDEZVOUS_DOMAIN_VARIABLE not in quiet
+
+
+def test_rank_zero_is_reached_on_the_high_speed_network():
+    pals = {"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "1", "PMI_LOCAL_SIZE": "4",
+            RENDEZVOUS_DOMAIN_VARIABLE: "hsn.cm.polaris.alcf.anl.gov"}
+    assert detect_cluster(pals, mpi_hostname=lambda: "x3005c0s7b0n0").master_addr == \
+        "x3005c0s7b0n0.hsn.cm.polaris.alcf.anl.gov"
+    qualified = detect_cluster(pals, mpi_hostname=lambda: "x3005c0s7b0n0.cm.polaris.alcf.anl.gov").master_addr
+    assert qualified == "x3005c0s7b0n0.hsn.cm.polaris.alcf.anl.gov"
+    plain = {k: v for k, v in pals.items() if k != RENDEZVOUS_DOMAIN_VARIABLE}
+    assert detect_cluster(plain, mpi_hostname=lambda: "x3005c0s7b0n0").master_addr == "x3005c0s7b0n0"
+
+
+def test_rank_zero_is_the_first_host_of_the_steps_node_list():
+    # A 2-node run inside a 4-node job: its step runs on nid[003-004], so rank 0 is on nid003.
+    step = {"SLURM_PROCID": "0", "SLURM_STEP_ID": "3", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "0",
+            "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "nid[001-004]",
+            "SLURM_STEP_NODELIST": "nid[003-004]"}
+    assert detect_cluster(step).master_addr == "nid003"
