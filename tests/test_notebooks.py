@@ -52,6 +52,7 @@ def test_notebooks_found() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT_S + 60)  # the notebook's own bound, not pytest-timeout's 600 s default
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=os.path.basename)
 def test_notebook_runs(notebook: str, marker: str) -> None:
     command = [sys.executable, "-m", "pytest", "--nbval-lax", f"--nbval-cell-timeout={CELL_TIMEOUT_S}",

@@ -45,7 +45,8 @@ def _packing_record(world_size: int, throughput: float) -> dict:
 
 
 def test_the_packing_figure_has_error_bars_and_titled_axes():
-    rows = packing_rows([_packing_record(w, t) for w, t in [(1, 100), (2, 300), (1, 120), (2, 280), (1, 110), (2, 310)]])
+    runs = [(1, 100), (2, 300), (1, 120), (2, 280), (1, 110), (2, 310)]
+    rows = packing_rows([_packing_record(ranks, throughput) for ranks, throughput in runs])
     ax = packing_figure(rows).axes[0]
     assert ax.get_xlabel().startswith("placement") and "samples/s" in ax.get_ylabel()
     assert [tick.get_text() for tick in ax.get_xticklabels()] == ["1 rank(s) x 2 thread(s)", "2 rank(s) x 1 thread(s)"]
