@@ -10,7 +10,7 @@ demo: setup
 
 # Everything, slow multi-process tests, notebooks and scheduler tests included (not the GPU ones).
 test: setup
-	@$(PY) -m pytest -q -ra --durations=25 tests
+	@$(PY) -m pytest -q -ra --durations=50 tests
 
 test-fast: setup
 	@$(PY) -m pytest -q -ra -m "not slow and not gpu" tests

@@ -2,8 +2,8 @@
 
 The workshop CNN, batch 64 per worker, synthetic data, one thread per worker (so two workers use
 the cores one worker cannot: the CPU analogue of adding GPUs). One `harness sweep --scaling weak`
-runs ddp, horovod and deepspeed on 1 and 2 ranks and `none` on 1 rank, repeats interleaved, so all
-backends are measured by the same loop, window and formula. Then, if --bare-repeats > 0, the bare
+runs every registered backend (or --backends) on 1 and 2 ranks (`none` on 1 rank), repeats
+interleaved, so all backends are measured by the same loop, window and formula. Then, if --bare-repeats > 0, the bare
 PyTorch loop (1 process) and bare DDP loop (2 processes) of benchmarks/bare_loop.py give the same
 ratio without the harness (with the harness's CPU memory setting, --cpu-malloc reuse, so that only
 the loops differ). Prints the sweep's report, then efficiency = T(2) / (2 T(1)) per
@@ -21,6 +21,7 @@ import sys
 import tempfile
 from typing import Dict, List
 
+from harness.backends import BACKENDS
 from harness.process.launchers import launch_environment
 from harness.study.report import scaling_report, scaling_rows
 from harness.training.record import read_records
@@ -29,12 +30,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from throughput import REUSE, bare  # noqa: E402  (the bare-loop runner the overhead benchmark uses)
 
-BACKENDS = ("none", "ddp", "horovod", "deepspeed")
 WARMUP_STEPS = 5
 
 
-def run_sweep(results: str, repeats: int, steps: int) -> None:
-    command = [sys.executable, "-m", "harness", "sweep", "--backends", ",".join(BACKENDS), "--ranks", "1,2",
+def run_sweep(results: str, backends: List[str], repeats: int, steps: int) -> None:
+    command = [sys.executable, "-m", "harness", "sweep", "--backends", ",".join(backends), "--ranks", "1,2",
                "--scaling", "weak", "--repeats", str(repeats), "--results", results,
                "--model", "cnn", "--dataset", "synthetic", "--batch-size", "64", "--threads", "1",
                "--max-steps", str(steps + WARMUP_STEPS), "--timing-warmup-steps", str(WARMUP_STEPS),
@@ -51,11 +51,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="timed steps per run")
     parser.add_argument("--bare-repeats", type=int, default=3, help="bare-loop pairs (0: skip)")
     parser.add_argument("--results", default=None, help="keep the sweep's records here (default: a temp file)")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="backends to sweep (default: all registered)")
     args = parser.parse_args()
+    backends = [name for name in args.backends.split(",") if name]
 
     with tempfile.TemporaryDirectory() as tmp:
         results = args.results or os.path.join(tmp, "scaling.jsonl")
-        run_sweep(results, args.repeats, args.steps)
+        run_sweep(results, backends, args.repeats, args.steps)
         records = read_records([results])
     print(scaling_report(records))
 
@@ -64,7 +66,7 @@ def main() -> None:
           f"mean of {args.repeats} interleaved repeats\n")
     print("| backend | 1 rank samples/s | 2 ranks samples/s | efficiency T(2)/(2 T(1)) | POP parallel eff. (2 ranks) |")
     print("|---|---|---|---|---|")
-    for backend in BACKENDS:
+    for backend in backends:
         one, two = rows.get((backend, 1)), rows.get((backend, 2))
         if one is None:
             continue

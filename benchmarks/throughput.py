@@ -27,12 +27,13 @@ import sys
 import tempfile
 from typing import Dict, List
 
+from harness.backends import BACKENDS
 from harness.process.launchers import launch_environment, launcher_command
-
 from harness.training.launch import launch_command
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYSTEM, REUSE = "system", "reuse"
+DISTRIBUTED = [name for name, cls in BACKENDS.items() if cls.max_world_size is None]
 
 
 def _json_line(command: List[str]) -> Dict:
@@ -69,7 +70,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--single-threads", type=int, default=1, help="threads for the one-process comparison")
+    parser.add_argument("--backends", default=",".join(DISTRIBUTED),
+                        help="distributed backends to compare with the bare loops (default: all registered)")
     args = parser.parse_args()
+    backends = [name for name in args.backends.split(",") if name]
+    unknown = sorted(set(backends) - set(DISTRIBUTED))
+    if unknown:
+        parser.error(f"unknown or not distributed: {', '.join(unknown)}; choose from {', '.join(DISTRIBUTED)}")
     steps, threads = args.steps, args.single_threads
     variants = {
         "bare loop, as written": lambda: bare(steps, threads, 1, SYSTEM),
@@ -78,7 +85,7 @@ def main() -> None:
         "bare DDP, as written": lambda: bare(steps, 1, 2, SYSTEM),
         "bare DDP, reuse": lambda: bare(steps, 1, 2, REUSE),
         "bare Horovod, as written": lambda: bare(steps, 1, 2, SYSTEM, horovod=True),
-        **{f"harness {b}": (lambda b=b: harness(b, 2, steps, 1)) for b in ("ddp", "horovod", "deepspeed")},
+        **{f"harness {b}": (lambda b=b: harness(b, 2, steps, 1)) for b in backends},
     }
     samples: Dict[str, List[float]] = {name: [] for name in variants}
     for repeat in range(args.repeats):
@@ -102,7 +109,7 @@ def main() -> None:
     two = ["bare DDP, as written", "bare DDP, reuse"]
     for name in [*two, "bare Horovod, as written"]:
         row(name, two)
-    for backend in ("ddp", "horovod", "deepspeed"):
+    for backend in backends:
         row(f"harness {backend}", two, ">= 0.95 vs as written")
 
 

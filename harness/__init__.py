@@ -12,6 +12,7 @@ Python API (what notebooks, exercises and job templates use; every CLI command h
     figures = harness.scaling_figures(result.records)                          # harness plot
     harness.evaluate_model_file(harness.TrainConfig(...), "model.pt")          # harness evaluate
     harness.check_script("exercises/02_ddp.py")                                # harness check
+    harness.merge_traces("trace-dir")                  # harness trace merge (after train --profile-trace)
 
 `train` runs on the rank of whatever launcher started the process, and can be called again and
 again in one process (see harness.training.loop). The names here are functions and classes that stay what
@@ -27,9 +28,12 @@ from .errors import PeerFailure, Preempted, UsageError  # noqa: E402
 
 def train(config: TrainConfig, callbacks=()) -> dict:
     """Train one run on this process's rank and return its results record (see harness.training.loop.train)."""
+    from .study.trace import merge_after_training
     from .training.loop import train as run
 
-    return run(config, callbacks=callbacks)
+    record = run(config, callbacks=callbacks)
+    merge_after_training(config.profile_trace)  # --profile-trace: rank 0 writes DIR/trace.json
+    return record
 
 
 def run_sweep(settings):
@@ -89,6 +93,20 @@ def check_script(path: str, ranks: int = 2):
     return check(path, ranks=ranks)
 
 
+def merge_traces(directory: str, output=None) -> str:
+    """Merge a --profile-trace directory's per-rank traces into one DIR/trace.json (see harness.study.trace)."""
+    from .study.trace import merge_traces as merge
+
+    return merge(directory, output)
+
+
+def trace_summary(path: str) -> dict:
+    """Per rank of a merged trace: seconds in forward, backward, optimizer, allreduce, idle (see harness.study.trace)."""
+    from .study.trace import trace_summary as summary
+
+    return summary(path)
+
+
 def read_results(paths) -> list:
     """The records of JSONL results files, or of a job directory's results.jsonl (see harness.training.record.read_results)."""
     from .training.record import read_results as read
@@ -111,4 +129,5 @@ def __getattr__(name: str):
 
 __all__ = ["BenchSettings", "Callback", "EpochEnd", "check_script", "PeerFailure", "Preempted", "StepEnd", "SweepResult",
            "SweepSettings", "TrainConfig", "UsageError", "bench_allreduce", "check_study", "evaluate_model_file",
-           "read_results", "run_study", "run_sweep", "scaling_figures", "scaling_report", "train", "__version__"]
+           "merge_traces", "read_results", "run_study", "run_sweep", "scaling_figures", "scaling_report", "trace_summary", "train",
+           "__version__"]

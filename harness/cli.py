@@ -1,5 +1,5 @@
-"""Command line: `harness train | launch | env | demo | evaluate | data | sweep | plot | report | bench | predict |
-check | exercise | study`.
+"""Command line: `harness train | launch | env | demo | evaluate | data | sweep | plot | report | trace | bench |
+predict | check | exercise | study`.
 
 A thin layer over the Python API.
 """
@@ -23,9 +23,16 @@ MPI_FINALIZE_LIMIT_S = 60.0
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .training.loop import train
+    from . import train
 
-    train(config_from_args(args))
+    train(config_from_args(args))  # with --profile-trace DIR, rank 0 also merges DIR/trace.json
+    return 0
+
+
+def _trace_merge(args: argparse.Namespace) -> int:
+    from .study.trace import merge_traces
+
+    print(merge_traces(args.directory, args.output), flush=True)
     return 0
 
 
@@ -194,7 +201,7 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
 
     launch = commands.add_parser("launch", help="start N local ranks of `harness train` with a real launcher")
     launch.add_argument("-n", type=int, default=2, help="number of processes (default: 2)")
-    launch.add_argument("--backend", default="ddp", help="none, ddp, horovod or deepspeed (default: ddp)")
+    launch.add_argument("--backend", default="ddp", help="none, ddp, horovod, deepspeed or fsdp (default: ddp)")
     launch.add_argument("--launcher", default=None,
                         help="python, torchrun, mpirun, horovodrun or deepspeed (default: the backend's own)")
     launch.add_argument("--dry-run", action="store_true", help="print the exact command instead of running it")
@@ -247,7 +254,7 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
                     "--help`). Inside a PBS/Slurm allocation (or with --launch-template) runs start through the "
                     "site launcher; the template's placeholders are {ranks} {ppn} {nodes} {python} {backend} {args}.")
     sweep.add_argument("--backends", required=True,
-                       help="comma-separated, e.g. ddp,horovod,deepspeed (none runs at 1 rank only)")
+                       help="comma-separated, e.g. ddp,horovod,deepspeed,fsdp (none runs at 1 rank only)")
     sweep.add_argument("--ranks", required=True, help="comma-separated rank counts, e.g. 1,2,4")
     sweep.add_argument("--scaling", required=True, choices=("weak", "strong"),
                        help="weak: --batch-size per worker fixed; strong: --global-batch (default --batch-size) fixed")
@@ -306,6 +313,16 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
     start.add_argument("--directory", default=None, help="where to write the copy (default: my-exercises/ in the kit)")
     start.set_defaults(run=_exercise_start)
 
+    trace = commands.add_parser("trace", help="profiler traces: `harness trace merge DIR`")
+    trace_commands = trace.add_subparsers(dest="trace_command", required=True, parser_class=OneLineParser)
+    merge = trace_commands.add_parser(
+        "merge", help="merge the per-rank traces of `harness train --profile-trace DIR` into DIR/trace.json",
+        description="One Chrome trace with a process row per rank on one clock, the harness's step phases in "
+                    "each rank's row; open it in https://ui.perfetto.dev or chrome://tracing.")
+    merge.add_argument("directory", help="the --profile-trace directory (holding rank-N.json)")
+    merge.add_argument("-o", "--output", default=None, help="write the merged trace here (default: DIR/trace.json)")
+    merge.set_defaults(run=_trace_merge)
+
     report = commands.add_parser("report", help="Markdown table of a scaling study: throughput, efficiency, POP")
     report.add_argument("results", nargs="+", help="JSONL results file(s), or job directories (their results.jsonl)")
     report.set_defaults(run=_report)
@@ -318,7 +335,7 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
                     "without, this process is one rank of the job that launched it (mpiexec/srun in an "
                     "allocation). Prints time, algbw and busbw per size as nccl-tests does, and the fit of "
                     "time = 2(n-1) alpha + 2(n-1)/n bytes / busbw; --results writes it all as JSON.")
-    allreduce.add_argument("--backend", default="ddp", help="whose communicator: ddp, horovod, deepspeed, none "
+    allreduce.add_argument("--backend", default="ddp", help="whose communicator: ddp, horovod, deepspeed, fsdp, none "
                                                             "(default: ddp)")
     allreduce.add_argument("-n", type=int, default=None, help="start this many local ranks (default: this process "
                                                                "is a rank of an existing launch)")
@@ -330,7 +347,7 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
     allreduce.add_argument("--max-repeats", type=int, default=100, help="repetitions per size at most (default: 100)")
     allreduce.add_argument("--results", default=None, help="write the result as JSON here")
     allreduce.add_argument("--launcher", default=None, help="local ranks: this launcher instead of the backend's own")
-    allreduce.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
+    allreduce.add_argument("--device", default="auto", help="auto, cpu, cuda or xpu (default: auto)")
     allreduce.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait (default: 300)")
     # Ranks started by -n run quietly: their parent prints the result once.
     allreduce.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
@@ -351,7 +368,8 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
                     "figures and report in JOB_DIR, and continuation after the walltime warning or a preemption. "
                     "On a login node: --check (or --submit) the qsub/sbatch options given after --. Settings are "
                     "NAME=VALUE variables (qsub -v, sbatch's environment); see harness/study/settings.py.")
-    study.add_argument("--site", required=True, help="polaris, perlmutter, generic-slurm, generic-pbs, or a profile JSON")
+    study.add_argument("--site", required=True,
+                       help="polaris, perlmutter, aurora, frontier, generic-slurm, generic-pbs, or a profile JSON")
     study.add_argument("--script", default=None, help="the job script (the templates pass themselves)")
     mode = study.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="judge the submission before it is queued (exit 2: problems)")

@@ -20,7 +20,7 @@ from .errors import EXIT_USAGE, UsageError, unknown_choice
 from .training.lr import SCALING_RULES, SCHEDULES
 
 OPTIMIZERS = ("sgd", "adam")
-DEVICES = ("auto", "cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda", "xpu")  # torch's device types; AMD GPUs are "cuda" under ROCm
 # fp32: plain float32. bf16 / fp16: torch.autocast around forward and loss with float32 weights and
 # optimizer state; fp16 adds dynamic loss scaling (harness.backends.precision).
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -38,7 +38,7 @@ class TrainConfig:
     checkpoints store `to_dict()`; `from_dict`/`from_json` read it back.
     """
 
-    backend: str = _opt("none", "none (single process), ddp, horovod or deepspeed")
+    backend: str = _opt("none", "none (single process), ddp, horovod, deepspeed or fsdp")
     model: str = _opt("cnn", "cnn (workshop CNN), resnet18 or resnet50")
     dataset: str = _opt("digits", "digits (embedded, offline), synthetic, mnist, fashion-mnist, cifar10, imagefolder")
     data_dir: str = _opt("data", "directory holding on-disk datasets (see `harness data`)")
@@ -67,10 +67,13 @@ class TrainConfig:
     grad_clip: float = _opt(0.0, "clip the global gradient norm to this value (0 = no clipping, for every backend)")
     precision: str = _opt("fp32", "fp32, or bf16 / fp16: torch.autocast around forward and loss with float32 "
                                   "weights and optimizer state (fp16 with dynamic loss scaling), for every backend")
+    compile: bool = _opt(False, "torch.compile the model (under backends that allow it); compilation runs in the "
+                                "first step, one of the --timing-warmup-steps left out of the timed window")
     channels_last: bool = _opt(False, "keep images and convolution weights in channels-last memory order "
                                       "(faster convolutions on recent GPUs)")
     seed: int = _opt(0, "seed for weights, data order and dropout")
-    device: str = _opt("auto", "auto (GPU local_rank // --procs-per-gpu if CUDA is available), cpu or cuda")
+    device: str = _opt("auto", "auto (GPU local_rank // --procs-per-gpu if this node has one), cpu, cuda (NVIDIA, "
+                               "or AMD under ROCm) or xpu (Intel)")
     procs_per_gpu: int = _opt(1, "GPU runs: ranks sharing one GPU (AccDP; needs a communicator that allows "
                                  "it, see README 'Several ranks per GPU')")
     threads: Optional[int] = _opt(None, "CPU threads per rank (default: cores / local ranks)", type=int)
@@ -87,6 +90,9 @@ class TrainConfig:
                                "optimizer) for this many steps of the timed window, for a per-rank timeline")
     profile: bool = _opt(False, "on GPUs, synchronise the device around each step phase so the per-step time "
                                 "breakdown is exact (costs some overlap; CPU timings are exact without it)")
+    profile_trace: Optional[str] = _opt(None, "torch.profiler on every rank for a few timed steps: each rank writes "
+                                              "DIR/rank-N.json (and its step phases, DIR/rank-N.steps.json), merged "
+                                              "into DIR/trace.json for https://ui.perfetto.dev (harness trace merge)")
     tags: Dict[str, str] = field(default_factory=dict, metadata={
         "help": "label the run's record: KEY=VALUE, repeatable (sweeps record scaling mode, repeat, sweep id)",
         "flag": "--tag"})
@@ -130,6 +136,9 @@ class TrainConfig:
                 raise UsageError(f"{flag_name(name)} must not be negative, got {getattr(self, name)}")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise UsageError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.compile and self.timing_warmup_steps == 0:
+            raise UsageError("--compile compiles during the first step; keep it out of the timed window with "
+                             "--timing-warmup-steps 1 or more")
         if self.keep_checkpoints < 1:
             raise UsageError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
         if not isinstance(self.backend_options, dict):

@@ -8,11 +8,12 @@ its Options examples), never from an `if` on its name.
 
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List, Optional, Set, Tuple
 
 import pytest
 
 from harness.backends import BACKENDS
+from harness.errors import EXIT_PREEMPTED
 
 ALL = list(BACKENDS)
 # Backends that run on any number of ranks (the single-process baseline runs on one).
@@ -24,11 +25,54 @@ def ranks(backend: str, wanted: int = 2) -> int:
     return min(wanted, BACKENDS[backend].max_world_size or wanted)
 
 
-def with_options(backends: List[str] = DISTRIBUTED) -> List:
-    """pytest params (backend, its option flags) for each Options example of each backend."""
+def with_options(backends: List[str] = DISTRIBUTED, turns: Optional["LauncherTurns"] = None) -> List:
+    """pytest params (backend, its option flags) for each Options example of each backend; with
+    `turns`, (backend, flags, launcher), the launcher taken in turn."""
     cases = []
     for backend in backends:
         for example in BACKENDS[backend].Options.examples():
             changed = "".join(f"-{name}{value}" for name, value in example.changed().items())
-            cases.append(pytest.param(backend, example.to_flags(), id=f"{backend}{changed}"))
+            if turns is None:
+                cases.append(pytest.param(backend, example.to_flags(), id=f"{backend}{changed}"))
+            else:
+                launcher = turns.next(backend)
+                cases.append(pytest.param(backend, example.to_flags(), launcher, id=f"{backend}{changed}-{launcher}"))
     return cases
+
+
+def launcher_pairs(backends: List[str] = ALL) -> List[Tuple[str, str]]:
+    """Every (backend, launcher) pair the backends run under on one machine, as they declare it."""
+    return [(backend, launcher) for backend in backends for launcher in BACKENDS[backend].local_launchers]
+
+
+# What a launcher reports when its ranks exit with EXIT_PREEMPTED (measured): a plain process, mpirun
+# and the deepspeed launcher pass the ranks' status on; torchrun and horovodrun report any failed
+# worker as 1.
+PREEMPTED_STATUS = {"python": EXIT_PREEMPTED, "mpirun": EXIT_PREEMPTED, "deepspeed": EXIT_PREEMPTED,
+                    "torchrun": 1, "horovodrun": 1}
+
+
+class LauncherTurns:
+    """Hands out each backend's launchers in turn, its own launcher first, so that the runs of a
+    test module together cover every (backend, launcher) pair without one more run per pair."""
+
+    def __init__(self) -> None:
+        self.given: Dict[str, int] = {}
+        self.used: Set[Tuple[str, str]] = set()
+
+    def next(self, backend: str) -> str:
+        cls = BACKENDS[backend]
+        launchers = [cls.local_launcher, *(name for name in cls.local_launchers if name != cls.local_launcher)]
+        turn = self.given.get(backend, 0)
+        self.given[backend] = turn + 1
+        launcher = launchers[turn % len(launchers)]
+        self.used.add((backend, launcher))
+        return launcher
+
+    def cases(self, backends: List[str]) -> List:
+        """pytest params (backend, launcher), one per backend."""
+        params = []
+        for backend in backends:
+            launcher = self.next(backend)
+            params.append(pytest.param(backend, launcher, id=f"{backend}-{launcher}"))
+        return params

@@ -16,7 +16,7 @@ import signal
 import socket
 import subprocess
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Protocol, Sequence
 
 from harness.process.launchers import free_port
 
@@ -39,6 +39,16 @@ def check_installed() -> None:
         raise SlurmUnavailable("the job-template tests start slurmd, which must run as root; run them as root")
 
 
+class SlurmClient(Protocol):
+    """What the job-template helpers need of a Slurm: this one, or one across namespace nodes
+    (tests/multinode/slurm_nodes.py), whose clients must run where they reach its slurmctld."""
+
+    def environ(self, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]: ...
+
+    def run(self, argv: Sequence[str], timeout: float = 60, env: Optional[Dict[str, str]] = None,
+            cwd: Optional[str] = None) -> subprocess.CompletedProcess: ...
+
+
 class SlurmCluster:
     """munged + slurmctld + slurmd with every file under `directory`."""
 
@@ -55,6 +65,12 @@ class SlurmCluster:
         env["SLURM_CONF"] = self.conf
         env.update(extra or {})
         return env
+
+    def run(self, argv: Sequence[str], timeout: float = 60, env: Optional[Dict[str, str]] = None,
+            cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+        """Run a client command (sbatch, scontrol, scancel, ...) against this cluster, capturing text."""
+        return subprocess.run(list(argv), env=self.environ(env), cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout)
 
     def _write_conf(self) -> None:
         for sub in ("munge", "state", "spool", "log"):

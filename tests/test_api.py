@@ -30,6 +30,7 @@ def test_train_returns_and_appends_a_complete_record(tmp_path):
     assert record["eval_samples"] == 297  # the whole digits test split, once
     assert record["timed_steps"] == 12 - record["timing_warmup_steps"] and record["throughput"] > 0
     assert record["math"]["gradient_clipping"] is None and record["math"]["gradient_averaging"] == "mean over ranks"
+    assert record["memory"]["source"] == "rss_peak" and record["memory"]["peak_bytes_per_rank"][0] > 0
     assert record["versions"]["torch"] == torch.__version__
     lines = results.read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["run_id"] == record["run_id"]

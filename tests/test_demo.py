@@ -8,6 +8,7 @@ import re
 import pytest
 
 from harness.backends import BACKENDS
+from harness.training.record import read_records
 
 from .backend_cases import ALL, DISTRIBUTED, ranks
 from .conftest import harness
@@ -34,3 +35,10 @@ def test_the_demo_prints_progress_and_a_table_and_keeps_framework_logging_in_log
     # The 2-rank rows train the same model: same losses.
     losses = {row.split("|")[1].strip(): row.split("|")[8].strip() for row in rows}
     assert len({losses[backend] for backend in DISTRIBUTED}) == 1, losses
+    # Every backend's record states each rank's peak memory, gathered from every rank.
+    records = read_records([str(results)])
+    assert sorted(record["backend"] for record in records) == sorted(ALL)
+    for record in records:
+        memory = record["memory"]
+        assert memory["source"] == "rss_peak" and len(memory["peak_bytes_per_rank"]) == record["world_size"], record
+        assert all(peak > 0 for peak in memory["peak_bytes_per_rank"]), record

@@ -11,7 +11,7 @@ from harness.backends import BACKENDS
 from .conftest import harness
 
 CASES = [
-    (["train", "--backend", "dpp"], "unknown backend 'dpp'; choose one of none, ddp, horovod, deepspeed"),
+    (["train", "--backend", "dpp"], "unknown backend 'dpp'; choose one of none, ddp, horovod, deepspeed, fsdp"),
     (["train", "--model", "vgg"], "unknown model 'vgg'; choose one of cnn, resnet18, resnet50"),
     (["train", "--dataset", "imagenet21k"], "unknown dataset 'imagenet21k'; choose one of"),
     (["train", "--batch-size", "0"], "--batch-size must be a positive integer, got 0"),

@@ -12,7 +12,8 @@ import torch
 
 from harness.backends import BACKENDS
 from harness.backends.torch_distributed import TorchDistributedBackend
-from harness.process.discovery import ClusterEnv, select_device
+from harness.process.accelerator import select_device
+from harness.process.discovery import ClusterEnv
 from harness.errors import UsageError
 from harness.training.launch import launch_command
 
@@ -63,7 +64,7 @@ def test_every_backend_trains_on_one_gpu_in_every_precision(tmp_path, backend, p
     assert gpu["ranks_per_gpu"] == 1 and gpu["channels_last"] is True
     # Horovod and DeepSpeed communicate contiguous weights only; their images still go channels-last.
     assert record["tuning"]["channels_last_weights"] is BACKENDS[backend].channels_last_weights
-    assert record["peak_memory_bytes_per_rank"][0] > 0
+    assert record["memory"]["peak_bytes_per_rank"][0] > 0 and record["memory"]["source"] == "cuda_allocator"
     if backend in PROCESS_GROUP:
         assert record["tuning"]["process_group"] == "nccl"
 

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import re
@@ -35,7 +36,7 @@ from harness.study.sweep import SweepSettings, plan_sweep
 
 from .checkpoint_helpers import max_abs_difference, weights
 from .conftest import REPO, launch
-from .slurm_cluster import SlurmCluster, SlurmUnavailable, check_installed
+from .slurm_cluster import SlurmClient, SlurmCluster, SlurmUnavailable, check_installed
 
 SUBMISSIONS = os.path.join(REPO, "submissions")
 EMULATION = os.path.join(REPO, "tests", "pbs_emulation")
@@ -128,7 +129,7 @@ def assert_job_directory(job_dir: str, backends: Sequence[str], ranks: Sequence[
 
 # -- shellcheck and the helpers on their own -------------------------------------------------------
 
-TEMPLATES = ("polaris.sc", "perlmutter.sbatch", "slurm-cpu.sbatch")
+TEMPLATES = ("polaris.sc", "perlmutter.sbatch", "aurora.sc", "frontier.sbatch", "slurm-cpu.sbatch")
 TEMPLATE_MAX_LINES = 80
 
 
@@ -152,7 +153,8 @@ def test_each_template_is_thin_and_passes_shellcheck(template):
 def test_every_helper_and_emulated_command_passes_shellcheck():
     helpers = [os.path.join(SUBMISSIONS, name) for name in sorted(os.listdir(SUBMISSIONS)) if name not in TEMPLATES]
     emulated = sorted(glob.glob(os.path.join(EMULATION, "bin", "*")) + glob.glob(os.path.join(EMULATION, "lib", "*.sh")))
-    assert {os.path.basename(p) for p in helpers} == {"mps.sh", "set_affinity_gpu_polaris.sh"}
+    assert {os.path.basename(p) for p in helpers} == {"mps.sh", "set_affinity_gpu_polaris.sh",
+                                                      "set_affinity_gpu_aurora.sh"}
     shellcheck([*helpers, *emulated, os.path.join(REPO, "tools", "layered_venv.sh")])
 
 
@@ -235,20 +237,18 @@ def slurm(tmp_path_factory):
         cluster.stop()
 
 
-def sbatch(cluster: SlurmCluster, arguments: Sequence[str], settings: Dict[str, str], cwd: str,
+def sbatch(cluster: SlurmClient, arguments: Sequence[str], settings: Dict[str, str], cwd: str,
            timeout: float = 60) -> subprocess.CompletedProcess:
     """`sbatch ARGUMENTS` from `cwd` with the settings in the environment it passes to the job."""
-    return subprocess.run(["sbatch", *arguments], env=cluster.environ({"KIT_DIR": REPO, **settings}), cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+    return cluster.run(["sbatch", *arguments], env={"KIT_DIR": REPO, **settings}, cwd=cwd, timeout=timeout)
 
 
-def slurm_job_field(cluster: SlurmCluster, job_id: str, name: str) -> str:
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=cluster.environ(), capture_output=True,
-                           text=True, timeout=30).stdout
+def slurm_job_field(cluster: SlurmClient, job_id: str, name: str) -> str:
+    shown = cluster.run(["scontrol", "show", "job", "-o", job_id], timeout=30).stdout
     return next((field.split("=", 1)[1] for field in shown.split() if field.startswith(f"{name}=")), "")
 
 
-def wait_for_slurm_state(cluster: SlurmCluster, job_id: str, wanted: str) -> None:
+def wait_for_slurm_state(cluster: SlurmClient, job_id: str, wanted: str) -> None:
     def state() -> str:
         return slurm_job_field(cluster, job_id, "JobState")
 
@@ -259,7 +259,7 @@ SLURM_END_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", 
                     "DEADLINE", "PREEMPTED"}
 
 
-def run_slurm_job(cluster: SlurmCluster, arguments: Sequence[str], settings: Dict[str, str], cwd: str,
+def run_slurm_job(cluster: SlurmClient, arguments: Sequence[str], settings: Dict[str, str], cwd: str,
                   timeout: float = JOB_TIMEOUT_S) -> int:
     """Submit a batch job, wait until it has ended and return its exit status. Polled here rather than
     with `sbatch --wait`, which sleeps up to 32 s between its own polls."""
@@ -329,12 +329,7 @@ def test_slurm_preemption_checkpoints_resubmits_and_ends_with_uninterrupted_weig
     (record,) = read_records([os.path.join(job_dir, "results.jsonl")])
     assert (record["segments"], record["resumed_from_step"], record["steps"]) == (2, checkpoint_step, PREEMPTED_STEPS)
 
-    # The same run, uninterrupted, from the command the sweep recorded.
-    command = next(shlex.split(line) for line in read_text(os.path.join(job_dir, "logs", "commands.txt")).splitlines()
-                   if " -m harness train " in line)
-    reference = os.path.join(str(tmp_path), "uninterrupted.pt")
-    launch(2, "ddp", [*train_flags_without_outputs(command), "--save-model", reference])
-    difference = max_abs_difference(weights(model), weights(reference))
+    difference = difference_from_uninterrupted(job_dir, "ddp-2r-rep0", 2, model, str(tmp_path))
     assert difference <= 1e-6
     print(f"\npreempted job {first_job}: checkpoint at step {checkpoint_step} of {PREEMPTED_STEPS}, resubmitted as job "
           f"{second_job}, which finished; max |w - w_uninterrupted| = {difference:.3g}")
@@ -413,6 +408,22 @@ def train_flags_without_outputs(command: Sequence[str]) -> List[str]:
     return kept
 
 
+def difference_from_uninterrupted(job_dir: str, run_key: str, ranks: int, model: str, scratch: str) -> float:
+    """max |w - w'| between `model` and the weights of the same run uninterrupted: the run `run_key`
+    (e.g. ddp-2r-rep0) as the sweep recorded it, launched here on `ranks` local processes. The
+    reference costs as much as the run: one an earlier test left in `scratch` for the same flags is reused."""
+    commands = [shlex.split(line) for line in read_text(os.path.join(job_dir, "logs", "commands.txt")).splitlines()
+                if " -m harness train " in line]
+    command = next(c for c in commands if os.path.basename(c[c.index("--checkpoint-dir") + 1]) == run_key)
+    flags = train_flags_without_outputs(command)
+    digest = hashlib.sha256(shlex.join([str(ranks), run_key, *flags]).encode()).hexdigest()[:12]
+    reference = os.path.join(scratch, f"uninterrupted-{run_key}-{digest}.pt")
+    if not os.path.exists(reference):
+        launch(ranks, run_key.split("-")[0], [*flags, "--save-model", reference + ".partial"])
+        os.replace(reference + ".partial", reference)  # only a complete file is ever reused
+    return max_abs_difference(weights(model), weights(reference))
+
+
 def test_bad_settings_stop_the_job_before_anything_runs(slurm, tmp_path):
     job_dir = tmp_path / "bad"
     status = run_slurm_job(slurm, ["--output", str(tmp_path / "bad.out"), SLURM_CPU],
@@ -420,5 +431,5 @@ def test_bad_settings_stop_the_job_before_anything_runs(slurm, tmp_path):
     assert status == 2
     errors = [line for line in read_text(str(tmp_path / "bad.out")).splitlines() if "error" in line]
     assert errors == ["harness study: error: backend dpp: unknown backend 'dpp'; choose one of none, ddp, horovod, "
-                      "deepspeed"]
+                      "deepspeed, fsdp"]
     assert not job_dir.exists()

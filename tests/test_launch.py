@@ -92,7 +92,9 @@ def test_every_launcher_name_in_the_package_is_a_row_of_the_one_table():
     from harness.study.sweep import PBS_TEMPLATE, SLURM_TEMPLATE
     from harness.workshop.engines import BATCH_TEMPLATES, MPI_ARGUMENTS
 
-    assert {backend.local_launcher for backend in BACKENDS.values()} <= set(LOCAL_LAUNCHERS)
+    for backend in BACKENDS.values():
+        assert backend.local_launcher in backend.local_launchers, backend.name
+        assert set(backend.local_launchers) <= set(LOCAL_LAUNCHERS), backend.name
     reported = {family for launcher in LAUNCHERS.values() for family in launcher.families}
     assert reported == {family for _, family in RANK_VARIABLES} | {"none"}  # "none": a plain process
     assert MPI_FAMILIES == {"openmpi", "mpich", "pals"}

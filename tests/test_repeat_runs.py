@@ -27,9 +27,11 @@ COMMON = dict(model="cnn", dataset="digits", dropout=0.0, seed=0, lr=0.05, lr_sc
 # What repeat_runs.py runs first, in processes of their own: every distributed backend, then each again.
 SEQUENCE = DISTRIBUTED * 2
 # The knobs of the first run of these backends in a fresh process, as they apply them.
-FIRST_RUN_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "process_group": "gloo"},
+FIRST_RUN_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "process_group": "gloo",
+                            "gradient_allreduce": True},
                     "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False},
-                    "deepspeed": {"zero_stage": 0, "process_group": "gloo", "throughput_timer": False}}
+                    "deepspeed": {"zero_stage": 0, "process_group": "gloo", "throughput_timer": False,
+                                  "gradient_allreduce": True}}
 
 
 def _max_difference(first: dict, second: dict) -> float:
@@ -62,7 +64,7 @@ def test_backends_one_after_another_in_the_same_two_mpi_processes(tmp_path):
             assert entry["left_behind"] == [], entry
             assert entry["train_function"].startswith("<function train")
         assert {backend: first_tuning[backend] for backend in FIRST_RUN_TUNING} == {
-            backend: {**tuning, "cpu_malloc": "reuse", "channels_last_weights": False}
+            backend: {**tuning, "cpu_malloc": "reuse", "channels_last_weights": False, "compile": None}
             for backend, tuning in FIRST_RUN_TUNING.items()}
         assert all(entry["kept"] for entry in seen[len(SEQUENCE):]), seen[len(SEQUENCE):]
 

@@ -21,6 +21,8 @@ from .study_helpers import make_job
 
 POLARIS = os.path.join(REPO, "submissions", "polaris.sc")
 PERLMUTTER = os.path.join(REPO, "submissions", "perlmutter.sbatch")
+AURORA = os.path.join(REPO, "submissions", "aurora.sc")
+FRONTIER = os.path.join(REPO, "submissions", "frontier.sbatch")
 
 
 def polaris(*args: str, **variables: str):
@@ -165,3 +167,81 @@ def test_the_request_is_the_directives_with_the_command_line_over_them():
 
 def test_a_bare_pbs_variable_takes_the_submitters_value():
     assert parse_pbs_variables("A,B=2,C='x,y'", {"A": "1"}) == {"A": "1", "B": "2", "C": "x,y"}
+
+
+def aurora(*args: str, **variables: str):
+    settings = {"BACKENDS": "ddp", "RESUBMIT": "0", **variables}  # debug queues allow no chaining
+    return check_study("aurora", AURORA, [*args, "-v", ",".join(f"{k}={v}" for k, v in settings.items())],
+                       environ={})[0]
+
+
+def frontier(*args: str, environ=None):
+    return check_study("frontier", FRONTIER, list(args), environ={"BACKENDS": "ddp", **(environ or {})})[0]
+
+
+def test_the_aurora_and_frontier_templates_pass_once_the_account_is_given():
+    assert aurora("-A", "DLscaling").ok and aurora("-A", "DLscaling").warnings == []
+    assert aurora().problems == ["no account: aurora charges every job to one; pass -A <project>"]
+    assert frontier("-A", "csc123").ok and frontier("-A", "csc123").warnings == []
+    assert frontier().problems == [
+        "no account: frontier charges every job to one; pass -A <account> (or SBATCH_ACCOUNT)"]
+
+
+@pytest.mark.parametrize("check, args, problem", [
+    (aurora, ["-q", "debug", "-l", "select=4"], "queue debug takes 1-2 nodes, not 4"),
+    (aurora, ["-q", "debug-scaling", "-l", "select=1"], "queue debug-scaling takes 2-256 nodes, not 1"),
+    (aurora, ["-q", "prod", "-l", "select=64"], "queue prod routes jobs of 64 node(s) nowhere"),
+    (aurora, ["-q", "prod", "-l", "select=512", "-l", "walltime=18:00:00"],
+     "walltime 18:00:00 exceeds queue small's 12:00:00; ask for at most 12:00:00"),
+    (aurora, ["-q", "small"], "queue small takes no submissions; submit to prod"),
+    (frontier, ["-N", "16", "-t", "4:00:00"], "walltime 04:00:00 exceeds queue batch-bin5's 02:00:00"),
+    (frontier, ["-N", "100", "-t", "12:00:00"], "walltime 12:00:00 exceeds queue batch-bin4's 06:00:00"),
+    (frontier, ["-p", "extended", "-N", "65"], "queue extended takes 1-64 nodes, not 65"),
+    (frontier, ["-p", "batch-bin5"], "queue batch-bin5 takes no submissions; submit to batch"),
+])
+def test_aurora_and_frontier_queues_refuse_what_they_do_not_take(check, args, problem):
+    account = ["-A", "p"]
+    result = check(*account, *args)
+    assert any(line.startswith(problem) for line in result.problems), result.problems
+
+
+def test_frontiers_extended_partition_takes_a_day_on_few_nodes():
+    assert frontier("-A", "p", "-p", "extended", "-N", "8", "-t", "24:00:00").ok
+
+
+def test_aurora_refuses_chaining_in_its_debug_queues_and_job_data_off_the_requested_file_systems():
+    assert aurora("-A", "p", RESUBMIT="1").problems[0].startswith(
+        "RESUBMIT=1, but queue debug allows no job chaining (one job per user queued or running")
+    assert aurora("-A", "p", RESUBMIT="auto").warnings[0].startswith("queue debug allows no job chaining")
+    assert aurora("-A", "p", "-l", "filesystems=home", JOB_DIR="/lus/flare/projects/p/study").problems == [
+        "JOB_DIR=/lus/flare/projects/p/study is on flare, which -l filesystems=home does not name; pass "
+        "-l filesystems=home:flare"]
+
+
+def test_frontier_warns_about_job_data_in_home(tmp_path):
+    home = tmp_path / "home"
+    result = frontier("-A", "p", environ={"HOME": str(home), "JOB_DIR": str(home / "study")})
+    assert result.ok and result.warnings[0].startswith(f"JOB_DIR={home / 'study'}: home (NFS, 50 GB quota) is not")
+
+
+@pytest.mark.parametrize("template, args", [(AURORA, ["-A", "p", "-v", "BACKENDS=ddp horovod,RESUBMIT=0"]),
+                                            (FRONTIER, ["-A", "p"])], ids=["aurora", "frontier"])
+def test_a_backend_the_site_lacks_is_refused_through_the_template_in_one_line(template, args, tmp_path):
+    # Through the template, as on the login node: its module lines (no-ops here), the kit's venv
+    # standing in for the site's Python. Horovod is refused on Aurora whatever this Python has;
+    # Frontier's needs RCCL, which this machine's CPU build lacks.
+    shims = tmp_path / "site-shell"
+    shims.write_text("module() { :; }\nconda() { :; }\n")
+    env = dict(os.environ, BASH_ENV=str(shims), PYTHON_ENV="venv", VENV=os.path.join(REPO, ".venv"),
+               BACKENDS="horovod")
+    result = subprocess.run(["bash", template, "--check", "--", *args], env=env, cwd=str(tmp_path),
+                            capture_output=True, text=True, timeout=300)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("harness study: error:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stdout + result.stderr
+    if template == AURORA:
+        assert errors[0] == ("harness study: error: backend horovod is not supported on aurora: Horovod does not run "
+                             "on Aurora's XPUs (ALCF removed it from the frameworks module in spring 2026); compare "
+                             "ddp, deepspeed and fsdp: -v BACKENDS=\"ddp deepspeed fsdp\"")
+    else:
+        assert errors[0].startswith("harness study: error: backend horovod is built without nccl")
+        assert "HOROVOD_GPU=ROCM HOROVOD_GPU_OPERATIONS=NCCL bash tools/build_horovod.sh" in errors[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -20,11 +21,25 @@ from .conftest import REPO
 from .study_helpers import make_job
 
 
-def test_the_kit_brings_the_four_sites():
-    assert {"polaris", "perlmutter", "generic-slurm", "generic-pbs"} <= set(site_names())
+def test_the_kit_brings_its_sites():
+    assert {"polaris", "perlmutter", "aurora", "frontier", "generic-slurm", "generic-pbs"} <= set(site_names())
     for name in site_names():
         profile = load_site(name)
         assert profile.name == name and profile.scheduler in ("pbs", "slurm") and "{ranks}" in profile.launch
+        assert not set(profile.backends) & set(profile.unsupported_backends), name
+        assert set(profile.unsupported_backends) <= set(profile.backend_notes), f"{name}: say what to use instead"
+
+
+@pytest.mark.parametrize("name", [name for name in site_names() if load_site(name).gpus_per_node])
+def test_every_gpu_site_launches_one_rank_per_gpu_with_every_placeholder_filled(name, tmp_path):
+    profile = load_site(name)
+    job = make_job(name, str(tmp_path / "job"), gpus=profile.gpus_per_node)
+    launch = site_launch(job.profile, job.settings, "/kit")
+    assert job.settings.ranks_per_node == profile.gpus_per_node
+    left = set(re.findall(r"\{(\w+)\}", launch))
+    assert left == {"ranks", "ppn"} | ({"nodes"} if profile.scheduler == "slurm" else set()), launch
+    if profile.cores_per_node:  # each rank's cores within the node's
+        assert job.settings.depth * profile.gpus_per_node <= profile.cores_per_node
 
 
 def test_polaris_leaves_horovod_out_and_says_why():
@@ -130,3 +145,64 @@ def test_rank_zero_is_the_first_host_of_the_steps_node_list():
             "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "nid[001-004]",
             "SLURM_STEP_NODELIST": "nid[003-004]"}
     assert detect_cluster(step).master_addr == "nid003"
+
+
+def test_aurora_binds_six_ranks_to_each_socket_and_one_tile_to_each_rank(tmp_path):
+    # ALCF Aurora user guide: 12 ranks per node, 8 cores each, cores 0 and 52 reserved; with
+    # frameworks' flat hierarchy each tile is a device, so each rank's ZE_AFFINITY_MASK is one index.
+    job = make_job("aurora", str(tmp_path / "job"), gpus=12)
+    assert site_launch(job.profile, job.settings, "/kit") == (
+        "mpiexec -n {ranks} --ppn {ppn} --cpu-bind list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:"
+        "85-92:93-100 --env OMP_NUM_THREADS=8 /kit/submissions/set_affinity_gpu_aurora.sh")
+    assert job.profile.cpu_bind_list(4, 25) == "1-25:26-50:53-77:78-102"
+    with pytest.raises(UsageError, match="pass RANKS_PER_NODE of at most 102"):
+        job.profile.cpu_bind_list(104, 1)
+    seen = []
+    for local_rank in range(14):
+        env = dict(os.environ, GPUS_PER_NODE="12", PROCS_PER_GPU="1", PALS_LOCAL_RANKID=str(local_rank))
+        result = subprocess.run([os.path.join(REPO, "submissions", "set_affinity_gpu_aurora.sh"), "sh", "-c",
+                                 'echo "$ZE_AFFINITY_MASK"'], env=env, capture_output=True, text=True, timeout=30)
+        seen.append(int(result.stdout))
+    assert seen == [*job.profile.gpu_order_list(12), 0, 1]
+
+
+def test_aurora_sets_the_oneccl_environment_alcf_recommends_and_the_hsn_domain(tmp_path):
+    job = make_job("aurora", str(tmp_path / "job"), gpus=12)
+    environ = {"CCL_KVS_MODE": "pmi"}
+    apply_site_environment(job, environ)
+    assert (environ["CCL_PROCESS_LAUNCHER"], environ["CCL_ATL_TRANSPORT"], environ["FI_MR_CACHE_MONITOR"]) == (
+        "pmix", "mpi", "userfaultfd")
+    assert environ["CCL_KVS_MODE"] == "pmi"  # a tuning value the user set wins over the site's default
+    assert environ[RENDEZVOUS_DOMAIN_VARIABLE] == "hsn.cm.aurora.alcf.anl.gov"
+
+
+def test_aurora_and_frontier_queues_route_by_node_count():
+    aurora, frontier = load_site("aurora"), load_site("frontier")
+    assert aurora.execution_queue("prod", 256).name == "small" and aurora.execution_queue("prod", 2000).name == "large"
+    assert aurora.queue("debug-scaling").min_nodes == 2 and not aurora.queue("debug").chaining
+    assert [frontier.execution_queue("batch", n).name for n in (1, 91, 92, 184, 1882, 5645)] == [
+        "batch-bin5", "batch-bin5", "batch-bin4", "batch-bin3", "batch-bin2", "batch-bin1"]
+    assert [frontier.execution_queue("batch", n).max_walltime_s // 3600 for n in (91, 183, 9472)] == [2, 6, 12]
+    assert frontier.queue("extended").max_walltime_s == 86400 and frontier.queue("extended").max_nodes == 64
+    with pytest.raises(UsageError, match="routes jobs of 9473 node"):
+        frontier.execution_queue("batch", 9473)
+
+
+def test_frontier_binds_each_rank_to_its_closest_gcd_and_sets_the_rccl_plugin_environment(tmp_path):
+    # OLCF Frontier user guide: 8 ranks per node, 7 cores each (56 usable), --gpus-per-task=1
+    # --gpu-bind=closest; the RCCL/libfabric variables HPE and AMD recommend with the plugin.
+    job = make_job("frontier", str(tmp_path / "job"), gpus=8)
+    assert site_launch(job.profile, job.settings, "/kit") == (
+        "srun --nodes {nodes} --ntasks {ranks} --ntasks-per-node {ppn} --cpus-per-task 7 --gpus-per-task 1 "
+        "--gpu-bind closest")
+    environ = {}
+    apply_site_environment(job, environ)
+    assert (environ["NCCL_NET_GDR_LEVEL"], environ["NCCL_CROSS_NIC"], environ["FI_MR_CACHE_MONITOR"]) == (
+        "PHB", "1", "kdreg2")
+    assert "NCCL_NET" not in environ  # the plugin does not start in one-node jobs: forcing it would fail them
+
+
+def test_a_profile_with_a_bad_socket_range_is_refused_naming_it():
+    data = json.load(open(os.path.join(REPO, "harness", "study", "sites", "aurora.json")))
+    with pytest.raises(UsageError, match="cpu_sockets entry '53-' is not a core range"):
+        profile_from_dict({**data, "cpu_sockets": ["1-51", "53-"]}, "x.json")

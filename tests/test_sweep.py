@@ -126,7 +126,7 @@ def test_inside_an_allocation_runs_start_through_the_site_launcher(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (dict(launch_template="srun -n {rank} {args}"), "unknown placeholders \\['rank'\\]"),
     (dict(launch_template="srun -n {ranks} python"), "must contain \\{args\\}"),
-    (dict(backends=["dpp"]), "unknown backend 'dpp'; choose one of none, ddp, horovod, deepspeed"),
+    (dict(backends=["dpp"]), "unknown backend 'dpp'; choose one of none, ddp, horovod, deepspeed, fsdp"),
     (dict(backends=["none"], ranks=[2]), "nothing to run"),
     (dict(train_args=["--backend", "ddp"]), "drop --backend"),
     (dict(train_args=["--global-batch", "64"]), "--scaling weak keeps --batch-size per worker fixed"),
@@ -184,7 +184,7 @@ def test_sweep_records_are_complete(swept):
         assert 0 < record["au"] <= 1
         reduces = {} if record["backend"] == "horovod" else {"gradient_allreduce": record["world_size"] > 1}
         assert record["tuning"] == {**DEFAULT_TUNING[record["backend"]], **reduces, "cpu_malloc": "reuse",
-                                      "channels_last_weights": False}
+                                      "channels_last_weights": False, "compile": None}
         assert record["threads_per_rank"] == 1 and record["contention"]["threads_per_rank"] == 1
         for metric in ("load_balance", "communication_efficiency", "parallel_efficiency"):
             assert 0 < record[metric] <= 1, (record["backend"], metric, record[metric])

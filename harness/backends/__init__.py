@@ -1,8 +1,8 @@
 """Backends layer: how each framework wraps the model, communicates gradients and steps.
 
 `base.Backend` is the interface the training loop talks to; each framework is one module here
-(`single`, `ddp`, `horovod`, `deepspeed`, with `torch_distributed` for the process-group plumbing
-they share) and one entry in the registry below; each declares its own options there, as a frozen
+(`single`, `ddp`, `horovod`, `deepspeed`, `fsdp`, with `torch_distributed` for the process-group
+plumbing they share) and one entry in the registry below; each declares its own options there, as a frozen
 dataclass whose fields are `harness train` flags (`options.BackendOptions`). `precision` holds the
 numeric semantics every backend must keep alike, and `compat` every workaround for a particular
 version of a framework. Nothing outside this package imports a framework.
@@ -16,13 +16,14 @@ from ..errors import unknown_choice
 from .base import Backend
 from .ddp import DDPBackend
 from .deepspeed import DeepSpeedBackend
+from .fsdp import FSDPBackend
 from .horovod import HorovodBackend
 from .options import BackendOptions, option
 from .single import SingleProcessBackend
 from .torch_distributed import process_group_backend
 
 BACKENDS: Dict[str, Type[Backend]] = {
-    cls.name: cls for cls in (SingleProcessBackend, DDPBackend, HorovodBackend, DeepSpeedBackend)}
+    cls.name: cls for cls in (SingleProcessBackend, DDPBackend, HorovodBackend, DeepSpeedBackend, FSDPBackend)}
 
 
 def backend_class(name: str) -> Type[Backend]:

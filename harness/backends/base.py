@@ -48,6 +48,8 @@ class Backend(abc.ABC):
 
     name: ClassVar[str]
     local_launcher: ClassVar[str]  # what `harness launch` uses on one machine
+    # Every launcher it runs under on one machine (the README's backends-and-launchers table).
+    local_launchers: ClassVar[Tuple[str, ...]] = ("torchrun", "mpirun", "horovodrun", "deepspeed")
     max_world_size: ClassVar[Optional[int]] = None  # the single-process baseline runs one rank only
     library: ClassVar[Optional[str]] = None  # importable module this backend needs
     install_hint: ClassVar[str] = ""
@@ -60,6 +62,11 @@ class Backend(abc.ABC):
     # need contiguous tensors keeps the weights contiguous and only the images go channels-last
     # (cuDNN still computes channels-last when either operand is).
     channels_last_weights: ClassVar[bool] = True
+    # The accelerator kinds (harness.process.accelerator.KINDS) this backend runs on: placement refuses
+    # the others, naming the backends that run there. Each backend module declares its own.
+    devices: ClassVar[Tuple[str, ...]] = ("cuda", "cpu")
+    # Whether --compile may compile the model under this backend (see `compile`).
+    compiles: ClassVar[bool] = True
 
     def __init__(self, options: Optional[BackendOptions] = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -69,6 +76,7 @@ class Backend(abc.ABC):
         self.precision = Precision.of("fp32")
         self.scaler: Optional[torch.amp.GradScaler] = None
         self.skipped_steps = 0  # fp16 steps skipped because the gradients overflowed
+        self.compiled: Optional[str] = None  # what --compile compiled, for the record's tuning
         self._undo = contextlib.ExitStack()  # what init/wrap changed in the process, undone by shutdown
 
     # -- checks that run before any process group starts ---------------------------------
@@ -102,6 +110,14 @@ class Backend(abc.ABC):
     def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: "TrainConfig",
              local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
         """Return (model to call in training, optimizer whose param_groups take the LR)."""
+
+    def compile(self, model: nn.Module) -> nn.Module:
+        """The model to train under --compile: `model`, as wrap returned it, under torch.compile
+        (compiled in its first call). Wrapped first, then compiled, as PyTorch recommends for DDP:
+        dynamo splits the graph at DDP's buckets so their allreduces still overlap backward, and
+        hooks on the parameters (Horovod's, the step timer's) still fire after the compiled backward."""
+        self.compiled = f"torch.compile({type(model).__name__})"
+        return torch.compile(model)
 
     def _local_setup(self, config: "TrainConfig") -> None:
         """The settings every backend applies to its own step: clipping, precision, loss scaling."""
@@ -191,6 +207,13 @@ class Backend(abc.ABC):
     def full_state_dict(self) -> Dict[str, torch.Tensor]:
         """The whole model's weights as plain CPU tensors (collective where weights are sharded)."""
         return {key: value.detach().cpu().clone() for key, value in self.module().state_dict().items()}
+
+    def _plain_copy(self, make_model: Callable[[], nn.Module]) -> nn.Module:
+        """A fresh unwrapped model (on the run's device) holding the whole weights: the evaluation
+        model of a backend whose forward gathers sharded weights, a collective."""
+        model = make_model()
+        model.load_state_dict(self.full_state_dict())
+        return model
 
     # -- checkpoints and failures --------------------------------------------------------------
     def save_checkpoint(self, directory: str, rank: int) -> None:

@@ -24,6 +24,9 @@ class DDPBackend(TorchDistributedBackend):
     """Gradients are averaged by DDP's bucketed allreduce, overlapped with the backward pass."""
 
     name = "ddp"
+    # Through the process group of harness.process.accelerator.communicator: NCCL (RCCL on ROCm),
+    # XCCL or oneCCL on Intel GPUs, gloo on the CPU.
+    devices = ("cuda", "rocm", "xpu", "cpu")
 
     @dataclass(frozen=True)
     class Options(BackendOptions):
@@ -44,7 +47,7 @@ class DDPBackend(TorchDistributedBackend):
         # gradient into its bucket and back after each allreduce (two small kernels per parameter
         # per step, 322 for ResNet-50), and one gradient-sized buffer less.
         self.model = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None,
+            model, device_ids=[device.index] if device.type != "cpu" else None,
             bucket_cap_mb=self.options.bucket_cap_mb, gradient_as_bucket_view=True, **compat.ddp_without_buffer_sync())
         self.optimizer = make_optimizer(self.model.parameters())
         self._local_setup(config)

@@ -84,6 +84,8 @@ class DeepSpeedBackend(TorchDistributedBackend):
     # DeepSpeed 0.19 broadcasts each weight as raw bytes (p.data.view(torch.uint8)), which a
     # channels-last 4-D weight cannot give, and ZeRO flattens weights into contiguous buffers.
     channels_last_weights = False
+    # DeepSpeed's accelerators (deepspeed.accelerator) cover CUDA, ROCm (as cuda), XPU and the CPU.
+    devices = ("cuda", "rocm", "xpu", "cpu")
 
     @dataclass(frozen=True)
     class Options(BackendOptions):
@@ -122,7 +124,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
         device = next(model.parameters()).device
         # DeepSpeed moves the engine to GPU LOCAL_RANK unless told; with --procs-per-gpu K the
         # rank's GPU is local_rank // K, where the loop has put the model already.
-        placement = SimpleNamespace(device_rank=device.index) if device.type == "cuda" else None
+        placement = SimpleNamespace(device_rank=device.index) if device.type != "cpu" else None
         engine, optimizer, _, _ = deepspeed.initialize(
             args=placement, model=model, optimizer=make_optimizer(model.parameters()),
             config=deepspeed_config(config, self.options.zero_stage, local_batch, dist.get_world_size()),
@@ -142,6 +144,13 @@ class DeepSpeedBackend(TorchDistributedBackend):
         if self.precision.loss_scaling:
             check_loss_scaler(self.scaler)
         return engine, optimizer
+
+    def compile(self, model: nn.Module) -> nn.Module:
+        # engine.compile() compiles the module inside the engine in place (nn.Module.compile), with
+        # the accelerator's compile backend: the engine's forward, hooks and ZeRO stay outside the graph.
+        self.engine.compile()
+        self.compiled = "engine.compile()"
+        return model
 
     def backward(self, loss: torch.Tensor, sync: bool) -> None:
         # The loop has divided the loss by the number of micro-batches already, for every backend.
@@ -217,10 +226,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
             return self.module()
         # ZeRO-3 gathers weights inside forward, a collective; ranks evaluate uneven shards, so
         # each evaluates a plain copy instead.
-        device = next(self.engine.module.parameters()).device
-        model = make_model()
-        model.load_state_dict(self.full_state_dict())
-        return model.to(device)
+        return self._plain_copy(make_model)
 
     def tuning(self) -> Dict[str, Any]:
         return {"zero_stage": self.options.zero_stage, "process_group": self.group_backend, "throughput_timer": False,

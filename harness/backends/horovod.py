@@ -56,11 +56,16 @@ class HorovodBackend(Backend):
 
     name = "horovod"
     local_launcher = "horovodrun"
+    local_launchers = ("horovodrun", "mpirun")  # HOROVOD_LAUNCHERS on one machine
     library = "horovod"
     install_hint = "run `make setup` (builds Horovod 0.28.1 against this torch) or load your site's module"
     # Horovod refuses non-contiguous tensors ("Tensor is required to be contiguous") in its
     # broadcast and in the gradient allreduce, and a channels-last weight's gradient is one.
     channels_last_weights = False
+    # Horovod 0.28 builds for CUDA and ROCm GPUs (HOROVOD_GPU=CUDA or ROCM) and CPUs; it has no XPU
+    # operations. --compile: Horovod averages from hooks on the parameters' gradient accumulators,
+    # which the compiled backward still runs, so the plain module is compiled (Backend.compile).
+    devices = ("cuda", "rocm", "cpu")
 
     @dataclass(frozen=True)
     class Options(BackendOptions):

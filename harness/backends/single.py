@@ -20,12 +20,14 @@ class SingleProcessBackend(Backend):
 
     name = "none"
     local_launcher = "python"
+    local_launchers = ("python",)
     max_world_size = 1
+    devices = ("cuda", "rocm", "xpu", "cpu")  # no communication: wherever torch runs
 
     def check_launch(self, config: "TrainConfig", cluster: ClusterEnv, device: torch.device) -> None:
         if cluster.world_size != 1:
             raise UsageError(f"backend 'none' runs one process but the launcher started {cluster.world_size}; "
-                             "use --backend ddp, horovod or deepspeed, or launch one process")
+                             "use --backend ddp, horovod, deepspeed or fsdp, or launch one process")
 
     def init(self, cluster: ClusterEnv, device: torch.device, config: "TrainConfig") -> None:
         """Nothing to join."""

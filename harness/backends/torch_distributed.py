@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import datetime
+import importlib
 from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
+from ..process.accelerator import ONECCL_MODULE, communicator
 from ..process.discovery import ClusterEnv
 from ..errors import UsageError
 from . import compat
@@ -25,9 +27,16 @@ GLOO_FAILURE_MARKERS = ("gloo/transport", "Connection closed by peer", "Connecti
 
 
 def process_group_backend(device: torch.device, procs_per_gpu: int) -> str:
-    """NCCL for one rank per GPU; gloo on the CPU, and for several ranks sharing a GPU, which NCCL
-    refuses ("Duplicate GPU detected"; NVIDIA/nccl#418): gloo reduces CUDA tensors through the host."""
-    return "nccl" if device.type == "cuda" and procs_per_gpu == 1 else "gloo"
+    """The device's communicator (harness.process.accelerator: NCCL/RCCL, XCCL or oneCCL, gloo on
+    the CPU) for one rank per device. Several ranks sharing a GPU get gloo, as NCCL refuses them
+    ("Duplicate GPU detected"; NVIDIA/nccl#418) and gloo reduces CUDA tensors through the host; gloo
+    has no XPU tensors, so XPU ranks cannot share a device."""
+    if procs_per_gpu == 1 or device.type == "cpu":
+        return communicator(device.type)
+    if device.type != "cuda":
+        raise UsageError(f"--procs-per-gpu {procs_per_gpu} shares a device through gloo, which cannot reduce "
+                         f"{device.type} tensors; use --procs-per-gpu 1")
+    return "gloo"
 
 
 class TorchDistributedBackend(Backend):
@@ -58,6 +67,8 @@ class TorchDistributedBackend(Backend):
                                  f"{cluster.world_size}; destroy it or launch to match")
             self.group_backend = dist.get_backend()
             return
+        if self.group_backend == "ccl":
+            importlib.import_module(ONECCL_MODULE)  # registers "ccl" with torch.distributed
         dist.init_process_group(self.group_backend, init_method="env://", rank=cluster.rank,
                                 world_size=cluster.world_size, timeout=timeout)
         compat.process_group_created()

@@ -2,7 +2,9 @@
 
 - `discovery`: rank, sizes, node and rendezvous address from whichever launcher started this
   process (torchrun, deepspeed, horovodrun, OpenMPI, MPICH/PALS, Slurm), as one frozen `ClusterEnv`;
-  CPU threads and the device a rank uses.
+  CPU threads.
+- `accelerator`: the node's accelerator (cuda, rocm, xpu or cpu) through torch.accelerator: how many
+  devices, the device and communicator of a rank, the variable that hides devices from a process.
 - `launchers`: the one table of launchers (python, torchrun, mpirun, horovodrun, deepspeed here;
   mpiexec and srun across an allocation): the command each starts ranks with, which are MPI, and
   which discovery family their ranks report.
@@ -18,7 +20,8 @@ Nothing here knows a training framework: the layers above ask this one.
 from ..lazy import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "ClusterEnv": "discovery", "detect_cluster": "discovery", "select_device": "discovery",
+    "ClusterEnv": "discovery", "detect_cluster": "discovery", "select_device": "accelerator",
+    "Accelerator": "accelerator", "detect_accelerator": "accelerator",
     "default_threads": "discovery", "cpu_cores": "discovery",
     "Launcher": "launchers", "LAUNCHERS": "launchers", "LOCAL_LAUNCHERS": "launchers", "MPI_FAMILIES": "launchers",
     "launcher_command": "launchers", "launch_environment": "launchers", "free_port": "launchers",

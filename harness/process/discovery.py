@@ -16,13 +16,10 @@ import time
 import urllib.request
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import UsageError
 from .launchers import MPI_FAMILIES
-
-if TYPE_CHECKING:
-    import torch
 
 # (variable, launcher that sets it), in priority order per quantity. The launcher named here is the
 # family a rank reports as ClusterEnv.launcher; harness.process.launchers says which launcher
@@ -264,26 +261,3 @@ def default_threads(cluster: ClusterEnv) -> int:
     each, so a scaling study's baseline would do other work per rank. `harness sweep` therefore
     gives all its runs one --threads (harness.study.sweep.threads_per_rank)."""
     return max(1, cpu_cores() // max(1, cluster.local_world_size))
-
-
-def select_device(requested: str, cluster: ClusterEnv, procs_per_gpu: int = 1) -> "torch.device":
-    """GPU `local_rank // procs_per_gpu` (modulo the GPUs this process sees, so that a per-rank
-    CUDA_VISIBLE_DEVICES works too) when CUDA is available or asked for, else the CPU."""
-    import torch
-
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
-        if procs_per_gpu > 1:
-            raise UsageError(f"--procs-per-gpu {procs_per_gpu} places ranks on GPUs, but this run is on the CPU; "
-                             "on CPUs start more ranks with fewer --threads each (ranks x threads = cores)")
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise UsageError("--device cuda was asked for but CUDA is not available here; use --device cpu or auto")
-    gpus = torch.cuda.device_count()
-    if gpus > 1 and cluster.local_world_size > gpus * procs_per_gpu:
-        needed = -(-cluster.local_world_size // procs_per_gpu)
-        raise UsageError(f"{cluster.local_world_size} ranks on this node need {needed} GPUs at --procs-per-gpu "
-                         f"{procs_per_gpu}, but {gpus} are visible; launch fewer ranks per node or raise "
-                         "--procs-per-gpu")
-    device = torch.device("cuda", (cluster.local_rank // procs_per_gpu) % gpus)
-    torch.cuda.set_device(device)
-    return device

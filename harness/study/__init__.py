@@ -10,6 +10,8 @@
   whole study as a batch job, `harness study`: the site's profile (harness/study/sites/*.json), the
   scheduler's view of the job, the checks before the queue (`--check`) and in the job, discovery,
   the sweep, figures and report, and the job's continuation after a warning or a preemption;
+- `trace`: `harness trace merge`, the per-rank profiler traces of `harness train --profile-trace`
+  as one Chrome/Perfetto trace on one clock, and its per-rank summary;
 - `equivalence`, `weights`: the bound within which a distributed run must train the weights of one
   process on the global batch, and the comparison of saved weights against it.
 
@@ -29,5 +31,6 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "comparison_bound": "weights", "comparison_table": "weights",
     "run_study": "job", "check_study": "preflight", "CheckResult": "check", "StudySettings": "settings",
     "SiteProfile": "sites", "load_site": "sites", "site_names": "sites", "parse_walltime": "walltime",
+    "merge_traces": "trace", "trace_summary": "trace", "merge_after_training": "trace",
 })
 __all__ = __dir__()

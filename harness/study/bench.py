@@ -36,11 +36,13 @@ import torch
 from ..backends import Backend, backend_class, get_backend
 from ..config import TrainConfig
 from ..errors import UsageError
-from ..process.discovery import ClusterEnv, detect_cluster, select_device
+from ..process.accelerator import select_device
+from ..process.discovery import ClusterEnv, detect_cluster
 from ..process.launchers import launch_environment, local_launcher
 from ..process.state import preserved_process_state
 from ..training.contention import CpuMeter, node_cores
 from ..training.metrics import contention_summary
+from ..training.placement import check_device
 from ..training.timing import device_waiter
 from .allreduce import ELEMENT_BYTES, BenchSettings, fit_alpha_beta, repeats_for, size_result
 
@@ -99,16 +101,14 @@ def _launch(settings: BenchSettings) -> Dict[str, Any]:
             return json.load(handle)
 
 
-def _slowest(backend: Backend, rank: int, world_size: int, values: List[float]) -> List[List[float]]:
-    """Every rank's `values` ([value][rank]), in one allreduce of a table each rank fills its column of."""
+def _slowest(backend: Backend, rank: int, world_size: int, values: List[float],
+             device: torch.device) -> List[List[float]]:
+    """Every rank's `values` ([value][rank]), in one allreduce of a table each rank fills its column of
+    (on the rank's device where its process group's communicator takes only device tensors)."""
     table = torch.zeros(len(values), world_size, dtype=torch.float64)
     table[:, rank] = torch.tensor(values, dtype=torch.float64)
-    device = torch.device("cuda", torch.cuda.current_device()) if _on_gpu(backend) else torch.device("cpu")
-    return backend.all_reduce_sum(table.to(device)).cpu().tolist()
-
-
-def _on_gpu(backend: Backend) -> bool:
-    return getattr(backend, "group_backend", "") == "nccl"
+    on_device = getattr(backend, "group_backend", "gloo") != "gloo"
+    return backend.all_reduce_sum(table.to(device if on_device else torch.device("cpu"))).cpu().tolist()
 
 
 def _time_size(backend: Backend, size: int, device: torch.device, settings: BenchSettings,
@@ -125,7 +125,7 @@ def _time_size(backend: Backend, size: int, device: torch.device, settings: Benc
         return time.perf_counter() - start
 
     once()  # the first of a size allocates buffers (and Horovod negotiates its name)
-    warmup = _slowest(backend, cluster.rank, cluster.world_size, [once()])[0]
+    warmup = _slowest(backend, cluster.rank, cluster.world_size, [once()], device)[0]
     repeats = repeats_for(max(warmup), settings)  # the same count on every rank: each repetition is a collective
     backend.barrier()
     start = time.perf_counter()
@@ -133,17 +133,18 @@ def _time_size(backend: Backend, size: int, device: torch.device, settings: Benc
         backend.start_all_reduce_sum(tensor, name)()
     wait_for_device()
     mean = (time.perf_counter() - start) / repeats
-    slowest = max(_slowest(backend, cluster.rank, cluster.world_size, [mean])[0])
+    slowest = max(_slowest(backend, cluster.rank, cluster.world_size, [mean], device)[0])
     return size_result(tensor.numel() * ELEMENT_BYTES, slowest, cluster.world_size, repeats)
 
 
-def _timed(backend: Backend, cluster: ClusterEnv, measure: Callable[[], List[Dict[str, Any]]]) -> Dict[str, Any]:
+def _timed(backend: Backend, cluster: ClusterEnv, device: torch.device,
+           measure: Callable[[], List[Dict[str, Any]]]) -> Dict[str, Any]:
     meter = CpuMeter(threads=None)
     meter.open()
     lines = measure()
     meter.close()
     _, runqueue, load, steal = meter.values()
-    columns = _slowest(backend, cluster.rank, cluster.world_size, [runqueue, load, steal])
+    columns = _slowest(backend, cluster.rank, cluster.world_size, [runqueue, load, steal], device)
     loads, steals = [v for v in columns[1] if v >= 0], [v for v in columns[2] if v >= 0]
     contention = contention_summary({
         "cpu_share": [None] * cluster.world_size,
@@ -162,10 +163,11 @@ def measure_on_this_rank(settings: BenchSettings) -> Dict[str, Any]:
     with preserved_process_state():
         cluster = detect_cluster()
         device = select_device(config.device, cluster)
+        check_device(type(backend), device)
         backend.check_launch(config, cluster, device)
         backend.init(cluster, device, config)
         try:
-            measured = _timed(backend, cluster, lambda: [_time_size(backend, size, device, settings, cluster)
+            measured = _timed(backend, cluster, device, lambda: [_time_size(backend, size, device, settings, cluster)
                                                           for size in settings.sizes])
             backend.barrier()
         finally:

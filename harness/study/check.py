@@ -8,7 +8,8 @@ are printed and do not stop it.
 
     backends     each one imports here, and where the site needs it, was built for it (Horovod's
                  controllers and GPU operations, from its build info); the site's note says how to
-                 get a missing one (Polaris' conda has no Horovod since 2025-10)
+                 get a missing one (Polaris' conda has no Horovod since 2025-10); one the site cannot
+                 run at all (Horovod on Aurora's XPUs) is refused, with the site's note on what to use
     queue        the queue exists and accepts this many nodes for this long (a routing queue: one
                  of its execution queues does); the account is set where the site requires one
     chaining     RESUBMIT=1 in a queue that forbids job chaining (NERSC's debug QOS)
@@ -62,6 +63,9 @@ def check_backends(profile: SiteProfile, backends: Sequence[str], gpus: int) -> 
     problems = []
     for name in backends:
         note = profile.backend_notes.get(name)
+        if name in profile.unsupported_backends:  # whatever this Python has: the site's nodes cannot run it
+            problems.append(f"backend {name} is not supported on {profile.name}" + (f": {note}" if note else ""))
+            continue
         try:
             backend = get_backend(name)
             backend.check_available()

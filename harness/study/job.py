@@ -33,6 +33,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, UsageError
+from ..process.accelerator import detect_accelerator
 from ..process.discovery import RENDEZVOUS_DOMAIN_VARIABLE
 from ..process.launchers import launch_environment
 from .check import CheckResult, StudyRequest, run_checks
@@ -51,12 +52,9 @@ MPS_PIPE_LIMIT = 80
 
 
 def gpus_on_this_node() -> int:
-    """The GPUs nvidia-smi lists; 0 where there is none (a CPU node)."""
-    try:
-        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in listed.splitlines() if line.startswith("GPU"))
+    """The accelerator devices (NVIDIA, AMD or Intel GPUs) this job sees on its node, as the process
+    layer counts them; 0 on a CPU node."""
+    return detect_accelerator().count
 
 
 def open_job(profile: SiteProfile, environ: Dict[str, str], kit_dir: str, script: Optional[str]) -> StudyJob:

@@ -5,7 +5,7 @@ defaults, resolved against the allocation into one checked `StudySettings`.
     NODES | RANKS       node counts (x RANKS_PER_NODE) or total rank counts; default powers of two
                         up to the allocation, by nodes on GPU sites and by ranks on CPU sites
     RANKS_PER_NODE      default GPUS_PER_NODE x PROCS_PER_GPU, or the allocation's tasks per node
-    GPUS_PER_NODE       default: what nvidia-smi lists on the node (0 on a CPU node)
+    GPUS_PER_NODE       default: the node's GPUs (harness.process.accelerator; 0 on a CPU node)
     PROCS_PER_GPU       K > 1: K ranks per GPU under NVIDIA MPS
     SCALING REPEATS     weak | strong; runs per configuration, interleaved
     MODEL DATASET DATA_DIR BATCH_SIZE GLOBAL_BATCH EPOCHS STEPS PRECISION CHECKPOINT_EVERY
@@ -216,9 +216,11 @@ def kit_directory(environ: Mapping[str, str]) -> str:
 
 def site_launch(profile: SiteProfile, settings: StudySettings, kit_dir: str) -> str:
     """The site launcher's words for one run of the study, {ranks} {ppn} {nodes} left to fill."""
-    return profile.launch_template({"depth": settings.depth, "threads": settings.threads,
-                                    "cpus_per_task": settings.cpus_per_task, "kit": kit_dir},
-                                   settings.gpus_per_node, settings.srun_mpi, settings.procs_per_gpu > 1)
+    values = {"depth": settings.depth, "threads": settings.threads, "cpus_per_task": settings.cpus_per_task,
+              "kit": kit_dir}
+    if profile.cpu_sockets:  # a list binding: each rank's cores on one socket (Aurora)
+        values["cpu_list"] = profile.cpu_bind_list(settings.ranks_per_node, settings.depth)
+    return profile.launch_template(values, settings.gpus_per_node, settings.srun_mpi, settings.procs_per_gpu > 1)
 
 
 def sweep_settings(profile: SiteProfile, settings: StudySettings, kit_dir: str) -> SweepSettings:

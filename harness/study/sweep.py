@@ -55,6 +55,7 @@ from ..backends import BACKENDS, backend_class, get_backend
 from ..config import TrainConfig
 from ..training.flags import parse_train_flags
 from ..errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, UsageError, unknown_choice
+from ..process.accelerator import detect_accelerator
 from ..process.discovery import cpu_cores
 from ..process.launchers import launch_environment, site_launcher
 from ..training.launch import launch_command
@@ -177,9 +178,7 @@ def template_command(template: str, ranks: int, ppn: int, backend: str, train_ar
 
 
 def _gpus_per_node() -> int:
-    import torch
-
-    return torch.cuda.device_count() or 1
+    return detect_accelerator().count or 1
 
 
 def _study_config(settings: SweepSettings) -> TrainConfig:

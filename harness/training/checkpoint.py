@@ -7,7 +7,9 @@ Layout of `--checkpoint-dir D`::
                               size and sha256 of every other file
         model.pt              model + optimizer state (none, ddp, horovod: rank 0 writes it), or
         mp_rank_00_model_states.pt, zero_pp_rank_*_optim_states.pt, ...   DeepSpeed's own files
-                              (every rank writes its ZeRO partition; engine.save_checkpoint)
+                              (every rank writes its ZeRO partition; engine.save_checkpoint), or
+        dcp/.metadata, dcp/__0_0.distcp ...   fsdp: torch.distributed.checkpoint's files (every
+                              rank writes its shards of weights and optimizer state)
         rank-00000.pt ...     one per rank: torch (and CUDA), numpy and python RNG states and the
                               rank's per-step losses of the unfinished epoch
     D/.partial-step-...       a checkpoint being written: never read, removed by the next save

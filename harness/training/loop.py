@@ -41,8 +41,10 @@ from .callbacks import Callback, CallbackList, EpochEnd, StepEnd
 from .checkpoint import Checkpointer, Progress, ResumeState, RunLayout, find_resume_checkpoint, restore
 from .evaluate import evaluate
 from .lr import learning_rate, scaled_lr
+from .memory import WindowPeak
 from .models import build_model
 from .placement import Placement, place_process
+from .profiling import PROFILED_STEPS, annotate, make_profiler
 from .record import append_record, run_record
 from .timing import StepTimer, calibrated_compute_per_step, device_waiter, gather_breakdown
 
@@ -95,6 +97,12 @@ class RunPlan:
         model = build_model(self.config.model, channels, size, self.train_set.num_classes, self.config.dropout)
         model = model.to(self.placement.device)
         return model.to(memory_format=torch.channels_last) if self.channels_last_weights else model
+
+    def timing_warmup(self, start_step: int) -> int:
+        """Steps of the segment from `start_step` left out of the timed window: --timing-warmup-steps,
+        at most half the segment, and under --compile at least the first step, which compiles."""
+        warmup = min(self.config.timing_warmup_steps, (self.total_steps - start_step) // 2)
+        return max(warmup, 1) if self.config.compile else warmup
 
     @property
     def channels_last_weights(self) -> bool:
@@ -158,6 +166,8 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> Dict[str, 
             backend.init(cluster, device, config)
             preemption.install()
             model, optimizer = backend.wrap(model, make_optimizer_factory(config), config, plan.local_batch)
+            if config.compile:  # the wrapped model: compiled in its first step, inside the timing warmup
+                model = backend.compile(model)
             # After wrap (DeepSpeed loads into its engine); the RNG states are restored last.
             resumed = restore(resume_from, backend, cluster, device) if resume_from else None
             checkpointer = Checkpointer(config, cluster, backend, plan.layout()) if config.checkpoint_dir else None
@@ -219,8 +229,12 @@ class RunState:
             step_losses += resumed.epoch_step_losses.to(step_losses.device)
         device = plan.placement.device
         # Phases end on finished device work only when --profile asks (it costs overlap).
-        timer = StepTimer(plan.config.trace_steps, device_waiter(device) if plan.config.profile else lambda: None,
+        config = plan.config  # --profile-trace: the step timeline covers the profiled steps too
+        trace_steps = max(config.trace_steps, PROFILED_STEPS) if config.profile_trace else config.trace_steps
+        timer = StepTimer(trace_steps, device_waiter(device) if config.profile else lambda: None,
                           threads=plan.placement.threads if device.type == "cpu" else None)
+        timer.profiler = make_profiler(config.profile_trace, plan.placement.cluster.rank, device)
+        timer.memory = WindowPeak(device)
         return cls(step=resumed.step if resumed else 0, start_step=resumed.step if resumed else 0,
                    progress=resumed.progress if resumed else Progress(), epoch_step_losses=step_losses,
                    checkpointer=checkpointer, timer=timer)
@@ -260,7 +274,7 @@ def _train_epochs(plan: RunPlan, state: RunState, model: nn.Module, optimizer: t
     stream = to_device_ahead(iterate_batches(plan.train_set, RankSchedule(
         len(plan.train_set), cluster.world_size, cluster.rank, plan.local_batch, config.seed, plan.total_steps,
         first_step=state.step), config.num_workers, device.type == "cuda", config.prefetch), device)
-    timing_warmup = min(config.timing_warmup_steps, (plan.total_steps - state.start_step) // 2)
+    timing_warmup = plan.timing_warmup(state.start_step)
     progress_bar = _progress_bar(plan.total_steps - state.start_step, cluster.is_main and sys.stderr.isatty())
     for epoch in range(state.step // plan.epoch_steps, plan.num_epochs):
         epoch_last_step = min((epoch + 1) * plan.epoch_steps, plan.total_steps)
@@ -314,14 +328,17 @@ def _train_step(plan: RunPlan, state: RunState, model: nn.Module, optimizer: tor
     for first in range(0, plan.local_batch, plan.micro_batch):
         sync = first + plan.micro_batch >= plan.local_batch
         with backend.no_sync(sync):
-            with plan.precision.autocast(device):
+            with plan.precision.autocast(device), annotate("forward"):  # named in a --profile-trace
                 micro_loss = F.cross_entropy(model(images[first:first + plan.micro_batch]),
                                              labels[first:first + plan.micro_batch]) / plan.config.grad_accum
-            backend.backward(micro_loss, sync)
+            with annotate("backward"):
+                backend.backward(micro_loss, sync)
         loss += micro_loss.detach().float()
-    backend.finish_gradient_sync()
+    with annotate("gradient sync"):  # where Horovod waits for its allreduce, which the profiler cannot see
+        backend.finish_gradient_sync()
     timer.gradients_ready()
-    backend.step()
+    with annotate("optimizer"):
+        backend.step()
     timer.stepped()
     state.record_loss(plan, epoch, loss, labels.numel())
     return loss, lr
@@ -412,6 +429,8 @@ def _calibration_batches(plan: RunPlan) -> List[Any]:
 def _finish(plan: RunPlan, state: RunState, started: float) -> Dict[str, Any]:
     """Measure what the timed window could not (compute per step, every rank's breakdown); the run's record."""
     config, (backend, cluster, device, _, _) = plan.config, plan.placement
+    if state.timer.profiler is not None:
+        state.timer.profiler.finish(state.timer)
     state.timer.stop()
     # Outside every timed window: the optional cross-check of compute on a fresh copy (timing.py
     # says why it is not what splits the step), then every rank's numbers in one collective.
@@ -425,8 +444,8 @@ def _finish(plan: RunPlan, state: RunState, started: float) -> Dict[str, Any]:
         if calibration else None
     if compute_per_step is not None:
         compute_per_step *= config.grad_accum  # calibrated on one micro-batch; a step runs grad_accum of them
-    peak_memory = float(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     breakdown = gather_breakdown(backend.all_reduce_sum, cluster.rank, cluster.world_size, device, state.timer,
                                  compute_per_step, config.calibration_steps,
-                                 exact=device.type != "cuda" or config.profile, peak_memory=peak_memory)
+                                 exact=device.type == "cpu" or config.profile,
+                                 peak_memory=state.timer.memory.result())
     return run_record(plan, state, started, breakdown)

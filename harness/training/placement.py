@@ -6,18 +6,20 @@ any rank waits for another.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Type
 
 import torch
 
-from ..backends import Backend, backend_class, get_backend
+from ..backends import BACKENDS, Backend, backend_class, get_backend
 from ..config import TrainConfig
 from ..data import DATASETS
-from ..errors import unknown_choice
-from ..process.discovery import ClusterEnv, default_threads, detect_cluster, select_device
+from ..errors import UsageError, unknown_choice
+from ..process.accelerator import kind_of, select_device
+from ..process.discovery import ClusterEnv, default_threads, detect_cluster
 from ..process.state import use_cpu
 from .checkpoint import check_checkpoint_flags
 from .models import MODELS
+from .profiling import check_trace_directory
 
 
 def check_config(config: TrainConfig) -> None:
@@ -29,7 +31,25 @@ def check_config(config: TrainConfig) -> None:
         if value not in known:
             raise unknown_choice(kind, value, known)
     backend.parse_options(config.backend_options)
+    if config.compile:
+        _refuse_unless(backend, lambda cls: cls.compiles, "--compile")
     check_checkpoint_flags(config)
+    if config.profile_trace:
+        check_trace_directory(config.profile_trace)
+
+
+def check_device(backend: Type[Backend], device: torch.device) -> None:
+    """Raise UsageError if `backend` does not run on this device's kind (Backend.devices)."""
+    kind = kind_of(device)
+    _refuse_unless(backend, lambda cls: kind in cls.devices, f"{kind} devices", ", or --device cpu")
+
+
+def _refuse_unless(backend: Type[Backend], supports: Callable[[Type[Backend]], bool], what: str,
+                   alternative: str = "") -> None:
+    """One line naming the backends that support `what` when `backend` does not."""
+    if not supports(backend):
+        others = " or ".join(name for name, cls in BACKENDS.items() if supports(cls))
+        raise UsageError(f"backend {backend.name!r} does not support {what}; use --backend {others}{alternative}")
 
 
 class Placement(NamedTuple):
@@ -51,6 +71,7 @@ def place_process(config: TrainConfig) -> Placement:
     backend.check_available()
     cluster = detect_cluster()
     device = select_device(config.device, cluster, config.procs_per_gpu)
+    check_device(type(backend), device)
     backend.check_launch(config, cluster, device)
     threads = config.threads or default_threads(cluster)
     return Placement(backend, cluster, device, threads, use_cpu(device, threads, config.cpu_malloc))

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from .contention import CpuMeter, node_cores
+from .memory import WindowPeak, memory_section
 from .metrics import accelerator_utilisation, contention_summary, pop_metrics, rank_breakdown
 
 TRACE_PHASES = ("data_wait", "forward_backward", "communication", "optimizer")
@@ -38,8 +39,8 @@ TRACE_PHASES = ("data_wait", "forward_backward", "communication", "optimizer")
 
 def device_waiter(device: torch.device) -> Callable[[], None]:
     """A function that waits until the device has finished its queued work (nothing to wait for on CPU)."""
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
+    if device.type != "cpu":  # any accelerator: torch.accelerator waits for CUDA, ROCm and XPU alike
+        return lambda: torch.accelerator.synchronize(device)
     return lambda: None
 
 
@@ -88,6 +89,8 @@ class StepTimer:
         self.trace_steps = trace_steps
         self.phase_sync = phase_sync
         self.clock: Optional[GradientClock] = None  # set by watch(); without it the whole phase is compute
+        self.profiler: Optional[Any] = None  # --profile-trace: a RankProfiler started with the window
+        self.memory: Optional[WindowPeak] = None  # the peak memory of the windows, reset as each opens
         self.cpu = CpuMeter(threads)
         # per traced step: wait start, data ready, last gradient, gradients ready, stepped
         self.trace: List[List[float]] = []
@@ -112,6 +115,10 @@ class StepTimer:
         if self.origin is None:
             self.origin = self._window_start
         self.cpu.open()
+        if self.memory is not None:
+            self.memory.open()
+        if self.profiler is not None:
+            self.profiler.start()
 
     def close_window(self) -> Optional[Tuple[float, int]]:
         """Stop timing (after a barrier, with the device's work done): the window's (seconds, steps),
@@ -122,6 +129,8 @@ class StepTimer:
         elapsed = time.perf_counter() - self._window_start
         self.seconds += elapsed
         self.cpu.close()
+        if self.memory is not None:
+            self.memory.close()
         self._resolve_gpu_steps()
         return elapsed, self._window_steps
 
@@ -172,6 +181,8 @@ class StepTimer:
             self.trace.append(traced)
         if event is not None:  # GPU: the gap between the events is known once the device has run them
             self._pending.append((*event, gradient_phase, traced))
+        if self.profiler is not None:
+            self.profiler.step()
 
     def _resolve_gpu_steps(self) -> None:
         """Move each GPU step's wait (last-gradient event to gradients-ready event) from compute to
@@ -229,13 +240,13 @@ def _gather(all_reduce_sum: Callable[[torch.Tensor], torch.Tensor], rank: int, w
 
 def gather_breakdown(all_reduce_sum: Callable[[torch.Tensor], torch.Tensor], rank: int, world_size: int,
                      device: torch.device, timer: StepTimer, compute_per_step: Optional[float],
-                     calibration_steps: int, exact: bool, peak_memory: Optional[float]) -> Dict[str, Any]:
-    """Every rank's phase totals, CPU measures, trace and peak memory gathered in one collective;
-    AU, the POP metrics and the contention verdict."""
+                     calibration_steps: int, exact: bool, peak_memory: Tuple[float, str, bool]) -> Dict[str, Any]:
+    """Every rank's phase totals, CPU measures, trace and peak memory ((bytes, source, whole process):
+    harness.training.memory) gathered in one collective; AU, the POP metrics and the contention verdict."""
     steps = timer.steps
     scalars = [timer.seconds, timer.data_wait, timer.forward_backward, timer.communication, timer.optimizer,
                compute_per_step if compute_per_step is not None else -1.0,  # -1: not measured
-               peak_memory if peak_memory is not None else -1.0, *timer.cpu.values()]
+               peak_memory[0], *timer.cpu.values()]
     trace = [value for instants in timer.trace for value in instants]
     trace += [-1.0] * (5 * timer.trace_steps - len(trace))  # -1: this rank traced fewer steps
     table = _gather(all_reduce_sum, rank, world_size, device, scalars + trace)
@@ -255,11 +266,10 @@ def gather_breakdown(all_reduce_sum: Callable[[torch.Tensor], torch.Tensor], ran
             "exact": exact,
         },
         "contention": _contention(columns, timer.cpu.threads),
+        "memory": memory_section(columns["memory"], peak_memory[1], peak_memory[2]),
     }
     if timer.trace_steps:
         breakdown["timeline"] = _timeline(table[len(scalars):], timer.trace_steps, world_size)
-    if peak_memory is not None:
-        breakdown["peak_memory_bytes_per_rank"] = [int(value) for value in columns["memory"]]
     return breakdown
 
 

@@ -8,7 +8,9 @@ from typing import Iterator, Optional
 
 import pytest
 
+from ..slurm_cluster import SlurmUnavailable, check_installed
 from .netns_cluster import NamespacesUnavailable, NetnsCluster, check_namespaces
+from .slurm_nodes import NamespaceSlurm
 
 NODES = 2
 
@@ -35,3 +37,17 @@ def cluster(tmp_path) -> Iterator[NetnsCluster]:
     """NODES nodes, node1 ... nodeN, on a private bridge."""
     with NetnsCluster(NODES, str(tmp_path / "cluster")) as started:
         yield started
+
+
+@pytest.fixture
+def slurm(cluster, tmp_path) -> Iterator[NamespaceSlurm]:
+    """A real Slurm across `cluster`'s nodes (slurm_nodes.py), stopped after the test, failed or not."""
+    try:
+        check_installed()
+    except SlurmUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    started = NamespaceSlurm(cluster, str(tmp_path / "slurm")).start()
+    try:
+        yield started
+    finally:
+        started.stop()

@@ -56,6 +56,17 @@ def _hosts(cluster: NetnsCluster) -> str:
     return ",".join(f"{host}:{RANKS_PER_NODE}" for host in cluster.hostnames)
 
 
+def openmpi_site_settings(cluster: NetnsCluster, hostfile: str, slots: int = RANKS_PER_NODE) -> Dict[str, str]:
+    """What a site's openmpi-mca-params.conf would say, as OMPI_MCA_* variables (which mpirun reads,
+    however deep under a batch system's mpiexec): every node with `slots` in a default hostfile
+    (written to `hostfile`; mpirun fills a node's slots before the next), the cluster's ssh, and
+    the keepalive that notices a lost node."""
+    with open(hostfile, "w") as handle:
+        handle.writelines(f"{host} slots={slots}\n" for host in cluster.hostnames)
+    return {"OMPI_MCA_orte_default_hostfile": hostfile, "OMPI_MCA_plm_rsh_agent": RSH_AGENT,
+            **{f"OMPI_MCA_{name}": value for name, value in OPENMPI_KEEPALIVE.items()}}
+
+
 def multinode_commands(launcher: str, cluster: NetnsCluster, harness_args: Sequence[str]) -> List[NodeCommand]:
     """The commands that run `python -m harness HARNESS_ARGS` as RANKS_PER_NODE ranks on every node."""
     program = ["-m", "harness", *harness_args]

@@ -141,12 +141,15 @@ def check_namespaces() -> None:
 class NetnsCluster:
     """N nodes (network + UTS + mount namespaces) on a private bridge; see the module docstring."""
 
-    def __init__(self, nodes: int, directory: str) -> None:
+    def __init__(self, nodes: int, directory: str, domains: Sequence[str] = ()) -> None:
+        """`domains`: networks the nodes are also known on, as nodeK.DOMAIN (a site's high-speed
+        network, e.g. Polaris' hsn.cm.polaris.alcf.anl.gov, where `harness study` meets rank 0)."""
         if not 1 <= nodes <= 200:
             raise ValueError(f"a namespace cluster has 1 to 200 nodes, not {nodes}")
         self.tag = uuid.uuid4().hex[:6]
         self.directory = os.path.abspath(directory)
         self.hostnames = [f"node{k}" for k in range(1, nodes + 1)]
+        self.domains = list(domains)
         self.addresses = [f"{SUBNET}.{k}" for k in range(1, nodes + 1)]
         self.switch = f"{NAME_PREFIX}{self.tag}sw"
         self.namespaces = [f"{NAME_PREFIX}{self.tag}n{k}" for k in range(1, nodes + 1)]
@@ -187,10 +190,11 @@ class NetnsCluster:
         os.makedirs(os.path.join(self.directory, "bin"), exist_ok=True)
         with open(os.path.join(self.directory, "hosts"), "w") as handle:
             handle.write("127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n::ffff:127.0.0.1 localhost\n")
-            handle.writelines(f"{address} {host}\n" for address, host in zip(self.addresses, self.hostnames))
+            names = [" ".join([host, *(f"{host}.{domain}" for domain in self.domains)]) for host in self.hostnames]
+            handle.writelines(f"{address} {name}\n" for address, name in zip(self.addresses, names))
             # A dual-stack server (torch's store) sees IPv4 peers as ::ffff:a.b.c.d and looks those up
             # by name; the nodes have no DNS server, so without these every lookup fails (with a warning).
-            handle.writelines(f"::ffff:{address} {host}\n" for address, host in zip(self.addresses, self.hostnames))
+            handle.writelines(f"::ffff:{address} {name}\n" for address, name in zip(self.addresses, names))
         for host, namespace in zip(self.hostnames, self.namespaces):
             with open(os.path.join(self.directory, "nodes", host), "w") as handle:
                 handle.write(namespace + "\n")

@@ -35,7 +35,8 @@ class NamespaceSlurm:
         return os.path.join(self.directory, f"{daemon}{'.' + node if node else ''}.pid")
 
     def _write_conf(self) -> None:
-        for sub in ("munge", "state", "log", *(os.path.join("spool", host) for host in self.cluster.hostnames)):
+        per_node = [os.path.join(top, host) for top in ("spool", "tmp") for host in self.cluster.hostnames]
+        for sub in ("munge", "state", "log", *per_node):
             os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
         path, hosts = self.directory, self.cluster.hostnames
         nodes = [f"NodeName={host} NodeAddr={address} CPUs={os.cpu_count() or 1} State=UNKNOWN"
@@ -48,6 +49,9 @@ class NamespaceSlurm:
             # %n: the node's name, so the slurmds, sharing one filesystem, keep their files apart
             f"SlurmdSpoolDir={path}/spool/%n", f"SlurmdPidFile={path}/slurmd.%n.pid",
             f"SlurmdLogFile={path}/log/slurmd.%n.log",
+            # Each node's own /tmp, as on a cluster: mpi/pmix makes its step directories there, by job
+            # and step, so in one shared /tmp the nodes' steps would collide.
+            f"TmpFS={path}/tmp/%n",
             f"SlurmctldPidFile={self._pid_file('slurmctld')}", f"SlurmctldLogFile={path}/log/slurmctld.log",
             "ProctrackType=proctrack/pgid", "TaskPlugin=task/none", "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_CPU", "ReturnToService=2", "SchedulerType=sched/backfill", "MpiDefault=none",

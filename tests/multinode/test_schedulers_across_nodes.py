@@ -1,6 +1,6 @@
 """The batch systems' launchers across two namespace nodes: a real Slurm (slurmctld on node 1, a slurmd
 on each node; slurm_nodes.py) runs an srun step over both nodes, and the emulated PBS's Cray-PALS
-`mpiexec` (tests/pbs_emulation, unchanged) places its ranks on the nodes of a PBS_NODEFILE, through
+`mpiexec` (tests/pbs_emulation) places its ranks on the nodes of a PBS_NODEFILE, through
 OpenMPI's site configuration (a default hostfile and the cluster's ssh). Every rank must discover
 its rank, node and sizes, with node 1 as the rendezvous, and the step exit 0. Seconds each.
 """
@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Dict, Iterator
-
-import pytest
+from typing import Dict
 
 from harness.process.launchers import launch_environment
 
 from ..conftest import REPO
-from ..slurm_cluster import SlurmUnavailable, check_installed
-from .jobs import OPENMPI_KEEPALIVE, RANKS_PER_NODE, discovered
-from .netns_cluster import RSH_AGENT, NetnsCluster
-from .slurm_nodes import NamespaceSlurm
+from .jobs import RANKS_PER_NODE, discovered, openmpi_site_settings
+from .netns_cluster import NetnsCluster
 from .test_across_nodes import RANKS
 
 MPIEXEC = os.path.join(REPO, "tests", "pbs_emulation", "bin", "mpiexec")
@@ -37,19 +33,6 @@ def _check_discovery(cluster: NetnsCluster, found: Dict[int, dict], launcher: st
         assert cluster.address(row["master_addr"]) == cluster.addresses[0], where
 
 
-@pytest.fixture
-def slurm(cluster, tmp_path) -> Iterator[NamespaceSlurm]:
-    try:
-        check_installed()
-    except SlurmUnavailable as exc:
-        pytest.fail(str(exc), pytrace=False)
-    started = NamespaceSlurm(cluster, str(tmp_path / "slurm")).start()
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
 def test_an_srun_step_spans_both_slurm_nodes(cluster, slurm):
     result = slurm.run(["srun", "-N", str(len(cluster.hostnames)), "--ntasks-per-node", str(RANKS_PER_NODE),
                         "--kill-on-bad-exit=1", sys.executable, "-m", "harness", "env"],
@@ -59,12 +42,9 @@ def test_an_srun_step_spans_both_slurm_nodes(cluster, slurm):
 
 
 def test_the_emulated_pbs_mpiexec_places_ranks_on_the_nodes_of_its_nodefile(cluster, tmp_path):
-    nodefile, hostfile = tmp_path / "PBS_NODEFILE", tmp_path / "openmpi-hosts"
+    nodefile = tmp_path / "PBS_NODEFILE"
     nodefile.write_text("".join(f"{host}\n" for host in cluster.hostnames))
-    hostfile.write_text("".join(f"{host} slots={RANKS_PER_NODE}\n" for host in cluster.hostnames))
-    # What a site's openmpi-mca-params.conf would say; the emulated mpiexec runs mpirun, which reads these.
-    site = {"OMPI_MCA_orte_default_hostfile": str(hostfile), "OMPI_MCA_plm_rsh_agent": RSH_AGENT,
-            **{f"OMPI_MCA_{name}": value for name, value in OPENMPI_KEEPALIVE.items()}}
+    site = openmpi_site_settings(cluster, str(tmp_path / "openmpi-hosts"))
     result = cluster.run(1, [MPIEXEC, "-n", str(RANKS), "--ppn", str(RANKS_PER_NODE), "--depth", "1",
                              sys.executable, "-m", "harness", "env"], timeout=STEP_LIMIT_S,
                          env=launch_environment({"PBS_NODEFILE": str(nodefile), "PBS_JOBID": "1.pbs", **site}),

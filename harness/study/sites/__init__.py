@@ -5,11 +5,12 @@ placeholders the study fills), ranks and GPUs per node, CPU binding, GPU affinit
 network variables, the software environment, the queues with their node and walltime limits and
 whether a job may resubmit itself there, the file systems job data may live on, and the network's
 figures (NICs, links, latencies) that `harness predict` models the site with. `polaris`,
-`perlmutter`, `generic-slurm` and `generic-pbs` come with the kit; `--site path/to/site.json`
-takes another written the same way.
+`perlmutter`, `aurora`, `frontier`, `generic-slurm` and `generic-pbs` come with the kit;
+`--site path/to/site.json` takes another written the same way.
 
 Launch template placeholders, filled per site: {depth} {threads} {cpus_per_task} {gpus_per_node}
-{gpu_order} {mpi} {kit}, and the optional segments {gpu_flags} {gpu_binding} (when the nodes have
+{gpu_order} {mpi} {kit}, {cpu_list} (an mpiexec --cpu-bind list from `cpu_sockets`, Aurora), and
+the optional segments {gpu_flags} {gpu_binding} (when the nodes have
 GPUs), {mpi_flags} (when SRUN_MPI is set) and {mps_wrapper} (when ranks share GPUs). {ranks} {ppn}
 and {nodes} are left for the sweep, which fills them per run.
 """
@@ -86,10 +87,14 @@ class SiteProfile:
     environment: Dict[str, str] = field(default_factory=dict)  # always set in the job
     environment_defaults: Dict[str, str] = field(default_factory=dict)  # set unless the job has them
     backends: Tuple[str, ...] = ()
+    # backends the site's software cannot run at all (Horovod on Aurora's XPUs): refused by --check
+    unsupported_backends: Tuple[str, ...] = ()
     backend_notes: Dict[str, str] = field(default_factory=dict)
     backend_requirements: Dict[str, Dict[str, bool]] = field(default_factory=dict)
     queues: Dict[str, Queue] = field(default_factory=dict)
     storage: Tuple[Storage, ...] = ()
+    # usable cores of each CPU socket ("1-51"): where {cpu_list} puts ranks, so none straddles two
+    cpu_sockets: Tuple[str, ...] = ()
     defaults: Dict[str, str] = field(default_factory=dict)
     # NICs, links and NCCL ring latencies for `harness predict` (harness.study.predict.network_from_site)
     network: Dict[str, Any] = field(default_factory=dict)
@@ -151,6 +156,24 @@ class SiteProfile:
         text = _PLACEHOLDER.sub(lambda m: filled.get(m[1], m[0]), text)
         return " ".join(text.split())
 
+    def cpu_bind_list(self, ranks: int, depth: int) -> str:
+        """mpiexec's `--cpu-bind list:` value for `ranks` per node: the ranks split evenly across the
+        sockets (the first half on socket 0, next to the first half of the GPUs), each bound to
+        `depth` consecutive cores of its socket, fewer where the socket has not that many."""
+        sockets = [_core_range(text, self.name) for text in self.cpu_sockets]
+        per_socket = -(-ranks // len(sockets))
+        smallest = min(last - first + 1 for first, last in sockets)
+        if per_socket > smallest:
+            raise UsageError(f"{ranks} ranks per node do not fit {self.name}'s {len(sockets)} sockets of {smallest} "
+                             f"usable cores; pass RANKS_PER_NODE of at most {smallest * len(sockets)}")
+        entries = []
+        for rank in range(ranks):
+            first, last = sockets[rank // per_socket]
+            width = max(1, min(depth, (last - first + 1) // per_socket))
+            start = first + (rank % per_socket) * width
+            entries.append(f"{start}-{start + width - 1}" if width > 1 else str(start))
+        return ":".join(entries)
+
     def mps_command(self, which: str, values: Mapping[str, Any]) -> Optional[List[str]]:
         """The once-per-node MPS `start` or `stop` command (None where each run wraps its ranks)."""
         template = self.mps.get(which)
@@ -165,6 +188,14 @@ def _expand(path: str, environ: Mapping[str, str]) -> str:
     if any(not environ.get(name) for name in names):
         return ""
     return re.sub(r"\$(\w+)", lambda m: environ[m[1]], path)
+
+
+def _core_range(text: str, site: str) -> Tuple[int, int]:
+    """A socket's usable cores, "first-last", as two numbers."""
+    first, _, last = text.partition("-")
+    if not (first.isdigit() and last.isdigit() and int(first) <= int(last)):
+        raise UsageError(f"site profile {site}: cpu_sockets entry {text!r} is not a core range such as \"1-51\"")
+    return int(first), int(last)
 
 
 def site_names() -> List[str]:
@@ -191,13 +222,17 @@ def profile_from_dict(data: Dict[str, Any], source: str) -> SiteProfile:
     queues = {name: _queue(name, spec, source) for name, spec in data.pop("queues", {}).items()}
     storage = tuple(Storage(**entry) for entry in data.pop("storage", []))
     try:
-        profile = SiteProfile(queues=queues, storage=storage, backends=tuple(data.pop("backends", ())), **data)
+        profile = SiteProfile(queues=queues, storage=storage, backends=tuple(data.pop("backends", ())),
+                              unsupported_backends=tuple(data.pop("unsupported_backends", ())),
+                              cpu_sockets=tuple(data.pop("cpu_sockets", ())), **data)
     except TypeError as exc:
         raise UsageError(f"site profile {source}: {exc}; see harness/study/sites/generic-slurm.json") from exc
     for what, value, known in (("scheduler", profile.scheduler, SCHEDULERS), ("warning", profile.warning, WARNINGS),
                                ("gpu_order", profile.gpu_order, GPU_ORDERS)):
         if value not in known:
             raise UsageError(f"site profile {source}: {what} {value!r} is not one of {', '.join(known)}")
+    for socket in profile.cpu_sockets:
+        _core_range(socket, source)
     for queue in queues.values():
         missing = [route for route in queue.routes_to if route not in queues]
         if missing:

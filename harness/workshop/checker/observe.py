@@ -56,7 +56,15 @@ def _split_of(dataset: Any) -> Optional[str]:
 
 
 def _snapshot(model: torch.nn.Module) -> Weights:
-    return {name: value.detach().to("cpu", copy=True) for name, value in model.state_dict().items()}
+    """The model's whole weights on the CPU. A sharded (FSDP) weight is a DTensor holding this rank's
+    piece: gathered whole, a collective, which every rank reaches at the same optimizer step."""
+    return {name: _whole(value).detach().to("cpu", copy=True) for name, value in model.state_dict().items()}
+
+
+def _whole(value: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
 
 
 def _optimizer_spec(optimizer: torch.optim.Optimizer) -> Optional[Dict[str, Any]]:

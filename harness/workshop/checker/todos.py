@@ -52,11 +52,14 @@ class Framework:
         return backend_class(self.backend).local_launcher
 
 
-FRAMEWORKS = (  # in the order they are recognised: a DeepSpeed script imports torch.distributed too
+FRAMEWORKS = (  # in the order they are recognised: DeepSpeed and FSDP scripts import torch.distributed too
     Framework("deepspeed", re.compile(r"^\s*(import|from)\s+deepspeed\b", re.M), "04_deepspeed.py",
               ("initialize",), ("engine-step",), ("config",), ("process-group",), ("config",)),
     Framework("horovod", re.compile(r"^\s*(import|from)\s+horovod\b", re.M), "03_horovod.py",
               ("broadcast",), ("optimizer",), ("optimizer",), ("init",)),
+    # An FSDP2 script imports torch.distributed too: recognised before DDP.
+    Framework("fsdp", re.compile(r"^\s*(import|from)\s+torch\.distributed\.fsdp\b", re.M), "06_fsdp.py",
+              ("shard-model",), ("shard-model",), ("shard-model",), ("process-group",)),
     Framework("ddp", re.compile(r"^\s*(import\s+torch\.(distributed|nn\.parallel)\b"
                                 r"|from\s+torch\.(distributed|nn\.parallel)\b"
                                 r"|from\s+torch\s+import\s+distributed\b)", re.M),

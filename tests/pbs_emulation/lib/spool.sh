@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Shared by the emulated PBS commands (qsub, qstat, qsig): where jobs are kept and how ids look.
 #
-# PBS_EMULATION_SPOOL holds, per job number N:
+# PBS_EMULATION_SPOOL holds `nodes`, the server's nodes (one hostname a line; optional: without it
+# this machine stands in for every node), and per job number N:
 #   N.attributes    `qstat -f` lines (Job_Name, Account_Name, queue, Resource_List.*, ...)
 #   N.environment   the job's environment, NUL-separated NAME=VALUE entries
 #   N.script        the copy of the job script that runs (PBS runs a copy, not the file you edit)

@@ -1,0 +1,96 @@
+"""Memory and throughput of DDP, DeepSpeed ZeRO stages 0-3 and FSDP side by side, and whether they
+all train the same weights (issue: FSDP as a fourth backend).
+
+Every configuration trains the same model with Adam (two optimizer states per weight, the part
+ZeRO-1 shards first) on 2 local ranks x 1 thread, synthetic data, the same seed; configurations are
+interleaved per repeat. Printed per configuration: peak memory per rank as the record measures it
+(`memory`: on a GPU the allocator's peak; on the CPU the process's resident-set peak, which also
+holds torch, the data and the full model every rank builds before any sharding), throughput, and
+the weights' largest difference from DDP's, relative to how far training moved them (parameters
+only: batch-norm running statistics are per-rank buffers that DDP broadcasts from rank 0 and the
+sharded backends do not). Usage:
+    .venv/bin/python benchmarks/sharding.py [--model resnet50] [--steps 4] [--repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List, Tuple
+
+import torch
+
+from harness.process.launchers import launch_environment
+from harness.study.equivalence import update_differences, worst
+from harness.data.builtin import synthetic_shape
+from harness.training.launch import launch_command
+from harness.training.models import build_model
+
+# (label, backend, its flags); DDP first: the weights every other row is compared with.
+CONFIGURATIONS: List[Tuple[str, str, List[str]]] = [
+    ("ddp", "ddp", []),
+    *((f"deepspeed ZeRO-{stage}", "deepspeed", ["--zero-stage", str(stage)]) for stage in range(4)),
+    ("fsdp", "fsdp", []),
+]
+MIB = 2 ** 20
+
+
+def train(backend: str, flags: List[str], model: str, steps: int, out: str) -> Dict:
+    args = ["--model", model, "--dataset", "synthetic", "--batch-size", "2", "--threads", "1", "--optimizer", "adam",
+            "--lr", "0.001", "--seed", "0", "--max-steps", str(steps + 1), "--timing-warmup-steps", "1",
+            "--eval-every", "0", "--calibration-steps", "0", "--results", f"{out}.jsonl", "--save-model", f"{out}.pt",
+            *flags]
+    done = subprocess.run(launch_command(2, backend, args), capture_output=True, text=True, env=launch_environment(),
+                          timeout=1800)
+    if done.returncode:
+        raise SystemExit(f"{backend} {' '.join(flags)} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    with open(f"{out}.jsonl") as handle:
+        return json.loads(handle.readline())
+
+
+def parameter_difference(weights: Dict, reference: Dict, initial: Dict) -> float:
+    names = [name for name, _ in initial.items() if not name.endswith(("running_mean", "running_var", "tracked"))]
+    pick = lambda state: {name: state[name] for name in names}  # noqa: E731
+    return worst(update_differences(pick(weights), pick(reference), pick(initial)))[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet50", help="cnn, resnet18 or resnet50")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per run (after one warm-up step)")
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved repeats of every configuration")
+    args = parser.parse_args()
+    peaks: Dict[str, List[float]] = {label: [] for label, _, _ in CONFIGURATIONS}
+    speeds: Dict[str, List[float]] = {label: [] for label, _, _ in CONFIGURATIONS}
+    differences: Dict[str, float] = {}
+    torch.manual_seed(0)  # the seed of the runs: the weights they start from
+    (channels, size, _), classes = synthetic_shape(args.model)
+    initial = build_model(args.model, channels, size, classes, None).state_dict()
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            for label, backend, flags in CONFIGURATIONS:
+                record = train(backend, flags, args.model, args.steps, os.path.join(tmp, f"{repeat}-{label}"))
+                peaks[label].append(max(record["memory"]["peak_bytes_per_rank"]) / MIB)
+                speeds[label].append(record["throughput"])
+                weights = torch.load(os.path.join(tmp, f"{repeat}-{label}.pt"), weights_only=True)
+                reference = torch.load(os.path.join(tmp, f"{repeat}-ddp.pt"), weights_only=True)
+                differences[label] = max(differences.get(label, 0.0), parameter_difference(weights, reference, initial))
+                print(f"repeat {repeat + 1}: {label:18s} {peaks[label][-1]:8.0f} MiB {speeds[label][-1]:7.1f} samples/s",
+                      flush=True)
+        source = record["memory"]["source"]
+    print(f"\n{args.model}, Adam, 2 ranks x batch 2, {args.steps} timed steps, {args.repeats} interleaved repeat(s); "
+          f"memory: {source}\n")
+    print("| configuration | peak memory per rank (MiB, highest rank) | samples/s | weights vs DDP (of the update) |")
+    print("|---|---|---|---|")
+    for label, _, _ in CONFIGURATIONS:
+        print(f"| {label} | {statistics.mean(peaks[label]):.0f} | {statistics.mean(speeds[label]):.2f} | "
+              f"{differences[label]:.2e} |")
+
+
+if __name__ == "__main__":
+    main()
