@@ -28,11 +28,13 @@ from .errors import PeerFailure, Preempted, UsageError  # noqa: E402
 
 def train(config: TrainConfig, callbacks=()) -> dict:
     """Train one run on this process's rank and return its results record (see harness.training.loop.train)."""
-    from .study.trace import merge_after_training
     from .training.loop import train as run
 
     record = run(config, callbacks=callbacks)
-    merge_after_training(config.profile_trace)  # --profile-trace: rank 0 writes DIR/trace.json
+    if config.profile_trace:  # rank 0 writes DIR/trace.json; the study layer only when asked for
+        from .study.trace import merge_after_training
+
+        merge_after_training(config.profile_trace)
     return record
 
 

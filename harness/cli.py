@@ -307,7 +307,7 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
     exercise_commands = exercise.add_subparsers(dest="exercise_command", required=True, parser_class=OneLineParser)
     start = exercise_commands.add_parser(
         "start", help="copy a step's exercise to my-exercises/NN_name.py, which `make exercises` never touches")
-    start.add_argument("step", help="the step: 01..05, or its name, e.g. 02 or 02_ddp")
+    start.add_argument("step", help="the step: its number or its name, e.g. 02 or 02_ddp")
     start.add_argument("--notebook", action="store_true", help="also write the notebook form (.ipynb)")
     start.add_argument("--force", action="store_true", help="replace a copy that is already there (your work in it is lost)")
     start.add_argument("--directory", default=None, help="where to write the copy (default: my-exercises/ in the kit)")

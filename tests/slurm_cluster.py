@@ -25,6 +25,24 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 
 
+
+# What every test Slurm sets alike, one node or several: no accounting, no cgroups, quick timeouts.
+COMMON_SETTINGS = ["ProctrackType=proctrack/pgid", "TaskPlugin=task/none", "SelectType=select/cons_tres",
+                   "SelectTypeParameters=CR_CPU", "ReturnToService=2", "SchedulerType=sched/backfill",
+                   "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none",
+                   "AccountingStorageType=accounting_storage/none", "SlurmctldTimeout=30", "SlurmdTimeout=30",
+                   "InactiveLimit=0", "MinJobAge=600", "KillWait=10"]
+
+
+def write_conf_and_key(conf: str, munge_directory: str, lines: List[str]) -> None:
+    """slurm.conf from `lines`, and a fresh munge key only root may read, as munged requires."""
+    with open(conf, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    key = os.path.join(munge_directory, "munge.key")
+    with open(key, "wb") as handle:
+        handle.write(os.urandom(1024))
+    os.chmod(key, 0o400)
+
 class SlurmUnavailable(RuntimeError):
     """Slurm or munge is not installed here, or cannot run as this user."""
 
@@ -95,29 +113,11 @@ class SlurmCluster:
             f"SlurmdPidFile={self._pid_files['slurmd']}",
             f"SlurmctldLogFile={path}/log/slurmctld.log",
             f"SlurmdLogFile={path}/log/slurmd.log",
-            "ProctrackType=proctrack/pgid",
-            "TaskPlugin=task/none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_CPU",
-            "ReturnToService=2",
-            "SchedulerType=sched/backfill",
-            "MpiDefault=none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            "SlurmctldTimeout=30",
-            "SlurmdTimeout=30",
-            "InactiveLimit=0",
-            "MinJobAge=600",
-            "KillWait=10",
+            *COMMON_SETTINGS,
             f"NodeName={self.host} CPUs={os.cpu_count() or 1} Features=gpu State=UNKNOWN",  # perlmutter.sbatch asks -C gpu
             f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4",
         ]
-        with open(self.conf, "w") as handle:
-            handle.write("\n".join(lines) + "\n")
-        key = os.path.join(self.directory, "munge", "munge.key")
-        with open(key, "wb") as handle:
-            handle.write(os.urandom(1024))
-        os.chmod(key, 0o400)
+        write_conf_and_key(self.conf, os.path.join(self.directory, "munge"), lines)
 
     def _daemon_commands(self) -> Dict[str, List[str]]:
         munge = os.path.join(self.directory, "munge")

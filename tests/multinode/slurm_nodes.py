@@ -15,7 +15,8 @@ import subprocess
 import time
 from typing import Dict, List, Optional, Sequence
 
-from ..slurm_cluster import START_TIMEOUT_S, STOP_TIMEOUT_S, _alive, check_installed
+from ..slurm_cluster import (COMMON_SETTINGS, START_TIMEOUT_S, STOP_TIMEOUT_S, _alive, check_installed,
+                             write_conf_and_key)
 from .netns_cluster import NetnsCluster
 
 CTLD_PORT = 6817  # node 1's own network namespace: nothing else listens there
@@ -53,19 +54,10 @@ class NamespaceSlurm:
             # and step, so in one shared /tmp the nodes' steps would collide.
             f"TmpFS={path}/tmp/%n",
             f"SlurmctldPidFile={self._pid_file('slurmctld')}", f"SlurmctldLogFile={path}/log/slurmctld.log",
-            "ProctrackType=proctrack/pgid", "TaskPlugin=task/none", "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_CPU", "ReturnToService=2", "SchedulerType=sched/backfill", "MpiDefault=none",
-            "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
-            "SlurmctldTimeout=30", "SlurmdTimeout=30", "InactiveLimit=0", "MinJobAge=600", "KillWait=10",
-            *nodes,
+            *COMMON_SETTINGS, *nodes,
             f"PartitionName=debug Nodes={','.join(hosts)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4",
         ]
-        with open(self.conf, "w") as handle:
-            handle.write("\n".join(lines) + "\n")
-        key = os.path.join(self.directory, "munge", "munge.key")
-        with open(key, "wb") as handle:
-            handle.write(os.urandom(1024))
-        os.chmod(key, 0o400)
+        write_conf_and_key(self.conf, os.path.join(self.directory, "munge"), lines)
 
     def environ(self, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
         """The environment for Slurm's clients and daemons: SLURM_CONF set (plus `extra`)."""
