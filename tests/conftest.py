@@ -15,6 +15,11 @@ from harness.training.launch import launch_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH_TIMEOUT_S = 300
+# `make test` runs the suite on two pytest-xdist workers, a file per worker at a time (its module
+# fixtures are built once). Files that share something machine-wide share a group, so they never run
+# at the same time: `ipcluster stop --all` in the notebook tests stops every cluster of the default
+# IPython profile, the engines' test's included.
+SHARED_GROUPS = {"test_notebooks.py": "ipython-default-profile", "test_engines.py": "ipython-default-profile"}
 
 
 def run(command: Sequence[str], timeout: float = LAUNCH_TIMEOUT_S, env: Optional[Dict[str, str]] = None,
@@ -35,6 +40,13 @@ def launch(ranks: int, backend: str, train_args: List[str], launcher: Optional[s
     result = run(launch_command(ranks, backend, train_args, launcher), timeout=timeout)
     assert result.returncode == 0, f"{backend} via {launcher}: exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result
+
+
+def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
+    """Give every test its xdist group (`--dist loadgroup`): its file, or the group its file shares."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(name, str(item.path.relative_to(REPO)))))
 
 
 @pytest.fixture(autouse=True)
