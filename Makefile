@@ -9,12 +9,12 @@ demo: setup
 	@$(PY) -m harness demo
 
 # Everything, slow multi-process tests, notebooks and scheduler tests included (not the GPU ones):
-# first on TEST_WORKERS pytest-xdist workers, one file (or group of files that share something
-# machine-wide, tests/conftest.py) per worker at a time; then, one at a time, the tests marked
+# first on TEST_WORKERS pytest-xdist workers, a file per worker at a time, the longest first
+# (tests/conftest.py); then, one at a time, the tests marked
 # `alone`, which measure time or machine-wide state. Both parts always run; either failing fails.
 TEST_WORKERS ?= 2
 test: setup
-	@$(PY) -m pytest -q -ra --durations=40 -n $(TEST_WORKERS) --dist loadgroup -m "not gpu and not alone" tests; \
+	@$(PY) -m pytest -q -ra --durations=40 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not gpu and not alone" tests; \
 	shared=$$?; $(PY) -m pytest -q -ra --durations=10 -m "alone and not gpu" tests; alone=$$?; \
 	[ $$shared -eq 0 ] && [ $$alone -eq 0 ]
 

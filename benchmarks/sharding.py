@@ -8,8 +8,14 @@ interleaved per repeat. Printed per configuration: peak memory per rank as the r
 holds torch, the data and the full model every rank builds before any sharding), throughput, and
 the weights' largest difference from DDP's, relative to how far training moved them (parameters
 only: batch-norm running statistics are per-rank buffers that DDP broadcasts from rank 0 and the
-sharded backends do not). Usage:
-    .venv/bin/python benchmarks/sharding.py [--model resnet50] [--steps 4] [--repeats 1]
+sharded backends do not).
+
+On the CPU the runs use `--cpu-malloc system` with glibc's mmap threshold fixed at 64 KiB
+(MALLOC_MMAP_THRESHOLD_): every block above it is its own mapping, handed back to the kernel when
+freed, so the resident set follows the memory that is live. The harness's default (`reuse`) keeps
+freed blocks in the process for the next step, and its peak would then hide what sharding frees.
+Usage:
+    .venv/bin/python benchmarks/sharding.py [--model resnet18] [--steps 4] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -38,14 +44,16 @@ CONFIGURATIONS: List[Tuple[str, str, List[str]]] = [
     ("fsdp", "fsdp", []),
 ]
 MIB = 2 ** 20
+MMAP_THRESHOLD_BYTES = 64 * 1024
 
 
 def train(backend: str, flags: List[str], model: str, steps: int, out: str) -> Dict:
     args = ["--model", model, "--dataset", "synthetic", "--batch-size", "2", "--threads", "1", "--optimizer", "adam",
             "--lr", "0.001", "--seed", "0", "--max-steps", str(steps + 1), "--timing-warmup-steps", "1",
             "--eval-every", "0", "--calibration-steps", "0", "--results", f"{out}.jsonl", "--save-model", f"{out}.pt",
-            *flags]
-    done = subprocess.run(launch_command(2, backend, args), capture_output=True, text=True, env=launch_environment(),
+            "--cpu-malloc", "system", *flags]
+    environment = launch_environment({"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)})
+    done = subprocess.run(launch_command(2, backend, args), capture_output=True, text=True, env=environment,
                           timeout=1800)
     if done.returncode:
         raise SystemExit(f"{backend} {' '.join(flags)} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -61,7 +69,7 @@ def parameter_difference(weights: Dict, reference: Dict, initial: Dict) -> float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="resnet50", help="cnn, resnet18 or resnet50")
+    parser.add_argument("--model", default="resnet18", help="cnn, resnet18 or resnet50")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per run (after one warm-up step)")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved repeats of every configuration")
     args = parser.parse_args()

@@ -2,9 +2,10 @@
 carry the lessons (equivalence, warmup, exact evaluation), and a cell that raises fails the test.
 
 Each notebook runs in its own pytest subprocess, bounded per cell (--nbval-cell-timeout) and as a
-whole, so a hung engine fails the test in bounded time. Every process the notebook starts inherits
-a marker variable unique to the test; the teardown runs `ipcluster stop --all` and then kills
-whatever still carries the marker, so a failed notebook leaves no engines behind.
+whole, so a hung engine fails the test in bounded time, with an IPython folder of its own, so that
+notebooks (and other tests) can run side by side. Every process the notebook starts inherits a
+marker variable unique to the test; the teardown runs `ipcluster stop --all` on that folder and then
+kills whatever still carries the marker, so a failed notebook leaves no engines behind.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Dict, Iterator
 
 import pytest
 
@@ -32,18 +33,20 @@ EXIT_GRACE_S = 15
 MARKER = "HARNESS_NOTEBOOK_TEST"
 
 
-def stop_all_clusters() -> None:
+def stop_all_clusters(environment: Dict[str, str]) -> None:
+    """Every cluster of the IPython folder `environment` names (IPYTHONDIR)."""
     ipcluster = str(Path(sys.executable).with_name("ipcluster"))
-    subprocess.run([ipcluster, "stop", "--all"], capture_output=True, timeout=60, check=False)
+    subprocess.run([ipcluster, "stop", "--all"], capture_output=True, timeout=60, check=False, env=environment)
 
 
 @pytest.fixture
-def marker() -> Iterator[str]:
-    """A value for MARKER; after the test, every process carrying it is stopped."""
-    value = uuid.uuid4().hex
-    yield value
-    stop_all_clusters()
-    kill_processes_with_environment(MARKER, value)
+def notebook_environment(tmp_path: Path) -> Iterator[Dict[str, str]]:
+    """The notebook's environment: a private IPython folder and MARKER; after the test, its clusters
+    are stopped and every process carrying its MARKER value is killed."""
+    environment = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython"), MARKER: uuid.uuid4().hex}
+    yield environment
+    stop_all_clusters(environment)
+    kill_processes_with_environment(MARKER, environment[MARKER])
 
 
 def test_notebooks_found() -> None:
@@ -54,11 +57,11 @@ def test_notebooks_found() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT_S + 60)  # the notebook's own bound, not pytest-timeout's 600 s default
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=os.path.basename)
-def test_notebook_runs(notebook: str, marker: str) -> None:
+def test_notebook_runs(notebook: str, notebook_environment: Dict[str, str]) -> None:
     command = [sys.executable, "-m", "pytest", "--nbval-lax", f"--nbval-cell-timeout={CELL_TIMEOUT_S}",
                "-p", "no:cacheprovider", "-q", "--rootdir", os.path.dirname(notebook), notebook]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, MARKER: marker}, start_new_session=True)
+                               env=notebook_environment, start_new_session=True)
     try:
         output, _ = process.communicate(timeout=NOTEBOOK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -69,6 +72,6 @@ def test_notebook_runs(notebook: str, marker: str) -> None:
     # The notebook's last cell stops its cluster: nothing it started may still run (the kernel
     # gets a few seconds to exit after nbval shuts it down).
     deadline = time.monotonic() + EXIT_GRACE_S
-    while (leftovers := processes_with_environment(MARKER, marker)) and time.monotonic() < deadline:
+    while (leftovers := processes_with_environment(MARKER, notebook_environment[MARKER])) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not leftovers, f"processes left running by {os.path.basename(notebook)}: {leftovers}"

@@ -13,6 +13,7 @@ import pytest
 
 from harness.study.job import apply_site_environment, in_job_checks
 from harness.study.preflight import check_study
+from harness.study.scheduler import JobRecord
 from harness.study.settings import sweep_settings
 from harness.study.submit import parse_pbs_variables, parse_submission
 
@@ -161,6 +162,9 @@ def test_the_request_is_the_directives_with_the_command_line_over_them():
                              {"HOME": "/h"})
     assert (slurm.nodes, slurm.walltime_s, slurm.queue, slurm.tasks_per_node, slurm.cpus_per_task) == (
         8, 2 * 86400, "premium", 4, 32)
+    assert slurm.qos == "premium"  # at a QOS site the queue is the QOS
+    frontier_job = parse_submission("slurm", FRONTIER, ["-q", "debug"], {}, "partition")
+    assert (frontier_job.queue, frontier_job.qos) == ("batch", "debug")  # the directive's partition, -q beside it
     assert slurm.variables == {"STEPS": "9"}
     assert parse_submission("slurm", PERLMUTTER, [], {"HOME": "/h"}).variables == {"HOME": "/h"}  # --export=ALL
 
@@ -207,6 +211,56 @@ def test_aurora_and_frontier_queues_refuse_what_they_do_not_take(check, args, pr
 
 def test_frontiers_extended_partition_takes_a_day_on_few_nodes():
     assert frontier("-A", "p", "-p", "extended", "-N", "8", "-t", "24:00:00").ok
+
+
+DEBUG_NOTE = "OLCF prohibits job chaining and production work in the debug QOS"
+ONE_AT_A_TIME = "QOS debug runs at most 1 job of yours at a time: this one waits while another of yours runs there"
+
+
+@pytest.mark.parametrize("args, environ, problem", [
+    # 92 nodes: batch-bin4 takes 6 hours, the debug QOS 2
+    (["-q", "debug", "-N", "100", "-t", "4:00:00"], {"RESUBMIT": "0"},
+     "walltime 04:00:00 exceeds QOS debug's 02:00:00; ask for at most 02:00:00, or submit without -q debug"),
+    (["-q", "debug", "-t", "1:00:00"], {"RESUBMIT": "1"},
+     f"RESUBMIT=1, but QOS debug allows no job chaining ({DEBUG_NOTE}); submit with RESUBMIT=0 (or auto), or "
+     "without -q debug"),
+    ([], {"SBATCH_QOS": "debug", "RESUBMIT": "1"},  # sbatch reads the QOS from its environment, too
+     f"RESUBMIT=1, but QOS debug allows no job chaining ({DEBUG_NOTE}); submit with RESUBMIT=0 (or auto), or "
+     "without -q debug"),
+    (["-q", "dbug"], {}, "unknown frontier QOS 'dbug'; choose one of debug, or leave -q out for the default QOS"),
+])
+def test_frontiers_debug_qos_is_checked_beside_the_partition(args, environ, problem):
+    assert frontier("-A", "p", *args, environ=environ).problems == [problem]
+
+
+def test_frontiers_debug_qos_within_its_limits_passes_and_the_partition_is_still_checked():
+    result = frontier("-A", "p", "-p", "batch", "-q", "debug", "-N", "16", "-t", "2:00:00", environ={"RESUBMIT": "0"})
+    assert result.ok and result.warnings == [ONE_AT_A_TIME]
+    auto = frontier("-A", "p", "-q", "debug", "-t", "1:00:00")  # RESUBMIT=auto: it will not chain there
+    assert auto.ok and auto.warnings[1].startswith(f"QOS debug allows no job chaining ({DEBUG_NOTE}): a study cut")
+    both = frontier("-A", "p", "-q", "debug", "-N", "16", "-t", "3:00:00", environ={"RESUBMIT": "0"})
+    assert both.problems == ["walltime 03:00:00 exceeds queue batch-bin5's 02:00:00; ask for at most 02:00:00",
+                             "walltime 03:00:00 exceeds QOS debug's 02:00:00; ask for at most 02:00:00, or submit "
+                             "without -q debug"]
+    assert frontier("-A", "p", "-p", "extended", "-q", "debug", "-N", "65", environ={"RESUBMIT": "0"}).problems == [
+        "queue extended takes 1-64 nodes, not 65; ask for a node count it takes or choose another queue"]
+
+
+def test_in_the_job_the_default_qos_passes_and_chaining_in_the_debug_qos_is_refused(tmp_path):
+    def checks(qos: str, resubmit: str):
+        record = JobRecord("9", account="p", queue="batch", submit_queue="batch", walltime_s=3600,
+                           options={"partition": "batch", "qos": qos})
+        job = make_job("frontier", str(tmp_path / qos), {"BACKENDS": "ddp", "RESUBMIT": resubmit}, record=record,
+                       gpus=8)
+        environ = {}
+        apply_site_environment(job, environ)
+        return in_job_checks(job, sweep_settings(job.profile, job.settings, REPO), environ)
+
+    normal = checks("normal", "1")  # a QOS the profile does not list: the scheduler took it, nothing to say
+    assert normal.ok and normal.warnings == []
+    assert checks("debug", "1").problems == [
+        f"RESUBMIT=1, but QOS debug allows no job chaining ({DEBUG_NOTE}); submit with RESUBMIT=0 (or auto), or "
+        "without -q debug"]
 
 
 def test_aurora_refuses_chaining_in_its_debug_queues_and_job_data_off_the_requested_file_systems():

@@ -118,6 +118,31 @@ def test_no_continuation_where_it_is_not_allowed(tmp_path, monkeypatch, capsys, 
     assert f"not resubmitting ({reason}" in capsys.readouterr().out
 
 
+def frontier_job(tmp_path, qos: str, **values: str):
+    """A Frontier job submitted with -p batch -q QOS, as its scontrol record shows it."""
+    record = JobRecord("9", name="harness-scaling", account="csc123", queue="batch", submit_queue="batch",
+                       options={"partition": "batch", "qos": qos, "nodes": "2", "account": "csc123", "time": "60"})
+    return make_job("frontier", str(tmp_path / "job"), values, record=record, nodes=2, gpus=8,
+                    script="/kit/job.sbatch")
+
+
+def test_frontiers_debug_qos_never_chains(tmp_path, monkeypatch, capsys):
+    scheduler = Resubmissions(monkeypatch, cause="preempted")
+    job = frontier_job(tmp_path, "debug")  # the partition, batch-bin5, would allow it
+    assert continuation.continue_study(job, signal.SIGUSR1) == EXIT_PREEMPTED and scheduler.jobs == []
+    assert "not resubmitting (QOS debug allows no job chaining (OLCF prohibits" in capsys.readouterr().out
+
+
+def test_a_frontier_continuation_keeps_its_partition_and_its_qos(tmp_path, monkeypatch):
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\n")
+    job = frontier_job(tmp_path, "normal")
+    job.script = str(script)
+    command, _, _ = continuation._submission(job, job.profile.execution_queue("batch", 2))
+    flags = dict(zip(command[2:-1:2], command[3:-1:2]))  # sbatch --parsable, then --name value pairs
+    assert (flags["--partition"], flags["--qos"], flags["--nodes"], flags["--time"]) == ("batch", "normal", "2", "60")
+
+
 def test_a_slurm_resubmission_leaves_this_jobs_variables_behind(tmp_path, monkeypatch):
     script = tmp_path / "job.sbatch"
     script.write_text("#!/bin/bash\n")

@@ -161,6 +161,16 @@ def test_a_partition_site_resubmits_to_its_partition_and_asks_for_requeue_where_
     assert _options(command)["--partition"] == "gpu_ss11" and "--qos" not in command and "--requeue" in command
 
 
+def test_a_partition_site_that_lists_qoses_resubmits_to_both():
+    # Frontier: -p batch -q <qos>; the continuation must keep both, or it lands in the default QOS.
+    record = parse_scontrol_oneliner(data("scontrol_oneliner_2205.txt"), "partition")
+    command = sbatch_resubmission(record, "partition", "/scratch/study", "/kit/job.sbatch", requeue=False,
+                                  with_qos=True)
+    flags = _options(command)
+    assert (flags["--partition"], flags["--qos"]) == ("gpu_ss11", "regular") and command.count("--qos") == 1
+    assert sbatch_resubmission(record, "qos", "/s", "/kit/job.sbatch", False, with_qos=True).count("--qos") == 1
+
+
 def test_termination_causes():
     assert termination_cause(parse_scontrol_json(data("scontrol_perlmutter_preempted.json"), "qos")) == "preempted"
     assert termination_cause(parse_scontrol_json(data("scontrol_perlmutter_regular.json"), "qos")) == "cancelled"

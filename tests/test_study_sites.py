@@ -188,6 +188,32 @@ def test_aurora_and_frontier_queues_route_by_node_count():
         frontier.execution_queue("batch", 9473)
 
 
+def test_frontier_lists_its_debug_qos_beside_its_partitions():
+    frontier, perlmutter = load_site("frontier"), load_site("perlmutter")
+    debug = frontier.qos_limits("debug")
+    assert (debug.max_walltime_s, debug.chaining, debug.max_running_jobs) == (7200, False, 1)
+    assert frontier.qos_limits(None) is None and "debug" not in frontier.queues
+    with pytest.raises(UsageError, match="unknown frontier QOS 'dbug'; choose one of debug"):
+        frontier.qos_limits("dbug")
+    assert perlmutter.qos == {} and perlmutter.qos_limits("debug") is None  # its queues are the QOSes
+
+
+@pytest.mark.parametrize("change, error", [
+    ({"qos": ["debug"]}, '"qos" must map each name to an object of its limits'),
+    ({"qos": {"debug": "02:00:00"}}, '"qos" must map each name to an object of its limits'),
+    ({"qos": {"debug": {"max_wall": "02:00:00"}}}, "qos debug: .*max_wall"),
+    ({"qos": {"debug": {"max_walltime": "2h"}}}, "qos debug: walltime '2h' is not a slurm time limit"),
+    ({"qos": {"debug": {"chaining": "no"}}}, "qos debug: chaining 'no' is not true or false"),
+    ({"qos": {"debug": {"max_running_jobs": True}}}, "qos debug: max_running_jobs True is not a whole number"),
+    ({"qos": {"debug": {"routes_to": ["batch"]}}}, "qos debug: routes_to, execution_only and preempt are partition"),
+    ({"queue_field": "qos"}, '"qos" describes the QOSes of a Slurm site whose queues are partitions'),
+])
+def test_a_malformed_qos_table_is_refused_naming_what_is_wrong(change, error):
+    data = json.load(open(os.path.join(REPO, "harness", "study", "sites", "frontier.json")))
+    with pytest.raises(UsageError, match=f"site profile x.json: {error}"):
+        profile_from_dict({**data, **change}, "x.json")
+
+
 def test_frontier_binds_each_rank_to_its_closest_gcd_and_sets_the_rccl_plugin_environment(tmp_path):
     # OLCF Frontier user guide: 8 ranks per node, 7 cores each (56 usable), --gpus-per-task=1
     # --gpu-bind=closest; the RCCL/libfabric variables HPE and AMD recommend with the plugin.

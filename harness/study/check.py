@@ -12,7 +12,9 @@ are printed and do not stop it.
                  run at all (Horovod on Aurora's XPUs) is refused, with the site's note on what to use
     queue        the queue exists and accepts this many nodes for this long (a routing queue: one
                  of its execution queues does); the account is set where the site requires one
-    chaining     RESUBMIT=1 in a queue that forbids job chaining (NERSC's debug QOS)
+    QOS          where the site's queues are partitions and its profile lists QOSes (Frontier), the
+                 QOS named with -q exists and accepts this many nodes for this long, too
+    chaining     RESUBMIT=1 in a queue or QOS that forbids job chaining (NERSC's and OLCF's debug QOS)
     data         DATASET's files are in DATA_DIR
     storage      JOB_DIR and DATA_DIR lie on file systems the job asked for (PBS `-l filesystems`)
                  and meant for job data (at NERSC not $HOME, 40 GB)
@@ -23,13 +25,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from ..backends import get_backend
 from ..data.disk import DISK_DATASETS
 from ..errors import UsageError
 from .settings import StudySettings
-from .sites import SiteProfile
+from .sites import Queue, SiteProfile
 from .sweep import SweepSettings, plan_sweep
 from .walltime import format_walltime
 
@@ -41,6 +43,7 @@ class StudyRequest:
     nodes: int
     account: Optional[str] = None
     queue: Optional[str] = None
+    qos: Optional[str] = None  # Slurm -q at a site whose queues are partitions (Frontier's debug)
     walltime_s: Optional[int] = None
     filesystems: Optional[str] = None  # PBS -l filesystems, e.g. home:eagle
     queued: bool = False  # the scheduler has already accepted it (the checks in the job)
@@ -94,9 +97,10 @@ def check_queue(profile: SiteProfile, request: StudyRequest, result: CheckResult
     if not profile.queues:
         return
     if not request.queue:
+        option = {"queue": "-q", "qos": "-q <qos>", "partition": "-p <partition>"}.get(profile.queue_field, "-q")
         (result.warnings if request.queued else result.problems).append(
             f"no queue named: choose one of {', '.join(q for q, v in profile.queues.items() if not v.execution_only)}"
-            f" ({'-q' if profile.scheduler == 'pbs' else '-q <qos>'})")
+            f" ({option})")
         return
     try:
         named = profile.queue(request.queue)
@@ -107,33 +111,72 @@ def check_queue(profile: SiteProfile, request: StudyRequest, result: CheckResult
     if named is not None and named.execution_only and not request.queued:
         result.problems.append(f"queue {named.name} takes no submissions; submit to {profile.submit_queue(named.name)}, "
                                f"which routes jobs there")
-    if queue is None:
-        return
-    if not queue.accepts(request.nodes):
-        result.problems.append(f"queue {queue.name} takes {queue.node_range()}, not {request.nodes}; "
-                               "ask for a node count it takes or choose another queue")
-    limit = queue.max_walltime_s
+    if queue is not None:
+        _check_limits(f"queue {queue.name}", queue, request, result)
+
+
+def _check_limits(what: str, limits: Queue, request: StudyRequest, result: CheckResult,
+                  instead: Optional[str] = None) -> None:
+    """`limits` (a queue or QOS, called `what`) takes this many nodes for this long; `instead` is the
+    way out other than asking for less (a QOS: submitting without it)."""
+    if not limits.accepts(request.nodes):
+        result.problems.append(f"{what} takes {limits.node_range()}, not {request.nodes}; "
+                               f"ask for a node count it takes or {instead or 'choose another queue'}")
+    limit = limits.max_walltime_s
     if limit is not None and (request.walltime_s is None or request.walltime_s > limit):
-        result.problems.append(f"walltime {format_walltime(request.walltime_s)} exceeds queue {queue.name}'s "
-                               f"{format_walltime(limit)}; ask for at most {format_walltime(limit)}")
+        result.problems.append(f"walltime {format_walltime(request.walltime_s)} exceeds {what}'s "
+                               f"{format_walltime(limit)}; ask for at most {format_walltime(limit)}"
+                               + (f", or {instead}" if instead else ""))
 
 
-def check_chaining(profile: SiteProfile, queue_name: Optional[str], nodes: int, resubmit: str,
-                   result: CheckResult) -> None:
-    """RESUBMIT=1 where the queue forbids job chaining is refused; RESUBMIT=auto there only warns."""
+def check_qos(profile: SiteProfile, request: StudyRequest, result: CheckResult) -> None:
+    """The QOS named beside the partition (Frontier's -q debug) takes this many nodes for this long."""
     try:
-        queue = profile.execution_queue(queue_name, nodes) if queue_name else None
-    except UsageError:
-        return  # check_queue has said it
-    if queue is None or queue.chaining or resubmit == "0":
+        qos = profile.qos_limits(request.qos)
+    except UsageError as exc:
+        # A queued job's QOS is one the scheduler took: its default QOS, which the profile need not list.
+        if not request.queued:
+            result.problems.append(f"{exc}, or leave -q out for the default QOS")
         return
-    why = f" ({queue.note})" if queue.note else ""
-    if resubmit == "1":
-        result.problems.append(f"RESUBMIT=1, but queue {queue_name} allows no job chaining{why}; submit with "
-                               "RESUBMIT=0 (or auto), or to another queue")
-    else:
-        result.warnings.append(f"queue {queue_name} allows no job chaining{why}: a study cut short there stops "
-                               "after its checkpoint; submit it again with the same JOB_DIR to continue")
+    if qos is None:
+        return
+    _check_limits(f"QOS {qos.name}", qos, request, result, instead=f"submit without -q {qos.name}")
+    if qos.max_running_jobs and not request.queued:
+        jobs = f"{qos.max_running_jobs} job{'s' if qos.max_running_jobs > 1 else ''}"
+        result.warnings.append(f"QOS {qos.name} runs at most {jobs} of yours at a time: this one waits while "
+                               "another of yours runs there")
+
+
+def _no_chaining(profile: SiteProfile, request: StudyRequest) -> List[Tuple[str, str, Queue]]:
+    """The queue and QOS this request runs in that forbid job chaining: (what, the other way, limits)."""
+    found = []
+    try:
+        queue = profile.execution_queue(request.queue, request.nodes) if request.queue else None
+    except UsageError:
+        queue = None  # check_queue has said it
+    if queue is not None and not queue.chaining:
+        found.append((f"queue {request.queue}", "to another queue", queue))
+    try:
+        qos = profile.qos_limits(request.qos)
+    except UsageError:
+        qos = None  # check_qos has said it
+    if qos is not None and not qos.chaining:
+        found.append((f"QOS {qos.name}", f"without -q {qos.name}", qos))
+    return found
+
+
+def check_chaining(profile: SiteProfile, request: StudyRequest, resubmit: str, result: CheckResult) -> None:
+    """RESUBMIT=1 where the queue or QOS forbids job chaining is refused; RESUBMIT=auto there only warns."""
+    if resubmit == "0":
+        return
+    for what, instead, limits in _no_chaining(profile, request):
+        why = f" ({limits.note})" if limits.note else ""
+        if resubmit == "1":
+            result.problems.append(f"RESUBMIT=1, but {what} allows no job chaining{why}; submit with "
+                                   f"RESUBMIT=0 (or auto), or {instead}")
+        else:
+            result.warnings.append(f"{what} allows no job chaining{why}: a study cut short there stops "
+                                   "after its checkpoint; submit it again with the same JOB_DIR to continue")
 
 
 def check_data(settings: StudySettings) -> List[str]:
@@ -178,7 +221,8 @@ def run_checks(profile: SiteProfile, settings: StudySettings, request: StudyRequ
     result = CheckResult()
     result.problems += check_backends(profile, settings.backends, settings.gpus_per_node)
     check_queue(profile, request, result)
-    check_chaining(profile, request.queue, request.nodes, settings.resubmit, result)
+    check_qos(profile, request, result)
+    check_chaining(profile, request, settings.resubmit, result)
     result.problems += check_data(settings)
     check_storage(profile, {"JOB_DIR": storage_path, "DATA_DIR": settings.data_dir}, request.filesystems, environ,
                   result)

@@ -11,8 +11,9 @@
 
 A new job is the same submission, after this one ends (harness.study.submit): PBS to the queue the
 job was submitted to (a routing queue stays a routing queue), Slurm with every resource it asked
-for and --requeue where the queue allows it. RESUBMIT=0 never does it, a queue that forbids job
-chaining never gets it, and MAX_RESUBMISSIONS bounds the chain.
+for (at Frontier its partition and its QOS) and --requeue where the queue allows it. RESUBMIT=0
+never does it, a queue or QOS that forbids job chaining (OLCF's debug QOS) never gets it, and
+MAX_RESUBMISSIONS bounds the chain.
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ def _queue(job: StudyJob) -> Optional[Queue]:
         return None
 
 
+def _qos(job: StudyJob) -> Optional[Queue]:
+    """The job's QOS where the profile lists QOSes beside its partitions (Frontier); None elsewhere,
+    and for a QOS it does not list (the default one, which limits nothing the profile knows of)."""
+    try:
+        return job.profile.qos_limits(job.record.options.get("qos"))
+    except UsageError:
+        return None
+
+
 def _cause(job: StudyJob) -> str:
     """Why SIGTERM came, from the job's record read now (the grace time is running)."""
     try:
@@ -64,7 +74,8 @@ def _submission(job: StudyJob, queue: Optional[Queue]) -> Tuple[List[str], Dict[
         environ = dict(os.environ)
     else:
         requeue = queue is not None and queue.preempt == "requeue"
-        command = sbatch_resubmission(job.record, job.profile.queue_field, job_dir, job.script, requeue)
+        command = sbatch_resubmission(job.record, job.profile.queue_field, job_dir, job.script, requeue,
+                                      with_qos=bool(job.profile.qos))
         # sbatch passes its environment to the new job: not this job's own SLURM_* variables, which
         # would leak into the new job's steps.
         environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
@@ -87,8 +98,9 @@ def _blocked(job: StudyJob, queue: Optional[Queue]) -> Optional[str]:
     """Why this job may not queue its continuation, if it may not."""
     if job.settings.resubmit == "0":
         return "RESUBMIT=0"
-    if queue is not None and not queue.chaining:
-        return f"queue {queue.name} allows no job chaining" + (f" ({queue.note})" if queue.note else "")
+    for what, limits in (("queue", queue), ("QOS", _qos(job))):
+        if limits is not None and not limits.chaining:
+            return f"{what} {limits.name} allows no job chaining" + (f" ({limits.note})" if limits.note else "")
     done = sum(event.startswith(RESUBMITTED) for event in job.events())
     if done >= job.settings.max_resubmissions:
         return f"{done} resubmissions already (MAX_RESUBMISSIONS={job.settings.max_resubmissions})"

@@ -98,7 +98,8 @@ def in_job_checks(job: StudyJob, sweep: SweepSettings, environ: Dict[str, str]) 
     """`--check`'s checks against what the scheduler gave, plus what only the job can see."""
     record = job.record
     request = StudyRequest(nodes=job.allocation.nodes, account=record.account,
-                           queue=record.submit_queue or record.queue, walltime_s=record.walltime_s,
+                           queue=record.submit_queue or record.queue, qos=record.options.get("qos"),
+                           walltime_s=record.walltime_s,
                            filesystems=record.filesystems, queued=True)
     result = run_checks(job.profile, job.settings, request, sweep, environ, job.settings.job_dir)
     pipe = environ["CUDA_MPS_PIPE_DIRECTORY"]

@@ -45,7 +45,7 @@ def check_study(site: str, script: str, scheduler_args: Sequence[str] = (), envi
     except UsageError as exc:
         return CheckResult(problems=[str(exc)]), submission
     request = StudyRequest(nodes=submission.nodes, account=submission.account, queue=submission.queue,
-                           walltime_s=submission.walltime_s, filesystems=submission.filesystems)
+                           qos=submission.qos, walltime_s=submission.walltime_s, filesystems=submission.filesystems)
     storage = submission.variables.get("JOB_DIR") or os.path.join(kit, "runs")
     result = run_checks(profile, settings, request, sweep_settings(profile, settings, kit), environ, storage)
     stop = settings.stop_before_walltime

@@ -9,7 +9,8 @@ environment, or what --export names).
 A job continues itself with the same request: PBS replays the job's own `Submit_arguments` to the
 queue it was submitted to (PBS_O_QUEUE: the routing queue, not the execution queue it landed in);
 Slurm asks again for every resource the job record shows (nodes, tasks and GPUs per node,
-constraint, QOS, account, time limit), so nothing given on sbatch's command line is dropped.
+constraint, QOS or partition, account, time limit; both partition and QOS where the site names its
+queues by partition and lists QOSes, Frontier), so nothing given on sbatch's command line is dropped.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Submission:
     args: List[str]  # the command line's options, before the script
     account: Optional[str] = None
     queue: Optional[str] = None
+    qos: Optional[str] = None  # Slurm -q (at a partition site the queue is the partition, this beside it)
     nodes: int = 1
     walltime_s: Optional[int] = None
     filesystems: Optional[str] = None
@@ -168,7 +170,8 @@ def _slurm_submission(script: str, words: Sequence[str], environ: Mapping[str, s
         raise UsageError(f"--nodes={merged['nodes']}: give a node count, e.g. -N 2")
     return Submission(
         "slurm", script, list(words), account=merged.get("account") or environ.get("SBATCH_ACCOUNT"),
-        queue=merged.get(queue_field) or environ.get(f"SBATCH_{queue_field.upper()}"), nodes=int(nodes),
+        queue=merged.get(queue_field) or environ.get(f"SBATCH_{queue_field.upper()}"),
+        qos=merged.get("qos") or environ.get("SBATCH_QOS"), nodes=int(nodes),
         walltime_s=parse_walltime(merged["time"], "slurm") if merged.get("time") else None,
         tasks_per_node=int(merged["ntasks-per-node"]) if merged.get("ntasks-per-node", "").isdigit() else None,
         cpus_per_task=int(merged["cpus-per-task"]) if merged.get("cpus-per-task", "").isdigit() else None,
@@ -211,12 +214,17 @@ def qsub_resubmission(record: JobRecord, queue: str, job_dir: str, script: str,
             "-v", format_pbs_variables(passed), script]
 
 
-def sbatch_resubmission(record: JobRecord, queue_field: str, job_dir: str, script: str, requeue: bool) -> List[str]:
+def sbatch_resubmission(record: JobRecord, queue_field: str, job_dir: str, script: str, requeue: bool,
+                        with_qos: bool = False) -> List[str]:
     """sbatch for this job's continuation: every resource the job asked for, after it ends, output
-    into `job_dir`; --requeue where the queue lets Slurm requeue a preempted job."""
+    into `job_dir`; --requeue where the queue lets Slurm requeue a preempted job. `with_qos` asks for
+    the job's QOS too where its queue is a partition (a site whose profile lists QOSes: Frontier)."""
     words = ["sbatch", "--parsable", "--dependency", f"afterany:{record.job_id}", "--job-name", record.name,
              "--output", os.path.join(job_dir, "%x-%j.out")]
-    names = [*RESUBMITTED_RESOURCES, *((queue_field,) if queue_field in ("qos", "partition") else ())]
+    # Only the site's own queue field otherwise: at NERSC -C and -q choose the partition, and naming
+    # the one the job landed in could refuse the continuation.
+    fields = [name for name in (queue_field, "qos" if with_qos else "") if name in ("qos", "partition")]
+    names = [*RESUBMITTED_RESOURCES, *dict.fromkeys(fields)]
     for name in names:
         if name in record.options:
             words += [f"--{name}", record.options[name]]

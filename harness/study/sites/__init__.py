@@ -3,10 +3,12 @@
 A profile names its batch system, the site launcher's words for one run (a template whose
 placeholders the study fills), ranks and GPUs per node, CPU binding, GPU affinity order, the
 network variables, the software environment, the queues with their node and walltime limits and
-whether a job may resubmit itself there, the file systems job data may live on, and the network's
-figures (NICs, links, latencies) that `harness predict` models the site with. `polaris`,
-`perlmutter`, `aurora`, `frontier`, `generic-slurm` and `generic-pbs` come with the kit;
-`--site path/to/site.json` takes another written the same way.
+whether a job may resubmit itself there (and, at a Slurm site whose queues are partitions, the
+QOSes a job may name beside its partition with -q, each with limits of its own: Frontier's debug),
+the file systems job data may live on, and the network's figures (NICs, links, latencies) that
+`harness predict` models the site with. `polaris`, `perlmutter`, `aurora`, `frontier`,
+`generic-slurm` and `generic-pbs` come with the kit; `--site path/to/site.json` takes another
+written the same way.
 
 Launch template placeholders, filled per site: {depth} {threads} {cpus_per_task} {gpus_per_node}
 {gpu_order} {mpi} {kit}, {cpu_list} (an mpiexec --cpu-bind list from `cpu_sockets`, Aurora), and
@@ -33,6 +35,10 @@ WARNINGS = ("timer", "signal")  # who warns the job before its walltime: the stu
 GPU_ORDERS = ("natural", "reverse")
 SEGMENTS = ("gpu_flags", "gpu_binding", "mpi_flags", "mps_wrapper")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
+# a queue's or QOS's JSON fields and the type each must have, as a sentence for the error
+_QUEUE_TYPES = {"min_nodes": (int, "a whole number"), "max_nodes": (int, "a whole number"),
+                "max_running_jobs": (int, "a whole number"), "chaining": (bool, "true or false"),
+                "execution_only": (bool, "true or false"), "note": (str, "a string")}
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,7 @@ class Queue:
     execution_only: bool = False  # jobs land here from a routing queue; users cannot submit to it
     routes_to: Tuple[str, ...] = ()  # a routing queue: the execution queues its jobs land in
     preempt: Optional[str] = None  # "requeue": a preempted job is requeued by the scheduler itself
+    max_running_jobs: Optional[int] = None  # a user's jobs running here at once (a later one waits)
     note: str = ""
 
     def accepts(self, nodes: int) -> bool:
@@ -92,6 +99,9 @@ class SiteProfile:
     backend_notes: Dict[str, str] = field(default_factory=dict)
     backend_requirements: Dict[str, Dict[str, bool]] = field(default_factory=dict)
     queues: Dict[str, Queue] = field(default_factory=dict)
+    # Slurm QOSes named beside the partition (-q), each with its own limits; only where queue_field
+    # is "partition" (where it is "qos", `queues` are the QOSes)
+    qos: Dict[str, Queue] = field(default_factory=dict)
     storage: Tuple[Storage, ...] = ()
     # usable cores of each CPU socket ("1-51"): where {cpu_list} puts ranks, so none straddles two
     cpu_sockets: Tuple[str, ...] = ()
@@ -106,6 +116,15 @@ class SiteProfile:
         if name not in self.queues:
             raise unknown_choice(f"{self.name} queue", name, [q for q, v in self.queues.items() if not v.execution_only])
         return self.queues[name]
+
+    def qos_limits(self, name: Optional[str]) -> Optional[Queue]:
+        """The QOS `name` (-q) and its limits; None where the profile lists no QOSes (or no name is
+        given); UsageError naming the known ones for another name."""
+        if not self.qos or not name:
+            return None
+        if name not in self.qos:
+            raise unknown_choice(f"{self.name} QOS", name, self.qos)
+        return self.qos[name]
 
     def execution_queue(self, name: str, nodes: int) -> Optional[Queue]:
         """Where a job of `nodes` submitted to `name` runs: `name` itself, or the routing queue's
@@ -219,10 +238,11 @@ def load_site(name: str) -> SiteProfile:
 def profile_from_dict(data: Dict[str, Any], source: str) -> SiteProfile:
     """A checked SiteProfile from a profile's JSON object; UsageError naming the field at fault."""
     data = dict(data)
-    queues = {name: _queue(name, spec, source) for name, spec in data.pop("queues", {}).items()}
+    queues = _queue_table("queues", data.pop("queues", {}), source)
+    qos = _queue_table("qos", data.pop("qos", {}), source)
     storage = tuple(Storage(**entry) for entry in data.pop("storage", []))
     try:
-        profile = SiteProfile(queues=queues, storage=storage, backends=tuple(data.pop("backends", ())),
+        profile = SiteProfile(queues=queues, qos=qos, storage=storage, backends=tuple(data.pop("backends", ())),
                               unsupported_backends=tuple(data.pop("unsupported_backends", ())),
                               cpu_sockets=tuple(data.pop("cpu_sockets", ())), **data)
     except TypeError as exc:
@@ -237,14 +257,43 @@ def profile_from_dict(data: Dict[str, Any], source: str) -> SiteProfile:
         missing = [route for route in queue.routes_to if route not in queues]
         if missing:
             raise UsageError(f"site profile {source}: queue {queue.name} routes to unknown queues {missing}")
+    _check_qos(profile, source)
     return profile
 
 
-def _queue(name: str, spec: Dict[str, Any], source: str) -> Queue:
+def _check_qos(profile: SiteProfile, source: str) -> None:
+    """A QOS table only where it adds to partitions, and only with what a QOS limits."""
+    if profile.qos and (profile.scheduler, profile.queue_field) != ("slurm", "partition"):
+        raise UsageError(f"site profile {source}: \"qos\" describes the QOSes of a Slurm site whose queues are "
+                         f"partitions (queue_field \"partition\"); with queue_field {profile.queue_field!r} list them "
+                         "under \"queues\"")
+    for qos in profile.qos.values():
+        # Routing and requeueing are read from the partition: in a QOS entry they would be ignored.
+        if qos.routes_to or qos.execution_only or qos.preempt:
+            raise UsageError(f"site profile {source}: qos {qos.name}: routes_to, execution_only and preempt are "
+                             "partition fields; give a QOS max_walltime, min_nodes/max_nodes, chaining, "
+                             "max_running_jobs, note")
+
+
+def _queue_table(kind: str, table: Any, source: str) -> Dict[str, Queue]:
+    """A profile's "queues" or "qos" object, {name: {limit: value}}, as Queues by name."""
+    if not isinstance(table, dict) or not all(isinstance(spec, dict) for spec in table.values()):
+        raise UsageError(f"site profile {source}: \"{kind}\" must map each name to an object of its limits, e.g. "
+                         "{\"debug\": {\"max_walltime\": \"02:00:00\", \"chaining\": false}}")
+    label = "queue" if kind == "queues" else kind
+    return {name: _queue(label, name, spec, source) for name, spec in table.items()}
+
+
+def _queue(label: str, name: str, spec: Dict[str, Any], source: str) -> Queue:
     spec = dict(spec)
     walltime = spec.pop("max_walltime", None)
     try:
+        for key, (kind, wanted) in _QUEUE_TYPES.items():
+            value = spec.get(key)
+            # bool is an int to isinstance: "max_nodes": true must not pass as 1
+            if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+                raise UsageError(f"{key} {value!r} is not {wanted}")
         return Queue(name=name, max_walltime_s=None if walltime is None else parse_walltime(walltime, "slurm"),
                      routes_to=tuple(spec.pop("routes_to", ())), **spec)
-    except TypeError as exc:
-        raise UsageError(f"site profile {source}: queue {name}: {exc}") from exc
+    except (TypeError, UsageError) as exc:
+        raise UsageError(f"site profile {source}: {label} {name}: {exc}") from exc
