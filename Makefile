@@ -8,15 +8,9 @@ setup:
 demo: setup
 	@$(PY) -m harness demo
 
-# Everything, slow multi-process tests, notebooks and scheduler tests included (not the GPU ones):
-# first on TEST_WORKERS pytest-xdist workers, a file per worker at a time, the longest first
-# (tests/conftest.py); then, one at a time, the tests marked
-# `alone`, which measure time or machine-wide state. Both parts always run; either failing fails.
-TEST_WORKERS ?= 2
+# Everything, slow multi-process tests, notebooks and scheduler tests included (not the GPU ones).
 test: setup
-	@$(PY) -m pytest -q -ra --durations=40 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not gpu and not alone" tests; \
-	shared=$$?; $(PY) -m pytest -q -ra --durations=10 -m "alone and not gpu" tests; alone=$$?; \
-	[ $$shared -eq 0 ] && [ $$alone -eq 0 ]
+	@$(PY) -m pytest -q -ra --durations=50 tests
 
 test-fast: setup
 	@$(PY) -m pytest -q -ra -m "not slow and not gpu" tests

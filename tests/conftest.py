@@ -15,13 +15,6 @@ from harness.training.launch import launch_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH_TIMEOUT_S = 300
-# `make test` runs the suite on two pytest-xdist workers, a file per worker (--dist loadfile), so that
-# a file's module fixtures are built once and its tests never meet each other (two Slurm clusters of
-# one file on one host would share job ids). Files go out in this order, the longest first (the
-# notebooks are a fifth of the suite; each of the others takes 7-14 minutes of a worker): started
-# last, one of them would leave a worker running it alone at the end.
-FIRST = ("test_notebooks.py", "test_exercises.py", "test_equivalence.py", "test_across_nodes.py",
-         "test_job_templates.py")
 
 
 def run(command: Sequence[str], timeout: float = LAUNCH_TIMEOUT_S, env: Optional[Dict[str, str]] = None,
@@ -42,11 +35,6 @@ def launch(ranks: int, backend: str, train_args: List[str], launcher: Optional[s
     result = run(launch_command(ranks, backend, train_args, launcher), timeout=timeout)
     assert result.returncode == 0, f"{backend} via {launcher}: exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result
-
-
-def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
-    """FIRST's files first, in its order; the others after them, in collection order."""
-    items.sort(key=lambda item: FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST))
 
 
 @pytest.fixture(autouse=True)

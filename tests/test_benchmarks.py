@@ -11,9 +11,6 @@ import pytest
 
 from .conftest import REPO, run
 
-# Alone: benchmarks measure time; another test beside them would be measured too.
-pytestmark = pytest.mark.alone
-
 BENCHMARKS = os.path.join(REPO, "benchmarks")
 
 

@@ -20,9 +20,6 @@ from harness.training.launch import launch_command
 from .backend_cases import DISTRIBUTED
 from .checkpoint_helpers import COMMON, RANKS, launch_may_fail, output, processes_mentioning, shared_memory_segments, time_job
 
-# Alone: these tests diff /dev/shm, which is machine-wide, and time how fast a job ends.
-pytestmark = pytest.mark.alone
-
 TIMEOUT_S = 20
 SLACK_S = 30
 LOST = "rank 0 lost contact with a peer"

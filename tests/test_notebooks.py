@@ -3,9 +3,10 @@ carry the lessons (equivalence, warmup, exact evaluation), and a cell that raise
 
 Each notebook runs in its own pytest subprocess, bounded per cell (--nbval-cell-timeout) and as a
 whole, so a hung engine fails the test in bounded time, with an IPython folder of its own, so that
-notebooks (and other tests) can run side by side. Every process the notebook starts inherits a
-marker variable unique to the test; the teardown runs `ipcluster stop --all` on that folder and then
-kills whatever still carries the marker, so a failed notebook leaves no engines behind.
+its teardown stops only its own clusters (not an attendee's, nor another test's). Every process the
+notebook starts inherits a marker variable unique to the test; the teardown runs `ipcluster stop
+--all` on that folder and then kills whatever still carries the marker, so a failed notebook leaves
+no engines behind.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def test_notebook_runs(notebook: str, notebook_environment: Dict[str, str]) -> N
     # The notebook's last cell stops its cluster: nothing it started may still run (the kernel
     # gets a few seconds to exit after nbval shuts it down).
     deadline = time.monotonic() + EXIT_GRACE_S
-    while (leftovers := processes_with_environment(MARKER, notebook_environment[MARKER])) and time.monotonic() < deadline:
+    marker = notebook_environment[MARKER]
+    while (leftovers := processes_with_environment(MARKER, marker)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not leftovers, f"processes left running by {os.path.basename(notebook)}: {leftovers}"

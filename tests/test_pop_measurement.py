@@ -30,9 +30,6 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from .conftest import launch, run
 from .sleepy_data import outside_window_seconds, sleepy_loader
 
-# Alone: these tests check time measurements against known sleeps.
-pytestmark = pytest.mark.alone
-
 FETCH_SLEEP_S = 0.02
 SYNC_SLEEP_S = 0.08
 SHORT_RUN = dict(model="cnn", batch_size=8, max_steps=25, timing_warmup_steps=5, threads=1, eval_every=0)
