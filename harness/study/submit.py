@@ -221,10 +221,11 @@ def sbatch_resubmission(record: JobRecord, queue_field: str, job_dir: str, scrip
     the job's QOS too where its queue is a partition (a site whose profile lists QOSes: Frontier)."""
     words = ["sbatch", "--parsable", "--dependency", f"afterany:{record.job_id}", "--job-name", record.name,
              "--output", os.path.join(job_dir, "%x-%j.out")]
-    # Only the site's own queue field otherwise: at NERSC -C and -q choose the partition, and naming
-    # the one the job landed in could refuse the continuation.
-    fields = [name for name in (queue_field, "qos" if with_qos else "") if name in ("qos", "partition")]
-    names = [*RESUBMITTED_RESOURCES, *dict.fromkeys(fields)]
+    # The site's queue field, and the QOS beside a partition where the site lists QOSes; not the
+    # partition at a QOS site: at NERSC -C and -q choose it, and naming the one the job landed in
+    # could refuse the continuation.
+    fields = [queue_field, *(["qos"] if with_qos and queue_field == "partition" else [])]
+    names = [*RESUBMITTED_RESOURCES, *(name for name in fields if name in ("qos", "partition"))]
     for name in names:
         if name in record.options:
             words += [f"--{name}", record.options[name]]
