@@ -13,12 +13,13 @@ a finished run under mpirun once exited 1 (harness.cli.finalize_mpi).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import torch
 
 from harness.study.equivalence import BF16_UPDATE_BOUND, EQUIVALENCE_STEPS, UPDATE_BOUND, update_differences, worst
+from harness.training.memory import MODEL_STATE
 from harness.training.models import build_model
 from harness.training.record import read_records
 
@@ -48,24 +49,35 @@ def _difference(weights, reference) -> float:
 
 
 @pytest.fixture(scope="module")
-def single_process(tmp_path_factory):
-    """Weights of the `none` baseline with the 2-rank global batch, per variant."""
+def single_process_runs(tmp_path_factory) -> Tuple[Dict[str, Dict[str, torch.Tensor]], Dict[str, Dict[str, Any]]]:
+    """Weights and record of the `none` baseline with the 2-rank global batch, per variant."""
     out = tmp_path_factory.mktemp("baseline")
     variants = {"sgd": OPTIMIZERS["sgd"], "adam": OPTIMIZERS["adam"],
                 "sgd-clip": OPTIMIZERS["sgd"] + ["--grad-clip", "0.5"], "sgd-bf16": BF16 + OPTIMIZERS["sgd"]}
-    weights = {}
+    weights, records = {}, {}
     for name, flags in variants.items():
-        path = out / f"{name}.pt"
-        launch(1, "none", [*COMMON, *flags, "--batch-size", str(2 * LOCAL_BATCH), "--save-model", str(path)])
-        weights[name] = _weights(path)
-    return weights
+        weights[name], records[name] = _run(out, "none", flags, ranks=1, batch=2 * LOCAL_BATCH, name=name)
+    return weights, records
+
+
+@pytest.fixture(scope="module")
+def single_process(single_process_runs) -> Dict[str, Dict[str, torch.Tensor]]:
+    """Weights of the `none` baseline with the 2-rank global batch, per variant."""
+    return single_process_runs[0]
+
+
+def _run(tmp_path, backend: str, extra: List[str], ranks: int = 2, batch: int = LOCAL_BATCH,
+         name: str = "model", launcher: Optional[str] = None) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """(the weights, the record) of a run."""
+    path, results = tmp_path / f"{name}.pt", tmp_path / f"{name}.jsonl"
+    launch(ranks, backend, [*COMMON, *extra, "--batch-size", str(batch), "--save-model", str(path),
+                            "--results", str(results)], launcher)
+    return _weights(path), read_records([str(results)])[0]
 
 
 def _train(tmp_path, backend: str, extra: List[str], ranks: int = 2, batch: int = LOCAL_BATCH,
            name: str = "model", launcher: Optional[str] = None) -> Dict[str, torch.Tensor]:
-    path = tmp_path / f"{name}.pt"
-    launch(ranks, backend, [*COMMON, *extra, "--batch-size", str(batch), "--save-model", str(path)], launcher)
-    return _weights(path)
+    return _run(tmp_path, backend, extra, ranks, batch, name, launcher)[0]
 
 
 @pytest.mark.slow
@@ -77,10 +89,22 @@ def test_sgd_momentum_weights_match_single_process(tmp_path, single_process, bac
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend, launcher", TURNS.cases(DISTRIBUTED))
-def test_adam_weights_match_single_process(tmp_path, single_process, backend, launcher):
-    weights = _train(tmp_path, backend, OPTIMIZERS["adam"], launcher=launcher)
-    assert _difference(weights, single_process["adam"]) <= UPDATE_BOUND
+@pytest.mark.parametrize("backend, backend_flags, launcher", with_options(turns=TURNS))
+def test_adam_weights_match_single_process(tmp_path, single_process_runs, backend, backend_flags, launcher):
+    """The same weights under every option set (ZeRO's stages shard Adam's state, then the weights).
+    Per rank, the weights, gradients and Adam's state are one process's (replicated), a half of them
+    (sharded over the 2 ranks) or none (moved into the framework's own buffers, as ZeRO moves the
+    averaged gradients); what the framework adds is printed (record: memory.model_state_bytes_per_rank)."""
+    weights, record = _run(tmp_path, backend, OPTIMIZERS["adam"] + backend_flags, launcher=launcher)
+    assert _difference(weights, single_process_runs[0]["adam"]) <= UPDATE_BOUND
+    alone = single_process_runs[1]["adam"]["memory"]["model_state_bytes_per_rank"]
+    state = record["memory"]["model_state_bytes_per_rank"]
+    print(f"{backend} {' '.join(backend_flags)}: model state per rank (MB) " + ", ".join(
+        f"{part} {state[part][0] / 1e6:.2f} of one process's {alone[part][0] / 1e6:.2f}" for part in MODEL_STATE))
+    for part in ("weights", "gradients", "optimizer"):
+        shares = [value / alone[part][0] for value in state[part]]
+        assert any(all(share == pytest.approx(expected, abs=0.02) for share in shares) for expected in (1.0, 0.5, 0.0)), \
+            f"{backend} {backend_flags}: {part} per rank {shares} of one process's"
 
 
 @pytest.mark.slow
@@ -151,10 +175,8 @@ def test_channels_last_weights_match_single_process(tmp_path, single_process, ba
 def test_compiled_ddp_weights_match_single_process(tmp_path, single_process):
     """--compile under DDP (torch.compile of the wrapped model, inductor's C++ kernels on the CPU)
     trains the reference's weights within the bound: compiled kernels only reorder float sums."""
-    results = tmp_path / "compiled.jsonl"
-    weights = _train(tmp_path, "ddp", OPTIMIZERS["sgd"] + ["--compile", "--results", str(results)])
+    weights, record = _run(tmp_path, "ddp", OPTIMIZERS["sgd"] + ["--compile"])
     assert _difference(weights, single_process["sgd"]) <= UPDATE_BOUND
-    record = read_records([str(results)])[0]
     assert record["tuning"]["compile"] == "torch.compile(DistributedDataParallel)"
     assert record["timing_warmup_steps"] >= 1  # the first step, which compiles, is outside the timed window
 

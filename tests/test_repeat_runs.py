@@ -31,7 +31,8 @@ FIRST_RUN_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": Tr
                             "gradient_allreduce": True},
                     "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False},
                     "deepspeed": {"zero_stage": 0, "process_group": "gloo", "throughput_timer": False,
-                                  "gradient_allreduce": True}}
+                                  "gradient_allreduce": True, "zero_reduce_bucket_elements": 500_000_000,
+                                  "zero_allgather_bucket_elements": 500_000_000}}
 
 
 def _max_difference(first: dict, second: dict) -> float:

@@ -19,7 +19,8 @@ BACKENDS = ["ddp", "horovod", "deepspeed"]
 # harness's CPU default, not Horovod's 1 ms).
 # DDP and DeepSpeed skip the identity allreduce at one rank (Horovod does so itself).
 DEFAULT_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "process_group": "gloo"},
-                  "deepspeed": {"zero_stage": 0, "process_group": "gloo", "throughput_timer": False},
+                  "deepspeed": {"zero_stage": 0, "process_group": "gloo", "throughput_timer": False,
+                                "zero_reduce_bucket_elements": 500_000_000, "zero_allgather_bucket_elements": 500_000_000},
                   "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False}}
 
 

@@ -24,13 +24,19 @@ if TYPE_CHECKING:
     from ..config import TrainConfig
 
 NO_PRINT = 1 << 30
+FLOAT32_BYTES = 4  # the harness trains float32 weights (autocast for bf16/fp16): ZeRO buckets hold float32
 # DeepSpeed's names for the autocast dtypes of --precision.
 AUTOCAST_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def deepspeed_config(config: "TrainConfig", zero_stage: int, local_batch: int, world_size: int) -> Dict[str, Any]:
+def deepspeed_config(config: "TrainConfig", options: "DeepSpeedBackend.Options", local_batch: int,
+                     world_size: int) -> Dict[str, Any]:
     """The DeepSpeed config the harness passes, with every math-changing default set explicitly."""
     precision = Precision.of(config.precision)
+    buckets = {}
+    if options.zero_bucket_mb is not None:  # else DeepSpeed's defaults: 5e8 elements each
+        elements = int(options.zero_bucket_mb * 2 ** 20) // FLOAT32_BYTES
+        buckets = {"reduce_bucket_size": elements, "allgather_bucket_size": elements}
     return {
         # DeepSpeed's batch is global; the harness's --batch-size is per worker and micro-batch.
         "train_micro_batch_size_per_gpu": local_batch // config.grad_accum,
@@ -48,7 +54,7 @@ def deepspeed_config(config: "TrainConfig", zero_stage: int, local_batch: int, w
         # (DeepSpeed would otherwise send Linear and Conv gradients in the autocast dtype).
         **({"torch_autocast": {"enabled": True, "dtype": AUTOCAST_DTYPES[precision.autocast_dtype],
                                "lower_precision_safe_modules": []}} if precision.autocast_dtype else {}),
-        "zero_optimization": {"stage": zero_stage},
+        "zero_optimization": {"stage": options.zero_stage, **buckets},
         # The harness passes a torch optimizer (DeepSpeed's own Adam JIT-compiles a C++ op on CPU).
         "zero_allow_untested_optimizer": True,
         "steps_per_print": NO_PRINT,
@@ -90,13 +96,23 @@ class DeepSpeedBackend(TorchDistributedBackend):
     @dataclass(frozen=True)
     class Options(BackendOptions):
         """The ZeRO stage: 1 partitions the optimizer state over the ranks, 2 the gradients too,
-        3 the weights too. It changes the checkpoint's files, not the math."""
+        3 the weights too. It changes the checkpoint's files, not the math. The bucket size changes
+        neither: DeepSpeed's default, 5e8 elements (1.9 GiB of float32), is a buffer ZeRO-3
+        allocates whole whatever the model's size (the record's memory.model_state_bytes_per_rank
+        counts it under `framework`); DDP's buckets are 25 MiB."""
 
         zero_stage: int = option(0, "--zero-stage", "deepspeed: ZeRO stage 0-3", resume_must_match=True)
+        zero_bucket_mb: Optional[float] = option(
+            None, "--zero-bucket-mb", "deepspeed: MiB of float32 gradients per ZeRO reduce and all-gather bucket "
+            "(DeepSpeed's reduce_bucket_size and allgather_bucket_size; default DeepSpeed's 5e8 elements, 1.9 GiB)",
+            type=float)
 
         def validate(self) -> None:
             if self.zero_stage not in (0, 1, 2, 3):
                 raise UsageError(f"{self.flag('zero_stage')} must be 0, 1, 2 or 3, got {self.zero_stage}")
+            if self.zero_bucket_mb is not None and not self.zero_bucket_mb * 2 ** 20 >= FLOAT32_BYTES:
+                raise UsageError(f"{self.flag('zero_bucket_mb')} must hold at least one float32 "
+                                 f"({FLOAT32_BYTES} bytes), got {self.zero_bucket_mb}")
 
         @classmethod
         def examples(cls) -> Tuple["DeepSpeedBackend.Options", ...]:
@@ -127,7 +143,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
         placement = SimpleNamespace(device_rank=device.index) if device.type != "cpu" else None
         engine, optimizer, _, _ = deepspeed.initialize(
             args=placement, model=model, optimizer=make_optimizer(model.parameters()),
-            config=deepspeed_config(config, self.options.zero_stage, local_batch, dist.get_world_size()),
+            config=deepspeed_config(config, self.options, local_batch, dist.get_world_size()),
             dist_init_required=False)
         self.engine = self.model = engine
         self.optimizer = optimizer
@@ -230,7 +246,9 @@ class DeepSpeedBackend(TorchDistributedBackend):
 
     def tuning(self) -> Dict[str, Any]:
         return {"zero_stage": self.options.zero_stage, "process_group": self.group_backend, "throughput_timer": False,
-                "gradient_allreduce": self.engine.enable_backward_allreduce}
+                "gradient_allreduce": self.engine.enable_backward_allreduce,
+                "zero_reduce_bucket_elements": self.engine.zero_reduce_bucket_size(),
+                "zero_allgather_bucket_elements": self.engine.zero_allgather_bucket_size()}
 
     def versions(self) -> Dict[str, str]:
         import deepspeed

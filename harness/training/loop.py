@@ -41,7 +41,7 @@ from .callbacks import Callback, CallbackList, EpochEnd, StepEnd
 from .checkpoint import Checkpointer, Progress, ResumeState, RunLayout, find_resume_checkpoint, restore
 from .evaluate import evaluate
 from .lr import learning_rate, scaled_lr
-from .memory import WindowPeak
+from .memory import WindowPeak, model_state_bytes
 from .models import build_model
 from .placement import Placement, place_process
 from .profiling import PROFILED_STEPS, annotate, make_profiler
@@ -234,7 +234,8 @@ class RunState:
         timer = StepTimer(trace_steps, device_waiter(device) if config.profile else lambda: None,
                           threads=plan.placement.threads if device.type == "cpu" else None)
         timer.profiler = make_profiler(config.profile_trace, plan.placement.cluster.rank, device)
-        timer.memory = WindowPeak(device)
+        backend = plan.placement.backend
+        timer.memory = WindowPeak(device, lambda: model_state_bytes(backend.model, backend))
         return cls(step=resumed.step if resumed else 0, start_step=resumed.step if resumed else 0,
                    progress=resumed.progress if resumed else Progress(), epoch_step_losses=step_losses,
                    checkpointer=checkpointer, timer=timer)

@@ -8,28 +8,54 @@ window opens by writing 5 to /proc/self/clear_refs (Linux >= 4.0), so that neith
 model construction before sharding, nor evaluation with its larger batches is in the figure; where
 the kernel refuses the reset (or without /proc: getrusage's ru_maxrss), the peak is the whole
 process's, and the record's `scope` says so.
+
+Beside the peak, what sharding is meant to shrink: the bytes of the model's state this rank holds
+(`model_state_bytes`), counted from the live tensors once, when the gradients of a warm-up step are
+averaged (the optimizer has stepped before, so its state exists): the weights (parameters and
+buffers, or this rank's shard of them), the parameters' gradients, the optimizer's state, and every
+other tensor the backend reaches (the framework's copies of the weights, flat buffers, gradient
+partitions, communication buckets), each storage once. On the CPU the resident set also holds torch
+itself (about 750 MiB), which hides what ZeRO or FSDP saves on a small model; this count does not.
+A buffer made with torch.empty counts at its full size: an accelerator's allocator hands it out
+whole, while on the CPU its pages become resident only when written.
 """
 
 from __future__ import annotations
 
 import resource
 import sys
-from typing import Any, Dict, List, Tuple
+import types
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
+from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 CUDA_ALLOCATOR = "cuda_allocator"  # on another accelerator "<device type>_allocator", e.g. xpu_allocator
 RSS_PEAK = "rss_peak"
+MODEL_STATE = ("weights", "gradients", "optimizer", "framework")  # model_state_bytes' parts, in order
+# Objects whose attributes hold no training state; walking into them (a module's globals, a class's
+# methods) would reach every tensor of the process.
+_OPAQUE = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, types.FunctionType,
+           types.BuiltinFunctionType, types.MethodType, types.CodeType, types.FrameType)
+_MOST_OBJECTS = 2_000_000  # a bound on the walk; a backend's graph is tens of thousands
 
 
 class WindowPeak:
     """The highest peak memory of the timed windows: reset as a window opens, read as it closes."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, count_model_state: Optional[Callable[[], Dict[str, int]]] = None) -> None:
         self.device = device
         self.bytes = 0.0
         self.source = CUDA_ALLOCATOR
         self.whole_process = False  # a reset was refused: the figure starts with the process
+        self._count_model_state = count_model_state
+        self.model_state: Optional[Dict[str, int]] = None  # model_state_bytes, once counted
+
+    def see_model_state(self) -> None:
+        """Count the model's state (outside the timed window: the walk takes tens of milliseconds), once."""
+        if self.model_state is None and self._count_model_state is not None:
+            self.model_state = self._count_model_state()
 
     def open(self) -> None:
         if self.device.type != "cpu":
@@ -74,9 +100,97 @@ def _resident_peak() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, kB elsewhere
 
 
-def memory_section(peak_bytes_per_rank: List[float], source: str, whole_process: bool) -> Dict[str, Any]:
-    """The record's `memory` section from every rank's peak (gathered by harness.training.timing)."""
+def model_state_bytes(model: nn.Module, framework: Any) -> Dict[str, int]:
+    """The bytes of the model's state this rank holds now, by MODEL_STATE part: the weights (the
+    model's parameters and buffers, their local shards, and tensors a parameter carries, such as
+    ZeRO-3's partition), their gradients (the parameters' `.grad`), the optimizer's state (the
+    `state` of every torch optimizer reachable from `framework`: Adam's moments and step counts) and
+    every other tensor reachable from `framework`, the backend object (the framework's own copies
+    of weights, flat buffers, gradient partitions and communication buckets). Views of one storage
+    count once, in the first part that holds them (DDP's gradients are views of its buckets)."""
+    parameters = list(model.parameters())
+    reachable, optimizers = _reachable(framework)
+    parts = [_storages(_carried(tensor) for tensor in [*parameters, *model.buffers()]),
+             _storages(_carried(p.grad) for p in parameters if p.grad is not None),
+             # the state's values: its keys are the parameters the optimizer steps (ZeRO's float32 partitions)
+             _storages(_carried(tensor) for optimizer in optimizers
+                       for tensor in _reachable(list(optimizer.state.values()))[0]),
+             _storages(_carried(tensor) for tensor in reachable)]
+    counted: set = set()
+    sizes = []
+    for part in parts:
+        sizes.append(sum(size for key, size in part.items() if key not in counted))
+        counted.update(part)
+    return dict(zip(MODEL_STATE, sizes))
+
+
+def _carried(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The tensor and the tensors stored as its attributes (ZeRO-3's `ds_tensor` partition)."""
+    yield tensor
+    yield from (value for value in vars(tensor).values() if isinstance(value, torch.Tensor))
+
+
+def _storages(groups: Iterable[Iterable[torch.Tensor]]) -> Dict[Tuple[str, int], int]:
+    """{(device, address): bytes} of the storages behind the tensors; a wrapper subclass such as
+    FSDP's DTensor by the local tensors it wraps."""
+    found: Dict[Tuple[str, int], int] = {}
+    pending = [tensor for group in groups for tensor in group]
+    while pending:
+        tensor = pending.pop()
+        if is_traceable_wrapper_subclass(tensor):
+            names, _ = tensor.__tensor_flatten__()
+            inner = (getattr(tensor, name) for name in names)
+            pending.extend(value for value in inner if isinstance(value, torch.Tensor))
+            continue
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # a tensor without storage (meta, sparse)
+            continue
+        if storage.data_ptr():
+            found[(str(tensor.device), storage.data_ptr())] = storage.nbytes()
+    return found
+
+
+def _reachable(root: Any) -> Tuple[List[torch.Tensor], List[torch.optim.Optimizer]]:
+    """Every tensor reachable from `root` through containers and object attributes (not through
+    modules, classes or functions), and the torch optimizers met on the way."""
+    tensors: List[torch.Tensor] = []
+    optimizers: List[torch.optim.Optimizer] = []
+    seen, pending = set(), [root]
+    while pending and len(seen) < _MOST_OBJECTS:
+        obj = pending.pop()
+        if isinstance(obj, _OPAQUE) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            tensors.append(obj)
+            continue
+        if isinstance(obj, torch.optim.Optimizer):
+            optimizers.append(obj)
+        if isinstance(obj, dict):
+            pending.extend(obj.keys())
+            pending.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            pending.extend(obj)
+        if hasattr(obj, "__dict__"):
+            pending.extend(vars(obj).values())
+    return tensors, optimizers
+
+
+def memory_section(peak_bytes_per_rank: List[float], source: str, whole_process: bool,
+                   model_state_per_rank: Optional[Dict[str, List[float]]] = None) -> Dict[str, Any]:
+    """The record's `memory` section from every rank's peak and model state (gathered by
+    harness.training.timing; a model state below 0 was not counted on that rank)."""
     measured = "resident-set peak" if source == RSS_PEAK else "allocator's peak"
     scope = (f"the process's {measured} since it started (the kernel refused to reset it)" if whole_process
              else f"the {measured} over the timed window (reset as it opened)")
-    return {"peak_bytes_per_rank": [int(value) for value in peak_bytes_per_rank], "source": source, "scope": scope}
+    section: Dict[str, Any] = {"peak_bytes_per_rank": [int(value) for value in peak_bytes_per_rank],
+                               "source": source, "scope": scope, "model_state_bytes_per_rank": None}
+    if model_state_per_rank and all(value >= 0 for values in model_state_per_rank.values() for value in values):
+        parts = {part: [int(value) for value in values] for part, values in model_state_per_rank.items()}
+        section["model_state_bytes_per_rank"] = {**parts, "total": [sum(column) for column in zip(*parts.values())]}
+        section["model_state_scope"] = ("live tensors when a warm-up step's gradients were averaged: weights "
+                                        "(or this rank's shard), the parameters' gradients, the optimizer's state, "
+                                        "and the framework's other tensors (copies, flat buffers, gradient "
+                                        "partitions, buckets), each storage once")
+    return section

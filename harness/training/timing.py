@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .contention import CpuMeter, node_cores
-from .memory import WindowPeak, memory_section
+from .memory import MODEL_STATE, WindowPeak, memory_section
 from .metrics import accelerator_utilisation, contention_summary, pop_metrics, rank_breakdown
 
 TRACE_PHASES = ("data_wait", "forward_backward", "communication", "optimizer")
@@ -99,6 +99,7 @@ class StepTimer:
         self.steps = 0
         self._window_open = False
         self._window_steps = 0
+        self._stepped_before = False  # an optimizer step has run: the optimizer's state exists
         self._window_start = self._wait_start = self._data_ready = self._gradients_ready = 0.0
         self._last_gradient: Tuple[Optional[float], Optional[Any]] = (None, None)
         self._pending: List[Tuple[Any, Any, float, Optional[List[float]]]] = []  # GPU: resolved at close
@@ -157,11 +158,14 @@ class StepTimer:
             ready = torch.cuda.Event(enable_timing=True)
             ready.record()
         self._last_gradient = (instant, (event, ready) if event is not None else None)
+        if self.memory is not None and self._stepped_before and not self._window_open:
+            self.memory.see_model_state()  # a warm-up step: not timed, so the count costs the window nothing
 
     def stepped(self) -> None:
         """The step is done: add its phases to the window's totals (if a window is open)."""
         self.phase_sync()
         stepped = time.perf_counter()
+        self._stepped_before = True
         if not self._window_open:
             return
         self.steps += 1
@@ -225,8 +229,10 @@ def calibrated_compute_per_step(model: nn.Module, compute_loss: Callable[[nn.Mod
     return timed[len(timed) // 2]
 
 
+# The model state's parts are columns of their own: "optimizer" is also a phase.
+STATE_COLUMNS = tuple(f"model_state_{part}" for part in MODEL_STATE)
 SCALARS = ("runtime", "data_wait", "forward_backward", "communication", "optimizer", "calibrated", "memory",
-           "cpu_share", "runqueue_wait_share", "load_average", "steal_share")
+           *STATE_COLUMNS, "cpu_share", "runqueue_wait_share", "load_average", "steal_share")
 
 
 def _gather(all_reduce_sum: Callable[[torch.Tensor], torch.Tensor], rank: int, world_size: int,
@@ -246,7 +252,7 @@ def gather_breakdown(all_reduce_sum: Callable[[torch.Tensor], torch.Tensor], ran
     steps = timer.steps
     scalars = [timer.seconds, timer.data_wait, timer.forward_backward, timer.communication, timer.optimizer,
                compute_per_step if compute_per_step is not None else -1.0,  # -1: not measured
-               peak_memory[0], *timer.cpu.values()]
+               peak_memory[0], *_model_state(timer), *timer.cpu.values()]
     trace = [value for instants in timer.trace for value in instants]
     trace += [-1.0] * (5 * timer.trace_steps - len(trace))  # -1: this rank traced fewer steps
     table = _gather(all_reduce_sum, rank, world_size, device, scalars + trace)
@@ -266,11 +272,18 @@ def gather_breakdown(all_reduce_sum: Callable[[torch.Tensor], torch.Tensor], ran
             "exact": exact,
         },
         "contention": _contention(columns, timer.cpu.threads),
-        "memory": memory_section(columns["memory"], peak_memory[1], peak_memory[2]),
+        "memory": memory_section(columns["memory"], peak_memory[1], peak_memory[2],
+                                 {part: columns[column] for part, column in zip(MODEL_STATE, STATE_COLUMNS)}),
     }
     if timer.trace_steps:
         breakdown["timeline"] = _timeline(table[len(scalars):], timer.trace_steps, world_size)
     return breakdown
+
+
+def _model_state(timer: StepTimer) -> List[float]:
+    """This rank's model state by part (harness.training.memory), -1 each where it was not counted."""
+    counted = timer.memory.model_state if timer.memory is not None else None
+    return [float(counted[part]) if counted else -1.0 for part in MODEL_STATE]
 
 
 def _measured(values: Sequence[float]) -> List[Optional[float]]:
