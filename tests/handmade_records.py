@@ -8,9 +8,11 @@ from typing import Any, Dict, Optional, Sequence
 def record(backend: str, workers: int, throughput: float, *, scaling: str = "weak", local_batch: int = 64,
            useful: Optional[Sequence[float]] = None, runtime: float = 1.0, au: float = 0.95,
            repeat: int = 0, model: str = "cnn", dataset: str = "synthetic", threads: Optional[int] = 1,
-           contended: bool = False, baseline: str = "") -> Dict[str, Any]:
+           contended: bool = False, baseline: str = "", options: Optional[Dict[str, Any]] = None,
+           state_mib: Optional[Sequence[float]] = None) -> Dict[str, Any]:
     """One run's record; POP metrics follow from `useful` (per-rank seconds) and `runtime`;
-    `contended` gives it a contention section flagged by a load average of 9 on 2 cores."""
+    `contended` gives it a contention section flagged by a load average of 9 on 2 cores; `options`
+    are its backend options; `state_mib` its model state per rank, in MiB (peaks 700 MiB more)."""
     from harness.training.metrics import contention_summary, pop_metrics
 
     useful = list(useful) if useful is not None else [0.8 * runtime] * workers
@@ -20,7 +22,10 @@ def record(backend: str, workers: int, throughput: float, *, scaling: str = "wea
         "backend": backend, "world_size": workers, "local_batch": local_batch, "global_batch": global_batch,
         "model": model, "dataset": dataset, "device": "cpu", "throughput": throughput, "throughput_ci95": None,
         "au": au, **pop_metrics(useful, runtime),
-        "config": {"global_batch": global_batch if scaling == "strong" else None},
+        "config": {"global_batch": global_batch if scaling == "strong" else None, "backend_options": options or {}},
+        "memory": {"peak_bytes_per_rank": [int((700 + mib) * 2 ** 20) for mib in state_mib or [0] * workers],
+                   "model_state_bytes_per_rank": {"total": [int(mib * 2 ** 20) for mib in state_mib]} if state_mib
+                   else None},
         "tags": {"scaling": scaling, "repeat": str(repeat), "sweep_id": "handmade",
                  **({"baseline": baseline} if baseline else {})},
         "threads_per_rank": threads,

@@ -87,6 +87,24 @@ def test_scaling_rows_aggregate_repeats_and_use_each_backends_own_baseline():
     assert rows["deepspeed", 1].efficiency == pytest.approx(1.0)
 
 
+def test_a_backend_with_other_options_is_another_configuration_with_its_own_baseline_and_memory():
+    """ZeRO stages in one results file: each stage its own rows, efficiency against its own 1-worker
+    run, memory per rank beside throughput; a default spelled out is the default."""
+    stages = [record("deepspeed", 1, 800.0, state_mib=[18.0]), record("deepspeed", 2, 1200.0, state_mib=[18.0, 18.0]),
+              record("deepspeed", 1, 700.0, options={"zero_stage": 3}, state_mib=[18.0]),
+              record("deepspeed", 2, 1260.0, options={"zero_stage": 3}, state_mib=[9.0, 9.5]),
+              record("deepspeed", 2, 1180.0, options={"zero_stage": 0}, state_mib=[18.0, 18.0], repeat=1)]
+    rows = {(row.backend, row.workers): row for row in scaling_rows(stages)}
+    assert set(rows) == {("deepspeed", 1), ("deepspeed", 2), ("deepspeed zero_stage=3", 1),
+                         ("deepspeed zero_stage=3", 2)}
+    assert rows["deepspeed", 2].runs == 2 and rows["deepspeed", 2].efficiency == pytest.approx(1190.0 / 800.0 / 2)
+    assert rows["deepspeed zero_stage=3", 2].efficiency == pytest.approx(1260.0 / 700.0 / 2)
+    assert rows["deepspeed zero_stage=3", 2].model_state_mib == pytest.approx(9.5)
+    assert rows["deepspeed zero_stage=3", 2].peak_mib == pytest.approx(709.5)
+    lines = [line for line in scaling_report(stages).splitlines() if line.startswith("| deepspeed zero_stage=3")]
+    assert len(lines) == 2 and [cell.strip() for cell in lines[1].strip("| ").split("|")][-2:] == ["9.5", "709.5"]
+
+
 def test_weak_and_strong_studies_are_never_mixed():
     records = weak_study() + [record("ddp", 1, 900.0, scaling="strong", local_batch=128),
                               record("ddp", 2, 1600.0, scaling="strong", local_batch=64)]

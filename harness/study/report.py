@@ -14,10 +14,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..backends import BACKENDS
 from ..training.metrics import DEFINITIONS, STEP_PHASES, scaling_efficiency, speedup, suspect_weak_efficiency
 from ..training.record import mean_and_ci95
 
 Column = Tuple[str, Callable[[Dict[str, Any]], Any]]
+MIB = 2 ** 20
 ALL_CORES = "all-cores"  # the `baseline` tag of one rank with every core (harness.study.sweep)
 CONTENDED = "†"  # marks a row with runs measured under contention
 SUSPECT = "?"  # marks a suspect efficiency
@@ -45,8 +47,31 @@ def markdown_table(records: Sequence[Dict[str, Any]], columns: Sequence[Column])
     return "\n".join(lines)
 
 
+def configuration(record: Dict[str, Any]) -> str:
+    """The record's backend and the options it ran with that are not the backend's defaults, e.g.
+    'deepspeed zero_stage=2': runs of one backend with other options are other configurations."""
+    options = record.get("config", {}).get("backend_options") or {}
+    known = BACKENDS.get(record["backend"])
+    defaults = known.Options().as_dict() if known is not None else {}
+    changed = [f"{name}={value}" for name, value in sorted(options.items()) if name not in defaults
+               or defaults[name] != value]
+    return " ".join([record["backend"], *changed])
+
+
+def model_state_mib(record: Dict[str, Any]) -> Optional[float]:
+    """The largest model state of any rank in MiB (memory.model_state_bytes_per_rank's total), if counted."""
+    state = record.get("memory", {}).get("model_state_bytes_per_rank")
+    return max(state["total"]) / MIB if state else None
+
+
+def peak_mib(record: Dict[str, Any]) -> Optional[float]:
+    """The highest peak memory of any rank over the timed window, in MiB."""
+    peaks = record.get("memory", {}).get("peak_bytes_per_rank")
+    return max(peaks) / MIB if peaks else None
+
+
 RUN_COLUMNS: Sequence[Column] = (
-    ("backend", lambda r: r["backend"]),
+    ("backend", configuration),
     ("ranks", lambda r: r["world_size"]),
     ("global batch", lambda r: r["global_batch"]),
     ("lr", lambda r: r["lr_effective"]),
@@ -57,6 +82,8 @@ RUN_COLUMNS: Sequence[Column] = (
     ("eval loss", lambda r: r.get("eval_loss")),
     ("eval acc %", lambda r: 100 * r["eval_accuracy"] if r.get("eval_accuracy") is not None else None),
     ("eval samples", lambda r: r.get("eval_samples")),
+    ("state MiB/rank", model_state_mib),
+    ("peak MiB/rank", peak_mib),
     ("wall s", lambda r: r["wall_time"]),
 )
 
@@ -87,7 +114,7 @@ class ScalingRow:
     """One backend at one worker count of a study (and threads per rank), aggregated over its repeats."""
 
     study: Study
-    backend: str
+    backend: str  # with its options that are not the defaults (`configuration`), e.g. 'deepspeed zero_stage=2'
     workers: int
     runs: int
     throughput: float  # samples/s, mean over runs
@@ -100,6 +127,8 @@ class ScalingRow:
     communication_efficiency: Optional[float]
     parallel_efficiency: Optional[float]
     seconds_per_step: Dict[str, Optional[float]]  # STEP_PHASES, mean over ranks and runs
+    model_state_mib: Optional[float] = None  # the largest rank's model state, mean over runs
+    peak_mib: Optional[float] = None  # the largest rank's peak memory, mean over runs
     threads_per_rank: Optional[int] = None  # None on GPUs (or records that do not say)
     baseline: str = ""  # ALL_CORES: one rank with every core, a separate configuration
     contended_runs: int = 0
@@ -148,13 +177,14 @@ def _aggregate(key: GroupKey, runs: List[Dict[str, Any]]) -> ScalingRow:
         communication_efficiency=_mean([run.get("communication_efficiency") for run in runs]),
         parallel_efficiency=_mean([run.get("parallel_efficiency") for run in runs]),
         seconds_per_step={phase: _mean([b.get(phase) for b in breakdowns]) for phase in STEP_PHASES},
+        model_state_mib=_mean([model_state_mib(run) for run in runs]), peak_mib=_mean([peak_mib(run) for run in runs]),
         threads_per_rank=threads, baseline=baseline, contended_runs=len(contended),
         contention=list(contended[0].get("reasons", [])) if contended else [])
 
 
 def scaling_rows(records: Sequence[Dict[str, Any]]) -> List[ScalingRow]:
-    """Records grouped by study, backend, workers and threads per rank; backends in order of first
-    appearance, each backend's all-cores configuration after its scaling rows.
+    """Records grouped by study, configuration (backend and options), workers and threads per rank;
+    configurations in order of first appearance, each one's all-cores run after its scaling rows.
 
     Throughput is the mean over repeats with a 95% interval over repeats (none for one run).
     Speedup and efficiency are against the same backend at the study's fewest workers with the same
@@ -166,8 +196,9 @@ def scaling_rows(records: Sequence[Dict[str, Any]]) -> List[ScalingRow]:
     for record in records:
         if not record.get("throughput"):
             continue  # a run too short to have a timed window
-        backend_order.setdefault(record["backend"], len(backend_order))
-        key = (study_of(record), record["backend"], record["world_size"], record.get("threads_per_rank"),
+        label = configuration(record)
+        backend_order.setdefault(label, len(backend_order))
+        key = (study_of(record), label, record["world_size"], record.get("threads_per_rank"),
                ALL_CORES if record.get("tags", {}).get("baseline") == ALL_CORES else "")
         groups.setdefault(key, []).append(record)
     ordered = sorted(groups.items(), key=lambda item: (item[0][0], backend_order[item[0][1]], item[0][4],
@@ -223,6 +254,8 @@ SCALING_COLUMNS: Sequence[Column] = (
     ("load balance", lambda r: r["load_balance"]),
     ("comm. efficiency", lambda r: r["communication_efficiency"]),
     ("parallel efficiency", lambda r: r["parallel_efficiency"]),
+    ("state MiB/rank", lambda r: r["model_state_mib"]),
+    ("peak MiB/rank", lambda r: r["peak_mib"]),
 )
 
 
@@ -242,7 +275,10 @@ def _footnotes(rows: Sequence[ScalingRow]) -> List[str]:
                          f"is suspect: {row.suspect}")
     if any(row.runs < 2 for row in rows):
         lines.append("(one run): no interval: one run of that configuration; sweep with --repeats 3 or more")
-    lines.append("± is the 95% interval over repeated runs (Student's t); AU and POP metrics are means over runs.")
+    lines.append("± is the 95% interval over repeated runs (Student's t); AU, POP metrics and memory are means over runs.")
+    lines.append("state MiB/rank: the largest rank's weights (or shard), gradients, optimizer state and the framework's "
+                 "other tensors (record: memory.model_state_bytes_per_rank); peak MiB/rank: the largest rank's peak "
+                 "memory over the timed window (the allocator's on a GPU, the resident set on the CPU)")
     return lines + [DEFINITIONS[term] for term in FOOTNOTE_TERMS]
 
 
