@@ -12,16 +12,23 @@ from harness.errors import UsageError
 from harness.training.record import read_records
 from harness.study.sweep import PBS_TEMPLATE, SweepSettings, plan_sweep
 
+from .backend_cases import DISTRIBUTED
 from .conftest import harness
 
-BACKENDS = ["ddp", "horovod", "deepspeed"]
-# Each framework's speed knobs as the sweep below applies them (defaults; Horovod's cycle is the
-# harness's CPU default, not Horovod's 1 ms).
-# DDP and DeepSpeed skip the identity allreduce at one rank (Horovod does so itself).
+BACKENDS = DISTRIBUTED
+# Each framework's speed knobs as the sweep below applies them to the CNN (defaults; Horovod's cycle
+# is the harness's CPU default, not Horovod's 1 ms). A backend registered without its entry here
+# fails test_every_backend_declares_its_knobs. A backend that records `gradient_allreduce` skips the
+# identity allreduce at one rank (Horovod does so itself, and does not record it).
 DEFAULT_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "process_group": "gloo"},
                   "deepspeed": {"zero_stage": 0, "process_group": "gloo", "throughput_timer": False,
                                 "zero_reduce_bucket_elements": 500_000_000, "zero_allgather_bucket_elements": 500_000_000},
-                  "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False}}
+                  "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False},
+                  "fsdp": {"reshard_after_forward": True, "fsdp_units": 3, "process_group": "gloo"}}
+
+
+def test_every_backend_declares_its_knobs():
+    assert set(DEFAULT_TUNING) == set(DISTRIBUTED)
 
 
 def _settings(tmp_path, **overrides) -> SweepSettings:
@@ -161,7 +168,7 @@ def test_sweep_cli_dry_run_and_one_line_errors(tmp_path):
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
-    """A real weak-scaling sweep: ddp, horovod and deepspeed on 1 and 2 ranks, 10 short steps each."""
+    """A real weak-scaling sweep: every distributed backend on 1 and 2 ranks, 10 short steps each."""
     out = tmp_path_factory.mktemp("sweep")
     results = out / "weak.jsonl"
     result = harness("sweep", "--backends", ",".join(BACKENDS), "--ranks", "1,2", "--scaling", "weak",
@@ -183,7 +190,7 @@ def test_sweep_records_are_complete(swept):
         assert record["local_batch"] == 16 and record["global_batch"] == 16 * record["world_size"]
         assert record["timed_steps"] == 7 and record["throughput"] > 0
         assert 0 < record["au"] <= 1
-        reduces = {} if record["backend"] == "horovod" else {"gradient_allreduce": record["world_size"] > 1}
+        reduces = {"gradient_allreduce": record["world_size"] > 1} if "gradient_allreduce" in record["tuning"] else {}
         assert record["tuning"] == {**DEFAULT_TUNING[record["backend"]], **reduces, "cpu_malloc": "reuse",
                                       "channels_last_weights": False, "compile": None}
         assert record["threads_per_rank"] == 1 and record["contention"]["threads_per_rank"] == 1
@@ -194,7 +201,7 @@ def test_sweep_records_are_complete(swept):
         per_step = breakdown["seconds_per_step"]
         parts = sum(per_step[k] for k in ("data_wait", "forward_backward", "communication", "optimizer", "other"))
         assert parts == pytest.approx(per_step["runtime"])
-    assert "sweep e2e: 6 record(s)" in stdout
+    assert f"sweep e2e: {2 * len(BACKENDS)} record(s)" in stdout
 
 
 @pytest.mark.slow
