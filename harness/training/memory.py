@@ -29,7 +29,6 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 CUDA_ALLOCATOR = "cuda_allocator"  # on another accelerator "<device type>_allocator", e.g. xpu_allocator
 RSS_PEAK = "rss_peak"
@@ -137,7 +136,7 @@ def _storages(groups: Iterable[Iterable[torch.Tensor]]) -> Dict[Tuple[str, int],
     pending = [tensor for group in groups for tensor in group]
     while pending:
         tensor = pending.pop()
-        if is_traceable_wrapper_subclass(tensor):
+        if type(tensor) is not torch.Tensor and hasattr(tensor, "__tensor_flatten__"):  # a wrapper (DTensor)
             names, _ = tensor.__tensor_flatten__()
             inner = (getattr(tensor, name) for name in names)
             pending.extend(value for value in inner if isinstance(value, torch.Tensor))
