@@ -46,14 +46,16 @@ from harness.training.launch import launch_command
 from harness.training.memory import MODEL_STATE
 from harness.training.models import build_model
 
-# (label, backend, its flags); DDP first: the weights every other row is compared with.
-CONFIGURATIONS: List[Tuple[str, str, List[str]]] = [
-    ("ddp", "ddp", []),
-    *((f"deepspeed ZeRO-{stage}", "deepspeed", ["--zero-stage", str(stage)]) for stage in range(4)),
-    ("fsdp", "fsdp", []),
-]
 MIB = 2 ** 20
 MMAP_THRESHOLD_BYTES = 64 * 1024
+
+
+def configurations(zero_flags: List[str]) -> List[Tuple[str, str, List[str]]]:
+    """(label, backend, its flags); DDP first: the weights every other row is compared with.
+    `zero_flags` join every ZeRO stage's flags (the bucket size)."""
+    return [("ddp", "ddp", []),
+            *((f"deepspeed ZeRO-{stage}", "deepspeed", ["--zero-stage", str(stage), *zero_flags]) for stage in range(4)),
+            ("fsdp", "fsdp", [])]
 
 
 def train(backend: str, flags: List[str], model: str, steps: int, out: str) -> Dict:
@@ -86,18 +88,20 @@ def main() -> None:
     parser.add_argument("--zero-bucket-mb", default="25", help="DeepSpeed's ZeRO bucket size in MiB (DDP's default "
                                                                "bucket), or `none` for DeepSpeed's own 5e8 elements")
     args = parser.parse_args()
+    if args.steps < 2:  # the harness gives timing at most half a run's steps to warm up
+        parser.error(f"--steps must be 2 or more (the two warm-up steps need as many timed ones), got {args.steps}")
     buckets = [] if args.zero_bucket_mb == "none" else ["--zero-bucket-mb", args.zero_bucket_mb]
-    peaks: Dict[str, List[float]] = {label: [] for label, _, _ in CONFIGURATIONS}
+    runs = configurations(buckets)
+    peaks: Dict[str, List[float]] = {label: [] for label, _, _ in runs}
     states: Dict[str, Dict[str, List[int]]] = {}
-    speeds: Dict[str, List[float]] = {label: [] for label, _, _ in CONFIGURATIONS}
+    speeds: Dict[str, List[float]] = {label: [] for label, _, _ in runs}
     differences: Dict[str, float] = {}
     torch.manual_seed(0)  # the seed of the runs: the weights they start from
     (channels, size, _), classes = synthetic_shape(args.model)
     initial = build_model(args.model, channels, size, classes, None).state_dict()
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            for label, backend, flags in CONFIGURATIONS:
-                flags = flags + buckets if backend == "deepspeed" else flags
+            for label, backend, flags in runs:
                 record = train(backend, flags, args.model, args.steps, os.path.join(tmp, f"{repeat}-{label}"))
                 peaks[label].append(max(record["memory"]["peak_bytes_per_rank"]) / MIB)
                 states[label] = record["memory"]["model_state_bytes_per_rank"]  # the same in every repeat
@@ -114,7 +118,7 @@ def main() -> None:
     print("| configuration | " + " | ".join(f"{part} (MiB per rank)" for part in parts) +
           " | peak memory per rank (MiB, highest rank) | samples/s | weights vs DDP (of the update) |")
     print("|---" * (len(parts) + 4) + "|")
-    for label, _, _ in CONFIGURATIONS:
+    for label, _, _ in runs:
         state = " | ".join(f"{max(states[label][part]) / MIB:.1f}" for part in parts)
         print(f"| {label} | {state} | {statistics.mean(peaks[label]):.0f} | {statistics.mean(speeds[label]):.2f} | "
               f"{differences[label]:.2e} |")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..backends import BACKENDS
+from ..errors import UsageError
 from ..training.metrics import DEFINITIONS, STEP_PHASES, scaling_efficiency, speedup, suspect_weak_efficiency
 from ..training.record import mean_and_ci95
 
@@ -52,10 +53,11 @@ def configuration(record: Dict[str, Any]) -> str:
     'deepspeed zero_stage=2': runs of one backend with other options are other configurations."""
     options = record.get("config", {}).get("backend_options") or {}
     known = BACKENDS.get(record["backend"])
-    defaults = known.Options().as_dict() if known is not None else {}
-    changed = [f"{name}={value}" for name, value in sorted(options.items()) if name not in defaults
-               or defaults[name] != value]
-    return " ".join([record["backend"], *changed])
+    try:
+        changed = known.Options.parse(record["backend"], options).changed() if known is not None else options
+    except UsageError:  # written by a version with other options: all of them, as recorded
+        changed = options
+    return " ".join([record["backend"], *(f"{name}={value}" for name, value in sorted(changed.items()))])
 
 
 def model_state_mib(record: Dict[str, Any]) -> Optional[float]:
