@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast lab exercises gpu-check bench clean
+.PHONY: setup demo test test-fast lint lab exercises gpu-check bench clean
 setup:
 	@bash tools/setup.sh
 
@@ -9,8 +9,12 @@ demo: setup
 	@$(PY) -m harness demo
 
 # Everything, slow multi-process tests, notebooks and scheduler tests included (not the GPU ones).
-test: setup
+test: setup lint
 	@$(PY) -m pytest -q -ra --durations=50 tests
+
+# Lint and format check (ruff, configured in pyproject.toml); `make test` runs it first.
+lint: setup
+	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 test-fast: setup
 	@$(PY) -m pytest -q -ra -m "not slow and not gpu" tests

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -35,36 +34,55 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from harness.backends import get_backend  # noqa: E402
-from harness.training.checkpoint import Checkpointer, Progress, RunLayout, restore, verify_checkpoint  # noqa: E402
-from harness.process.discovery import ClusterEnv, detect_cluster  # noqa: E402
 from harness.config import TrainConfig  # noqa: E402
+from harness.process.discovery import ClusterEnv, detect_cluster  # noqa: E402
 from harness.process.launchers import launch_environment, launcher_command  # noqa: E402
-from harness.training.launch import launch_command  # noqa: E402
-from harness.training.models import build_model  # noqa: E402
 from harness.process.preemption import PreemptionWatcher  # noqa: E402
+from harness.training.checkpoint import Checkpointer, Progress, RunLayout, restore, verify_checkpoint  # noqa: E402
+from harness.training.launch import launch_command  # noqa: E402
 from harness.training.loop import make_optimizer_factory  # noqa: E402
+from harness.training.models import build_model  # noqa: E402
 
 TIMEOUT_S = 20
-FAILURE_ARGS = ["--model", "cnn", "--dataset", "digits", "--batch-size", "64", "--epochs", "20", "--threads", "1",
-                "--eval-every", "0", "--calibration-steps", "0", "--timeout", str(TIMEOUT_S)]
+FAILURE_ARGS = [
+    "--model",
+    "cnn",
+    "--dataset",
+    "digits",
+    "--batch-size",
+    "64",
+    "--epochs",
+    "20",
+    "--threads",
+    "1",
+    "--eval-every",
+    "0",
+    "--calibration-steps",
+    "0",
+    "--timeout",
+    str(TIMEOUT_S),
+]
 
 
-def resnet18_checkpoint(repeats: int, directory: str) -> Dict[str, float]:
+def resnet18_checkpoint(repeats: int, directory: str) -> dict[str, float]:
     """Size and times of one ResNet-18 checkpoint written, verified and loaded by the harness."""
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     config = TrainConfig(model="resnet18", checkpoint_dir=directory, keep_checkpoints=1)
     backend = get_backend("none")
-    model, optimizer = backend.wrap(build_model("resnet18", 3, 64, 1000, None), make_optimizer_factory(config),
-                                    config, 2)
+    model, optimizer = backend.wrap(
+        build_model("resnet18", 3, 64, 1000, None), make_optimizer_factory(config), config, 2
+    )
     F.cross_entropy(model(torch.randn(2, 3, 64, 64)), torch.tensor([1, 2])).backward()
     optimizer.step()  # the momentum buffers exist, as in any checkpoint after step 1
     cluster = ClusterEnv(0, 1, 0, 1, "127.0.0.1", 29500, "none")
     layout = RunLayout(1, 64, 1_281_167, 20_018, 20_018 * 90)  # ImageNet-sized run facts, for the manifest
     checkpointer = Checkpointer(config, cluster, backend, layout)
-    times: Dict[str, List[float]] = {"write_s": [], "verify_s": [], "load_s": []}
+    times: dict[str, list[float]] = {"write_s": [], "verify_s": [], "load_s": []}
     size = 0
     for repeat in range(repeats):
-        times["write_s"].append(checkpointer.save(repeat + 1, Progress(), torch.zeros(2, dtype=torch.float64), "bench"))
+        times["write_s"].append(
+            checkpointer.save(repeat + 1, Progress(), torch.zeros(2, dtype=torch.float64), "bench")
+        )
         started = time.perf_counter()
         checkpoint = verify_checkpoint(checkpointer.last_path)
         times["verify_s"].append(time.perf_counter() - started)
@@ -87,8 +105,8 @@ def check_worker(backend_name: str, blocks: int, steps: int) -> None:
     model, optimizer = backend.wrap(build_model("cnn", 1, 28, 10, None), make_optimizer_factory(config), config, 64)
     watcher = PreemptionWatcher()
     images, labels = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
-    seconds: Dict[bool, List[float]] = {False: [], True: []}
-    check_alone: List[float] = []
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    check_alone: list[float] = []
     for block in range(blocks + 1):  # block 0 warms up
         for check in (False, True):
             backend.barrier()
@@ -113,13 +131,21 @@ def check_worker(backend_name: str, blocks: int, steps: int) -> None:
     if cluster.is_main:
         # Adjacent blocks form pairs, so drifting machine load cancels out of each pair's ratio.
         ratios = [with_check / without for without, with_check in zip(seconds[False], seconds[True])]
-        print(json.dumps({"step_s": statistics.median(seconds[False]), "step_with_check_s": statistics.median(seconds[True]),
-                          "ratio": statistics.median(ratios), "check_alone_s": statistics.median(check_alone)}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "step_s": statistics.median(seconds[False]),
+                    "step_with_check_s": statistics.median(seconds[True]),
+                    "ratio": statistics.median(ratios),
+                    "check_alone_s": statistics.median(check_alone),
+                }
+            ),
+            flush=True,
+        )
     backend.shutdown()
 
 
-def preemption_check_cost(blocks: int, steps: int) -> Dict[str, Dict[str, float]]:
+def preemption_check_cost(blocks: int, steps: int) -> dict[str, dict[str, float]]:
     worker = [os.path.abspath(__file__), "--check-worker"]
     commands = {
         "torch.distributed (ddp, deepspeed)": launcher_command("torchrun", 2, [*worker, "ddp"]),
@@ -127,16 +153,22 @@ def preemption_check_cost(blocks: int, steps: int) -> Dict[str, Dict[str, float]
     }
     figures = {}
     for name, command in commands.items():
-        out = subprocess.run([*command, "--blocks", str(blocks), "--steps", str(steps)], capture_output=True,
-                             text=True, env=launch_environment(), timeout=900, cwd=REPO)
+        out = subprocess.run(
+            [*command, "--blocks", str(blocks), "--steps", str(steps)],
+            capture_output=True,
+            text=True,
+            env=launch_environment(),
+            timeout=900,
+            cwd=REPO,
+        )
         lines = [line.split(">:", 1)[-1] for line in out.stdout.splitlines() if "{" in line]
         if out.returncode or not lines:
             raise SystemExit(f"failed: {' '.join(command)}\n{out.stderr[-3000:]}")
-        figures[name] = json.loads(lines[-1][lines[-1].index("{"):])
+        figures[name] = json.loads(lines[-1][lines[-1].index("{") :])
     return figures
 
 
-def kill_to_exit(backend: str, signal_name: str, workdir: str) -> Dict[str, object]:
+def kill_to_exit(backend: str, signal_name: str, workdir: str) -> dict[str, object]:
     """Seconds from rank 1 sending itself `signal_name` after step 5 to the survivor's message and
     to the exit of the job."""
     from tests.checkpoint_helpers import processes_mentioning, time_job
@@ -148,8 +180,12 @@ def kill_to_exit(backend: str, signal_name: str, workdir: str) -> Dict[str, obje
     leftovers = processes_mentioning(marker_dir)
     for pid in leftovers:  # a stopped rank the launcher did not end
         os.kill(pid, signal.SIGKILL)
-    return {"exit_s": job.seconds(signalled), "message_s": job.seconds(signalled, lost), "status": job.returncode,
-            "ranks_left_running": len(leftovers)}
+    return {
+        "exit_s": job.seconds(signalled),
+        "message_s": job.seconds(signalled, lost),
+        "status": job.returncode,
+        "ranks_left_running": len(leftovers),
+    }
 
 
 def _seconds(value) -> str:
@@ -172,14 +208,20 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
         figures = resnet18_checkpoint(args.repeats, os.path.join(directory, "checkpoints"))
-    print(f"ResNet-18 checkpoint ({figures['parameters'] / 1e6:.1f} M parameters, SGD momentum): "
-          f"{figures['bytes'] / 2**20:.1f} MiB; write {figures['write_s']:.2f} s, verify {figures['verify_s']:.2f} s, "
-          f"load {figures['load_s']:.2f} s (median of {args.repeats})", flush=True)
+    print(
+        f"ResNet-18 checkpoint ({figures['parameters'] / 1e6:.1f} M parameters, SGD momentum): "
+        f"{figures['bytes'] / 2**20:.1f} MiB; write {figures['write_s']:.2f} s, verify {figures['verify_s']:.2f} s, "
+        f"load {figures['load_s']:.2f} s (median of {args.repeats})",
+        flush=True,
+    )
 
     for name, cost in preemption_check_cost(args.blocks, args.steps).items():
-        print(f"preemption check, {name}: {1e3 * cost['check_alone_s']:.3f} ms alone; CNN step "
-              f"{1e3 * cost['step_s']:.1f} ms without, {1e3 * cost['step_with_check_s']:.1f} ms with "
-              f"(median ratio of paired blocks {cost['ratio']:.3f})", flush=True)
+        print(
+            f"preemption check, {name}: {1e3 * cost['check_alone_s']:.3f} ms alone; CNN step "
+            f"{1e3 * cost['step_s']:.1f} ms without, {1e3 * cost['step_with_check_s']:.1f} ms with "
+            f"(median ratio of paired blocks {cost['ratio']:.3f})",
+            flush=True,
+        )
 
     if args.skip_failures:
         return
@@ -187,9 +229,12 @@ def main() -> None:
         for signal_name in ("KILL", "STOP") if args.hung else ("KILL",):
             for backend in ("ddp", "horovod", "deepspeed"):
                 result = kill_to_exit(backend, signal_name, workdir)
-                print(f"SIG{signal_name} of rank 1, {backend}: survivor's message after {_seconds(result['message_s'])}, "
-                      f"job exited after {_seconds(result['exit_s'])} (status {result['status']}, ranks left "
-                      f"running: {result['ranks_left_running']}; --timeout {TIMEOUT_S})", flush=True)
+                print(
+                    f"SIG{signal_name} of rank 1, {backend}: survivor's message after {_seconds(result['message_s'])}, "
+                    f"job exited after {_seconds(result['exit_s'])} (status {result['status']}, ranks left "
+                    f"running: {result['ranks_left_running']}; --timeout {TIMEOUT_S})",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -31,22 +31,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Optional
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from harness.backends.precision import Precision  # noqa: E402
 from harness.errors import unknown_choice  # noqa: E402
 from harness.process.launchers import launch_environment  # noqa: E402
 from harness.training.launch import launch_command  # noqa: E402
-from harness.backends.precision import Precision  # noqa: E402
 
 BACKENDS = ("none", "ddp", "horovod", "deepspeed")
 GOAL = 0.97
-NVIDIA_REFERENCE = {"A100": "2,470 img/s mixed precision, 938 img/s TF32 (1x A100 80GB, batch 256, DALI; "
-                            "NVIDIA DeepLearningExamples ResNet50 v1.5 PyTorch README)"}
+NVIDIA_REFERENCE = {
+    "A100": "2,470 img/s mixed precision, 938 img/s TF32 (1x A100 80GB, batch 256, DALI; "
+    "NVIDIA DeepLearningExamples ResNet50 v1.5 PyTorch README)"
+}
 
 
 def bare_loop(precision: str, batch: int, steps: int, warmup: int = 10) -> float:
@@ -79,7 +81,7 @@ def bare_loop(precision: str, batch: int, steps: int, warmup: int = 10) -> float
     return steps * batch / (time.perf_counter() - start)
 
 
-def harness_run(backend: str, ranks: int, flags: List[str]) -> float:
+def harness_run(backend: str, ranks: int, flags: list[str]) -> float:
     """Throughput (samples/s over all ranks) of one `harness train` under the backend's launcher."""
     with tempfile.TemporaryDirectory() as tmp:
         results = os.path.join(tmp, "r.jsonl")
@@ -93,28 +95,53 @@ def harness_run(backend: str, ranks: int, flags: List[str]) -> float:
 
 def _bare_in_subprocess(precision: str, batch: int, steps: int) -> float:
     # A fresh process per measurement, like the harness runs: no allocator or cuDNN state carried over.
-    code = (f"import sys; sys.path.insert(0, {HERE!r}); import gpu_throughput as g; "
-            f"print(g.bare_loop({precision!r}, {batch}, {steps}))")
+    code = (
+        f"import sys; sys.path.insert(0, {HERE!r}); import gpu_throughput as g; "
+        f"print(g.bare_loop({precision!r}, {batch}, {steps}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def resnet50(precisions: List[str], batch: int, steps: int, repeats: int, workers: int,
-             backends: List[str]) -> None:
+def resnet50(precisions: list[str], batch: int, steps: int, repeats: int, workers: int, backends: list[str]) -> None:
     for precision in precisions:
-        flags = ["--model", "resnet50", "--dataset", "synthetic", "--batch-size", str(batch), "--precision",
-                 precision, "--channels-last", "--max-steps", str(steps + 10), "--timing-warmup-steps", "10",
-                 "--num-workers", str(workers), "--eval-every", "0", "--calibration-steps", "0", "--lr", "0.01"]
-        samples: Dict[str, List[float]] = {"bare loop": [], **{backend: [] for backend in backends}}
+        flags = [
+            "--model",
+            "resnet50",
+            "--dataset",
+            "synthetic",
+            "--batch-size",
+            str(batch),
+            "--precision",
+            precision,
+            "--channels-last",
+            "--max-steps",
+            str(steps + 10),
+            "--timing-warmup-steps",
+            "10",
+            "--num-workers",
+            str(workers),
+            "--eval-every",
+            "0",
+            "--calibration-steps",
+            "0",
+            "--lr",
+            "0.01",
+        ]
+        samples: dict[str, list[float]] = {"bare loop": [], **{backend: [] for backend in backends}}
         for repeat in range(repeats):
             samples["bare loop"].append(_bare_in_subprocess(precision, batch, steps))
             for backend in backends:
                 samples[backend].append(harness_run(backend, 1, flags))
-            print(f"{precision} repeat {repeat + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in samples.items()),
-                  flush=True)
+            print(
+                f"{precision} repeat {repeat + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in samples.items()),
+                flush=True,
+            )
         median = {name: statistics.median(values) for name, values in samples.items()}
-        print(f"\nResNet-50, 224x224 synthetic, channels-last, {precision}, batch {batch}, 1 rank on "
-              f"{torch.cuda.get_device_name(0)}, median of {repeats} interleaved repeats, {steps} timed steps\n")
+        print(
+            f"\nResNet-50, 224x224 synthetic, channels-last, {precision}, batch {batch}, 1 rank on "
+            f"{torch.cuda.get_device_name(0)}, median of {repeats} interleaved repeats, {steps} timed steps\n"
+        )
         print("| variant | images/s | vs bare loop | goal |\n|---|---|---|---|")
         for name, value in median.items():
             goal = f">= {GOAL}" if name != "bare loop" else ""
@@ -145,13 +172,27 @@ def _stop_mps() -> None:
         os.environ.pop(name, None)
 
 
-def ranks_per_gpu(procs: List[int], steps: int, repeats: int) -> None:
-    flags = ["--model", "cnn", "--dataset", "synthetic", "--batch-size", "64", "--max-steps", str(steps + 10),
-             "--timing-warmup-steps", "10", "--eval-every", "0", "--calibration-steps", "0"]
+def ranks_per_gpu(procs: list[int], steps: int, repeats: int) -> None:
+    flags = [
+        "--model",
+        "cnn",
+        "--dataset",
+        "synthetic",
+        "--batch-size",
+        "64",
+        "--max-steps",
+        str(steps + 10),
+        "--timing-warmup-steps",
+        "10",
+        "--eval-every",
+        "0",
+        "--calibration-steps",
+        "0",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         mps = _start_mps(tmp)
         try:
-            samples: Dict[int, List[float]] = {k: [] for k in procs}
+            samples: dict[int, list[float]] = {k: [] for k in procs}
             for _ in range(repeats):
                 for k in procs:
                     samples[k].append(harness_run("ddp", k, [*flags, "--procs-per-gpu", str(k)]))
@@ -159,8 +200,10 @@ def ranks_per_gpu(procs: List[int], steps: int, repeats: int) -> None:
             if mps:
                 _stop_mps()
     base = statistics.median(samples[procs[0]])
-    print(f"\nWorkshop CNN, batch 64 per rank, ddp, K ranks on one {torch.cuda.get_device_name(0)} "
-          f"({'with' if mps else 'without'} MPS), median of {repeats}\n")
+    print(
+        f"\nWorkshop CNN, batch 64 per rank, ddp, K ranks on one {torch.cuda.get_device_name(0)} "
+        f"({'with' if mps else 'without'} MPS), median of {repeats}\n"
+    )
     print("| ranks per GPU | communication | images/s | vs K=1 |\n|---|---|---|---|")
     for k in procs:
         value = statistics.median(samples[k])
@@ -175,7 +218,9 @@ def main() -> None:
     parser.add_argument("--precisions", default="bf16,fp16")
     parser.add_argument("--workers", type=int, default=6, help="harness loader workers per rank")
     parser.add_argument("--procs-per-gpu", default="1,2,4")
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="harness backends to compare with the bare loop")
+    parser.add_argument(
+        "--backends", default=",".join(BACKENDS), help="harness backends to compare with the bare loop"
+    )
     args = parser.parse_args()
     backends = [b for b in args.backends.split(",") if b]
     for backend in backends:
@@ -184,8 +229,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU visible: run this on a GPU node (make gpu-check)")
     # An empty list skips that part, e.g. --procs-per-gpu "" for ResNet-50 alone.
-    resnet50([p for p in args.precisions.split(",") if p], args.batch, args.steps, args.repeats, args.workers,
-             backends)
+    resnet50(
+        [p for p in args.precisions.split(",") if p], args.batch, args.steps, args.repeats, args.workers, backends
+    )
     procs = [int(k) for k in args.procs_per_gpu.split(",") if k]
     if procs:
         ranks_per_gpu(procs, args.steps, args.repeats)

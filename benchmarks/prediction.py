@@ -19,36 +19,74 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict, List, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from harness.process.launchers import launch_environment  # noqa: E402
-from harness.study.predict import (Network, measured_steps, network_from_bench, predict_scaling,  # noqa: E402
-                                   workload_from_records)
+from harness.study.predict import Network, measured_steps, network_from_bench, predict_scaling, workload_from_records  # noqa: E402
 from harness.training.record import read_records  # noqa: E402
 from tests.multinode.netns_cluster import NetnsCluster  # noqa: E402
 
 # (Mbit/s, added one-way ms); a latency needs the kernel's netem (ShapingUnavailable without it).
-SETTINGS: Sequence[Tuple[float, float]] = ((100.0, 0.0), (400.0, 0.0), (1000.0, 0.0))
+SETTINGS: Sequence[tuple[float, float]] = ((100.0, 0.0), (400.0, 0.0), (1000.0, 0.0))
 PORT = 29611
-TRAIN = ["--backend", "ddp", "--model", "cnn", "--dataset", "synthetic", "--batch-size", "32",
-         "--timing-warmup-steps", "5", "--threads", "1", "--eval-every", "0"]
+TRAIN = [
+    "--backend",
+    "ddp",
+    "--model",
+    "cnn",
+    "--dataset",
+    "synthetic",
+    "--batch-size",
+    "32",
+    "--timing-warmup-steps",
+    "5",
+    "--threads",
+    "1",
+    "--eval-every",
+    "0",
+]
 BENCH_SIZES = "64K,256K,1M,4M,16M"
 
 
-def _torchrun(nodes: int, node: int, program: List[str]) -> List[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank", str(node - 1),
-            "--nproc-per-node", "1", "--master-addr", "node1", "--master-port", str(PORT), "-m", "harness", *program]
+def _torchrun(nodes: int, node: int, program: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nodes),
+        "--node-rank",
+        str(node - 1),
+        "--nproc-per-node",
+        "1",
+        "--master-addr",
+        "node1",
+        "--master-port",
+        str(PORT),
+        "-m",
+        "harness",
+        *program,
+    ]
 
 
-def _across(cluster: NetnsCluster, program: List[str], timeout: float = 900) -> None:
+def _across(cluster: NetnsCluster, program: list[str], timeout: float = 900) -> None:
     """Run `harness PROGRAM` as one rank on every node of the cluster, to its end."""
     nodes = len(cluster.hostnames)
-    processes = [cluster.popen(node, _torchrun(nodes, node, program), env=launch_environment(),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for node in range(1, nodes + 1)]
+    processes = [
+        cluster.popen(
+            node,
+            _torchrun(nodes, node, program),
+            env=launch_environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in range(1, nodes + 1)
+    ]
     outputs = [process.communicate(timeout=timeout)[0] for process in processes]
     if any(process.returncode for process in processes):
         raise SystemExit(f"{program[:2]} across {nodes} nodes failed:\n{outputs[0][-3000:]}")
@@ -56,9 +94,16 @@ def _across(cluster: NetnsCluster, program: List[str], timeout: float = 900) -> 
 
 def _link_network(rate_mbit: float, latency_ms: float) -> Network:
     """The link's own figures: tbf's rate (bytes/s) as the ring's busbw, netem's delay as alpha."""
-    return Network(f"{rate_mbit:g} Mbit/s, {latency_ms:g} ms", ranks_per_node=1, alpha_intra_s=0.0,
-                   alpha_inter_s=latency_ms * 1e-3, base_latency_s=0.0, busbw_intra=rate_mbit * 1e6 / 8,
-                   busbw_inter=rate_mbit * 1e6 / 8, source="tc settings")
+    return Network(
+        f"{rate_mbit:g} Mbit/s, {latency_ms:g} ms",
+        ranks_per_node=1,
+        alpha_intra_s=0.0,
+        alpha_inter_s=latency_ms * 1e-3,
+        base_latency_s=0.0,
+        busbw_intra=rate_mbit * 1e6 / 8,
+        busbw_inter=rate_mbit * 1e6 / 8,
+        source="tc settings",
+    )
 
 
 def _done(results: str) -> set:
@@ -76,8 +121,21 @@ def measure(out: str, repeats: int, steps: int) -> None:
         done = _done(results)
         # One node: no link is crossed, so one set of runs serves every setting.
         if ("local", 1, str(repeat)) not in done:
-            subprocess.run([sys.executable, "-m", "harness", "train", *train, "--tag", f"repeat={repeat}",
-                            "--tag", "setting=local"], check=True, env=launch_environment())
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "harness",
+                    "train",
+                    *train,
+                    "--tag",
+                    f"repeat={repeat}",
+                    "--tag",
+                    "setting=local",
+                ],
+                check=True,
+                env=launch_environment(),
+            )
         for rate, latency in SETTINGS:
             for nodes in (2, 3):
                 bench = os.path.join(out, f"bench-{rate:g}-{latency:g}-{nodes}.json")
@@ -86,28 +144,45 @@ def measure(out: str, repeats: int, steps: int) -> None:
                 with NetnsCluster(nodes, tempfile.mkdtemp(prefix="prediction-")) as cluster:
                     cluster.shape(latency_ms=latency, rate_mbit=rate)
                     if not os.path.exists(bench):
-                        _across(cluster, ["bench", "allreduce", "--backend", "ddp", "--sizes", BENCH_SIZES,
-                                          "--seconds-per-size", "1", "--results", bench])
+                        _across(
+                            cluster,
+                            [
+                                "bench",
+                                "allreduce",
+                                "--backend",
+                                "ddp",
+                                "--sizes",
+                                BENCH_SIZES,
+                                "--seconds-per-size",
+                                "1",
+                                "--results",
+                                bench,
+                            ],
+                        )
                     if (f"{rate:g}-{latency:g}", nodes, str(repeat)) not in done:
-                        _across(cluster, ["train", *train, "--tag", f"repeat={repeat}", "--tag",
-                                          f"setting={rate:g}-{latency:g}"])
+                        _across(
+                            cluster,
+                            ["train", *train, "--tag", f"repeat={repeat}", "--tag", f"setting={rate:g}-{latency:g}"],
+                        )
 
 
-def _mean(records: List[Dict[str, Any]], key: str) -> float:
+def _mean(records: list[dict[str, Any]], key: str) -> float:
     return sum(r["step_breakdown"]["seconds_per_step"][key] for r in records) / len(records)
 
 
-def compare(out: str) -> Dict[str, Any]:
+def compare(out: str) -> dict[str, Any]:
     """Predicted vs measured per setting: step time (the goal: within 15%) and, to tell the model's
     errors apart, communication and compute. Printed as tables; returned as data."""
     records = read_records([os.path.join(out, "runs.jsonl")])
     local = [r for r in records if r["tags"]["setting"] == "local"]
     workload = workload_from_records(local, overlap=1.0, bucket_mb=None)
-    document: Dict[str, Any] = {"workload": workload.__dict__, "settings": {}}
-    lines = ["| link | nodes | predicted step ms (link / fit) | measured step ms ± 95% | error (link / fit) | "
-             "predicted communication ms (fit) | measured communication ms | measured compute ms (1 node: "
-             f"{1e3 * workload.compute_s:.0f}) | error with the runs' own compute (fit) | contended runs |",
-             "|" + "---|" * 10]
+    document: dict[str, Any] = {"workload": workload.__dict__, "settings": {}}
+    lines = [
+        "| link | nodes | predicted step ms (link / fit) | measured step ms ± 95% | error (link / fit) | "
+        "predicted communication ms (fit) | measured communication ms | measured compute ms (1 node: "
+        f"{1e3 * workload.compute_s:.0f}) | error with the runs' own compute (fit) | contended runs |",
+        "|" + "---|" * 10,
+    ]
     for rate, latency in SETTINGS:
         name = f"{rate:g}-{latency:g}"
         runs = [r for r in records if r["tags"]["setting"] == name]
@@ -118,8 +193,12 @@ def compare(out: str) -> Dict[str, Any]:
             fitted = network_from_bench(json.load(handle), ranks_per_node=1)
         link = predict_scaling(workload, _link_network(rate, latency), [1, 2, 3])
         fit = predict_scaling(workload, fitted, [1, 2, 3])
-        document["settings"][name] = {"fit": fitted.__dict__, "predicted_link": link, "predicted_fit": fit,
-                                      "measured": {str(k): v for k, v in measured.items()}}
+        document["settings"][name] = {
+            "fit": fitted.__dict__,
+            "predicted_link": link,
+            "predicted_fit": fit,
+            "measured": {str(k): v for k, v in measured.items()},
+        }
         for nodes in (2, 3):
             mine = [r for r in runs if r["world_size"] == nodes]
             step = measured.get(nodes)
@@ -135,7 +214,8 @@ def compare(out: str) -> Dict[str, Any]:
                 f"{by_link / step['mean'] - 1:+.0%} / {by_fit / step['mean'] - 1:+.0%}"
                 f" | {1e3 * fit[nodes - 1]['exposed_s']:.0f} | {1e3 * _mean(mine, 'communication'):.0f} | "
                 f"{1e3 * own_compute:.0f} | {own_step / step['mean'] - 1:+.0%} | "
-                f"{sum(r['contention']['flagged'] for r in mine)} of {len(mine)} |")
+                f"{sum(r['contention']['flagged'] for r in mine)} of {len(mine)} |"
+            )
         print(f"\n{rate:g} Mbit/s: fit across 2 nodes {fitted.source}")
     print("\n" + "\n".join(lines))
     document["table"] = lines

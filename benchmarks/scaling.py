@@ -19,7 +19,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Dict, List
 
 from harness.backends import BACKENDS
 from harness.process.launchers import launch_environment
@@ -33,16 +32,42 @@ from throughput import REUSE, bare  # noqa: E402  (the bare-loop runner the over
 WARMUP_STEPS = 5
 
 
-def run_sweep(results: str, backends: List[str], repeats: int, steps: int) -> None:
-    command = [sys.executable, "-m", "harness", "sweep", "--backends", ",".join(backends), "--ranks", "1,2",
-               "--scaling", "weak", "--repeats", str(repeats), "--results", results,
-               "--model", "cnn", "--dataset", "synthetic", "--batch-size", "64", "--threads", "1",
-               "--max-steps", str(steps + WARMUP_STEPS), "--timing-warmup-steps", str(WARMUP_STEPS),
-               "--eval-every", "0"]
+def run_sweep(results: str, backends: list[str], repeats: int, steps: int) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "harness",
+        "sweep",
+        "--backends",
+        ",".join(backends),
+        "--ranks",
+        "1,2",
+        "--scaling",
+        "weak",
+        "--repeats",
+        str(repeats),
+        "--results",
+        results,
+        "--model",
+        "cnn",
+        "--dataset",
+        "synthetic",
+        "--batch-size",
+        "64",
+        "--threads",
+        "1",
+        "--max-steps",
+        str(steps + WARMUP_STEPS),
+        "--timing-warmup-steps",
+        str(WARMUP_STEPS),
+        "--eval-every",
+        "0",
+    ]
     completed = subprocess.run(command, capture_output=True, text=True, env=launch_environment(), timeout=7200)
     if completed.returncode:
-        raise SystemExit(f"sweep failed (exit {completed.returncode}):\n{completed.stdout[-3000:]}\n"
-                         f"{completed.stderr[-3000:]}")
+        raise SystemExit(
+            f"sweep failed (exit {completed.returncode}):\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}"
+        )
 
 
 def main() -> None:
@@ -62,9 +87,13 @@ def main() -> None:
     print(scaling_report(records))
 
     rows = {(row.backend, row.workers): row for row in scaling_rows(records)}
-    print(f"\nWeak scaling 1 -> 2 ranks, CNN batch 64 per worker, 1 thread per worker, {args.steps} timed steps, "
-          f"mean of {args.repeats} interleaved repeats\n")
-    print("| backend | 1 rank samples/s | 2 ranks samples/s | efficiency T(2)/(2 T(1)) | POP parallel eff. (2 ranks) |")
+    print(
+        f"\nWeak scaling 1 -> 2 ranks, CNN batch 64 per worker, 1 thread per worker, {args.steps} timed steps, "
+        f"mean of {args.repeats} interleaved repeats\n"
+    )
+    print(
+        "| backend | 1 rank samples/s | 2 ranks samples/s | efficiency T(2)/(2 T(1)) | POP parallel eff. (2 ranks) |"
+    )
     print("|---|---|---|---|---|")
     for backend in backends:
         one, two = rows.get((backend, 1)), rows.get((backend, 2))
@@ -73,11 +102,13 @@ def main() -> None:
         if two is None:
             print(f"| {backend} | {one.throughput:,.0f} | - | - | - |")
             continue
-        print(f"| {backend} | {one.throughput:,.0f} | {two.throughput:,.0f} | {two.efficiency:.3f} | "
-              f"{two.parallel_efficiency:.3f} |")
+        print(
+            f"| {backend} | {one.throughput:,.0f} | {two.throughput:,.0f} | {two.efficiency:.3f} | "
+            f"{two.parallel_efficiency:.3f} |"
+        )
 
     if args.bare_repeats:
-        samples: Dict[str, List[float]] = {"bare loop, 1 process": [], "bare DDP, 2 processes": []}
+        samples: dict[str, list[float]] = {"bare loop, 1 process": [], "bare DDP, 2 processes": []}
         for _ in range(args.bare_repeats):  # interleaved pairs
             samples["bare loop, 1 process"].append(bare(args.steps, 1, 1, REUSE))
             samples["bare DDP, 2 processes"].append(bare(args.steps, 1, 2, REUSE))

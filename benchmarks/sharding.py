@@ -33,47 +33,75 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
-from typing import Dict, List, Tuple
 
 import torch
 
+from harness.data.builtin import synthetic_shape
 from harness.process.launchers import launch_environment
 from harness.study.equivalence import update_differences, worst
-from harness.data.builtin import synthetic_shape
 from harness.training.launch import launch_command
 from harness.training.memory import MODEL_STATE
 from harness.training.models import build_model
 
-MIB = 2 ** 20
+MIB = 2**20
 MMAP_THRESHOLD_BYTES = 64 * 1024
 
 
-def configurations(zero_flags: List[str]) -> List[Tuple[str, str, List[str]]]:
+def configurations(zero_flags: list[str]) -> list[tuple[str, str, list[str]]]:
     """(label, backend, its flags); DDP first: the weights every other row is compared with.
     `zero_flags` join every ZeRO stage's flags (the bucket size)."""
-    return [("ddp", "ddp", []),
-            *((f"deepspeed ZeRO-{stage}", "deepspeed", ["--zero-stage", str(stage), *zero_flags]) for stage in range(4)),
-            ("fsdp", "fsdp", [])]
+    return [
+        ("ddp", "ddp", []),
+        *((f"deepspeed ZeRO-{stage}", "deepspeed", ["--zero-stage", str(stage), *zero_flags]) for stage in range(4)),
+        ("fsdp", "fsdp", []),
+    ]
 
 
-def train(backend: str, flags: List[str], model: str, steps: int, out: str) -> Dict:
+def train(backend: str, flags: list[str], model: str, steps: int, out: str) -> dict:
     """The record of one 2-rank run, which saves its weights to `out`.pt."""
-    args = ["--model", model, "--dataset", "synthetic", "--batch-size", "2", "--threads", "1", "--optimizer", "adam",
-            "--lr", "0.001", "--seed", "0", "--max-steps", str(steps + 2), "--timing-warmup-steps", "2",
-            "--eval-every", "0", "--calibration-steps", "0", "--results", f"{out}.jsonl", "--save-model", f"{out}.pt",
-            "--cpu-malloc", "system", *flags]
+    args = [
+        "--model",
+        model,
+        "--dataset",
+        "synthetic",
+        "--batch-size",
+        "2",
+        "--threads",
+        "1",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.001",
+        "--seed",
+        "0",
+        "--max-steps",
+        str(steps + 2),
+        "--timing-warmup-steps",
+        "2",
+        "--eval-every",
+        "0",
+        "--calibration-steps",
+        "0",
+        "--results",
+        f"{out}.jsonl",
+        "--save-model",
+        f"{out}.pt",
+        "--cpu-malloc",
+        "system",
+        *flags,
+    ]
     environment = launch_environment({"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)})
-    done = subprocess.run(launch_command(2, backend, args), capture_output=True, text=True, env=environment,
-                          timeout=1800)
+    done = subprocess.run(
+        launch_command(2, backend, args), capture_output=True, text=True, env=environment, timeout=1800
+    )
     if done.returncode:
         raise SystemExit(f"{backend} {' '.join(flags)} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     with open(f"{out}.jsonl") as handle:
         return json.loads(handle.readline())
 
 
-def parameter_difference(weights: Dict, reference: Dict, initial: Dict) -> float:
+def parameter_difference(weights: dict, reference: dict, initial: dict) -> float:
     names = [name for name, _ in initial.items() if not name.endswith(("running_mean", "running_var", "tracked"))]
     pick = lambda state: {name: state[name] for name in names}  # noqa: E731
     return worst(update_differences(pick(weights), pick(reference), pick(initial)))[1]
@@ -82,20 +110,27 @@ def parameter_difference(weights: Dict, reference: Dict, initial: Dict) -> float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet18", help="cnn, resnet18 or resnet50")
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per run (after two warm-up steps: the "
-                                                               "model state is counted in the second)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=4,
+        help="timed steps per run (after two warm-up steps: the model state is counted in the second)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="interleaved repeats of every configuration")
-    parser.add_argument("--zero-bucket-mb", default="25", help="DeepSpeed's ZeRO bucket size in MiB (DDP's default "
-                                                               "bucket), or `none` for DeepSpeed's own 5e8 elements")
+    parser.add_argument(
+        "--zero-bucket-mb",
+        default="25",
+        help="DeepSpeed's ZeRO bucket size in MiB (DDP's default bucket), or `none` for DeepSpeed's own 5e8 elements",
+    )
     args = parser.parse_args()
     if args.steps < 2:  # the harness gives timing at most half a run's steps to warm up
         parser.error(f"--steps must be 2 or more (the two warm-up steps need as many timed ones), got {args.steps}")
     buckets = [] if args.zero_bucket_mb == "none" else ["--zero-bucket-mb", args.zero_bucket_mb]
     runs = configurations(buckets)
-    peaks: Dict[str, List[float]] = {label: [] for label, _, _ in runs}
-    states: Dict[str, Dict[str, List[int]]] = {}
-    speeds: Dict[str, List[float]] = {label: [] for label, _, _ in runs}
-    differences: Dict[str, float] = {}
+    peaks: dict[str, list[float]] = {label: [] for label, _, _ in runs}
+    states: dict[str, dict[str, list[int]]] = {}
+    speeds: dict[str, list[float]] = {label: [] for label, _, _ in runs}
+    differences: dict[str, float] = {}
     torch.manual_seed(0)  # the seed of the runs: the weights they start from
     (channels, size, _), classes = synthetic_shape(args.model)
     initial = build_model(args.model, channels, size, classes, None).state_dict()
@@ -108,20 +143,31 @@ def main() -> None:
                 speeds[label].append(record["throughput"])
                 weights = torch.load(os.path.join(tmp, f"{repeat}-{label}.pt"), weights_only=True)
                 reference = torch.load(os.path.join(tmp, f"{repeat}-ddp.pt"), weights_only=True)
-                differences[label] = max(differences.get(label, 0.0), parameter_difference(weights, reference, initial))
-                print(f"repeat {repeat + 1}: {label:18s} {peaks[label][-1]:8.0f} MiB {speeds[label][-1]:7.1f} samples/s",
-                      flush=True)
+                differences[label] = max(
+                    differences.get(label, 0.0), parameter_difference(weights, reference, initial)
+                )
+                print(
+                    f"repeat {repeat + 1}: {label:18s} {peaks[label][-1]:8.0f} MiB {speeds[label][-1]:7.1f} samples/s",
+                    flush=True,
+                )
         source = record["memory"]["source"]
-    print(f"\n{args.model}, Adam, 2 ranks x batch 2, {args.steps} timed steps, {args.repeats} interleaved repeat(s); "
-          f"memory: {source}; DeepSpeed's ZeRO buckets: {' '.join(buckets) or 'its default'}\n")
+    print(
+        f"\n{args.model}, Adam, 2 ranks x batch 2, {args.steps} timed steps, {args.repeats} interleaved repeat(s); "
+        f"memory: {source}; DeepSpeed's ZeRO buckets: {' '.join(buckets) or 'its default'}\n"
+    )
     parts = [*MODEL_STATE, "total"]
-    print("| configuration | " + " | ".join(f"{part} (MiB per rank)" for part in parts) +
-          " | peak memory per rank (MiB, highest rank) | samples/s | weights vs DDP (of the update) |")
+    print(
+        "| configuration | "
+        + " | ".join(f"{part} (MiB per rank)" for part in parts)
+        + " | peak memory per rank (MiB, highest rank) | samples/s | weights vs DDP (of the update) |"
+    )
     print("|---" * (len(parts) + 4) + "|")
     for label, _, _ in runs:
         state = " | ".join(f"{max(states[label][part]) / MIB:.1f}" for part in parts)
-        print(f"| {label} | {state} | {statistics.mean(peaks[label]):.0f} | {statistics.mean(speeds[label]):.2f} | "
-              f"{differences[label]:.2e} |")
+        print(
+            f"| {label} | {state} | {statistics.mean(peaks[label]):.0f} | {statistics.mean(speeds[label]):.2f} | "
+            f"{differences[label]:.2e} |"
+        )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Dict, List
 
 from harness.backends import BACKENDS
 from harness.process.launchers import launch_environment, launcher_command
@@ -36,17 +35,24 @@ SYSTEM, REUSE = "system", "reuse"
 DISTRIBUTED = [name for name, cls in BACKENDS.items() if cls.max_world_size is None]
 
 
-def _json_line(command: List[str]) -> Dict:
+def _json_line(command: list[str]) -> dict:
     out = subprocess.run(command, capture_output=True, text=True, env=launch_environment(), timeout=900)
     if out.returncode:
         raise SystemExit(f"failed: {' '.join(command)}\n{out.stderr[-2000:]}")
     # horovodrun prefixes each line with "[rank]<stdout>:"
-    return json.loads([line[line.index("{"):] for line in out.stdout.splitlines() if "{" in line][-1])
+    return json.loads([line[line.index("{") :] for line in out.stdout.splitlines() if "{" in line][-1])
 
 
 def bare(steps: int, threads: int, ranks: int, cpu_malloc: str, horovod: bool = False) -> float:
-    script = [os.path.join(HERE, "bare_loop.py"), "--steps", str(steps), "--threads", str(threads),
-              "--cpu-malloc", cpu_malloc]
+    script = [
+        os.path.join(HERE, "bare_loop.py"),
+        "--steps",
+        str(steps),
+        "--threads",
+        str(threads),
+        "--cpu-malloc",
+        cpu_malloc,
+    ]
     if ranks == 1:
         return _json_line([sys.executable, *script])["throughput"]
     if horovod:
@@ -57,10 +63,29 @@ def bare(steps: int, threads: int, ranks: int, cpu_malloc: str, horovod: bool = 
 def harness(backend: str, ranks: int, steps: int, threads: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         results = os.path.join(tmp, "r.jsonl")
-        args = ["--dataset", "synthetic", "--model", "cnn", "--batch-size", "64", "--threads", str(threads),
-                "--max-steps", str(steps + 5), "--eval-every", "0", "--results", results]
-        subprocess.run(launch_command(ranks, backend, args), check=True, capture_output=True,
-                       env=launch_environment(), timeout=900)
+        args = [
+            "--dataset",
+            "synthetic",
+            "--model",
+            "cnn",
+            "--batch-size",
+            "64",
+            "--threads",
+            str(threads),
+            "--max-steps",
+            str(steps + 5),
+            "--eval-every",
+            "0",
+            "--results",
+            results,
+        ]
+        subprocess.run(
+            launch_command(ranks, backend, args),
+            check=True,
+            capture_output=True,
+            env=launch_environment(),
+            timeout=900,
+        )
         with open(results) as handle:
             return json.loads(handle.readline())["throughput"]
 
@@ -70,8 +95,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--single-threads", type=int, default=1, help="threads for the one-process comparison")
-    parser.add_argument("--backends", default=",".join(DISTRIBUTED),
-                        help="distributed backends to compare with the bare loops (default: all registered)")
+    parser.add_argument(
+        "--backends",
+        default=",".join(DISTRIBUTED),
+        help="distributed backends to compare with the bare loops (default: all registered)",
+    )
     args = parser.parse_args()
     backends = [name for name in args.backends.split(",") if name]
     unknown = sorted(set(backends) - set(DISTRIBUTED))
@@ -87,14 +115,14 @@ def main() -> None:
         "bare Horovod, as written": lambda: bare(steps, 1, 2, SYSTEM, horovod=True),
         **{f"harness {b}": (lambda b=b: harness(b, 2, steps, 1)) for b in backends},
     }
-    samples: Dict[str, List[float]] = {name: [] for name in variants}
+    samples: dict[str, list[float]] = {name: [] for name in variants}
     for repeat in range(args.repeats):
         for name, run in variants.items():
             samples[name].append(run())
             print(f"repeat {repeat + 1}: {name:26s} {samples[name][-1]:8.0f} samples/s", flush=True)
     median = {name: statistics.median(values) for name, values in samples.items()}
 
-    def row(name: str, references: List[str], goal: str = "") -> None:
+    def row(name: str, references: list[str], goal: str = "") -> None:
         ratios = " | ".join(f"{median[name] / median[reference]:.3f}" for reference in references)
         print(f"| {name} | {median[name]:.0f} | {ratios} | {goal} |")
 

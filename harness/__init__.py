@@ -19,11 +19,10 @@ again in one process (see harness.training.loop). The names here are functions a
 they are: no submodule shares a name with them.
 """
 
-from .version import __version__  # noqa: E402
-
-from .training.callbacks import Callback, EpochEnd, StepEnd  # noqa: E402
 from .config import TrainConfig  # noqa: E402
 from .errors import PeerFailure, Preempted, UsageError  # noqa: E402
+from .training.callbacks import Callback, EpochEnd, StepEnd  # noqa: E402
+from .version import __version__  # noqa: E402
 
 
 def train(config: TrainConfig, callbacks=()) -> dict:
@@ -129,7 +128,28 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'harness' has no attribute {name!r}")
 
 
-__all__ = ["BenchSettings", "Callback", "EpochEnd", "check_script", "PeerFailure", "Preempted", "StepEnd", "SweepResult",
-           "SweepSettings", "TrainConfig", "UsageError", "bench_allreduce", "check_study", "evaluate_model_file",
-           "merge_traces", "read_results", "run_study", "run_sweep", "scaling_figures", "scaling_report", "trace_summary", "train",
-           "__version__"]
+__all__ = [
+    "BenchSettings",
+    "Callback",
+    "EpochEnd",
+    "check_script",
+    "PeerFailure",
+    "Preempted",
+    "StepEnd",
+    "SweepResult",
+    "SweepSettings",
+    "TrainConfig",
+    "UsageError",
+    "bench_allreduce",
+    "check_study",
+    "evaluate_model_file",
+    "merge_traces",
+    "read_results",
+    "run_study",
+    "run_sweep",
+    "scaling_figures",
+    "scaling_report",
+    "trace_summary",
+    "train",
+    "__version__",
+]

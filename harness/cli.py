@@ -12,11 +12,12 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Dict, NoReturn, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn, Optional
 
 from .config import OneLineParser, TrainConfig
-from .training.flags import add_train_flags, config_from_args
 from .errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, PeerFailure, Preempted, UsageError
+from .training.flags import add_train_flags, config_from_args
 
 # How long a finished rank waits in MPI_Finalize for its peers before it gives up (status 1).
 MPI_FINALIZE_LIMIT_S = 60.0
@@ -37,9 +38,8 @@ def _trace_merge(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from .training.launch import run_launch
     from .backends import get_backend
-
+    from .training.launch import run_launch
     from .training.placement import check_config
 
     train_args = list(args.train_args)
@@ -87,8 +87,10 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _data_download(args: argparse.Namespace) -> int:
     from .data.download import download
 
-    print(f"{args.name} is in {download(args.name, args.data_dir)}; next: `harness data prepare {args.name} "
-          f"--data-dir {args.data_dir}`")
+    print(
+        f"{args.name} is in {download(args.name, args.data_dir)}; next: `harness data prepare {args.name} "
+        f"--data-dir {args.data_dir}`"
+    )
     return 0
 
 
@@ -105,19 +107,33 @@ def _sweep(args: argparse.Namespace) -> int:
     from .study.sweep import SweepSettings, parse_list, parse_ranks, run_sweep
 
     settings = SweepSettings(
-        backends=parse_list(args.backends, "backends"), ranks=parse_ranks(args.ranks), scaling=args.scaling,
-        results=args.results, train_args=list(args.pass_through), repeats=args.repeats,
-        launch_template=args.launch_template, launcher=args.launcher, ppn=args.ppn, sweep_id=args.sweep_id,
-        run_timeout=args.run_timeout, dry_run=args.dry_run, log_dir=args.log_dir,
-        checkpoint_root=args.checkpoint_root, all_cores_baseline=args.all_cores_baseline)
+        backends=parse_list(args.backends, "backends"),
+        ranks=parse_ranks(args.ranks),
+        scaling=args.scaling,
+        results=args.results,
+        train_args=list(args.pass_through),
+        repeats=args.repeats,
+        launch_template=args.launch_template,
+        launcher=args.launcher,
+        ppn=args.ppn,
+        sweep_id=args.sweep_id,
+        run_timeout=args.run_timeout,
+        dry_run=args.dry_run,
+        log_dir=args.log_dir,
+        checkpoint_root=args.checkpoint_root,
+        all_cores_baseline=args.all_cores_baseline,
+    )
     result = run_sweep(settings)
     if settings.dry_run:
         return 0
     print(f"\nsweep {result.sweep_id}: {len(result.records)} record(s) in {settings.results}\n")
     print(scaling_report(result.records), flush=True)
     if result.preempted:
-        print(f"\nsweep {result.sweep_id} was preempted; run it again with --sweep-id {result.sweep_id} to finish it "
-              f"(exit status {EXIT_PREEMPTED})", flush=True)
+        print(
+            f"\nsweep {result.sweep_id} was preempted; run it again with --sweep-id {result.sweep_id} to finish it "
+            f"(exit status {EXIT_PREEMPTED})",
+            flush=True,
+        )
     if result.failed:
         print(f"\nfailed runs: {'; '.join(result.failed)}", flush=True)
     return result.status
@@ -144,10 +160,18 @@ def _bench_allreduce(args: argparse.Namespace) -> int:
     from .study.allreduce import DEFAULT_SIZES, BenchSettings, format_result, parse_sizes
     from .study.bench import bench_allreduce
 
-    settings = BenchSettings(backend=args.backend, ranks=args.n, sizes=parse_sizes(args.sizes) if args.sizes else
-                             DEFAULT_SIZES, seconds_per_size=args.seconds_per_size, min_repeats=args.min_repeats,
-                             max_repeats=args.max_repeats, results=args.results, launcher=args.launcher,
-                             device=args.device, timeout=args.timeout)
+    settings = BenchSettings(
+        backend=args.backend,
+        ranks=args.n,
+        sizes=parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES,
+        seconds_per_size=args.seconds_per_size,
+        min_repeats=args.min_repeats,
+        max_repeats=args.max_repeats,
+        results=args.results,
+        launcher=args.launcher,
+        device=args.device,
+        timeout=args.timeout,
+    )
     result = bench_allreduce(settings)
     if result.get("rank", 0) == 0 and not args.quiet:
         print(format_result(result) + (f"\nwritten to {args.results}" if args.results else ""), flush=True)
@@ -187,23 +211,30 @@ def _exercise_start(args: argparse.Namespace) -> int:
     return start_command(args.step, notebook=args.notebook, force=args.force, directory=args.directory)
 
 
-def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.ArgumentParser:
+def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.ArgumentParser:
     """The `harness` parser with all subcommands; `train_defaults` replace `harness train`'s defaults."""
     parser = OneLineParser(prog="harness", description="Data-parallel training harness: DDP, Horovod, DeepSpeed.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     train = commands.add_parser("train", help="train under whatever launcher started this process")
-    train.add_argument("--config", default=None, metavar="JSON",
-                       help="start from the settings in this file (TrainConfig.to_json, or a record's config); "
-                            "flags given beside it override them")
+    train.add_argument(
+        "--config",
+        default=None,
+        metavar="JSON",
+        help="start from the settings in this file (TrainConfig.to_json, or a record's config); "
+        "flags given beside it override them",
+    )
     train.declare_later(add_train_flags)  # they import every backend (and torch): only when `train` is used
     train.set_defaults(run=_train, **(train_defaults or {}))
 
     launch = commands.add_parser("launch", help="start N local ranks of `harness train` with a real launcher")
     launch.add_argument("-n", type=int, default=2, help="number of processes (default: 2)")
     launch.add_argument("--backend", default="ddp", help="none, ddp, horovod, deepspeed or fsdp (default: ddp)")
-    launch.add_argument("--launcher", default=None,
-                        help="python, torchrun, mpirun, horovodrun or deepspeed (default: the backend's own)")
+    launch.add_argument(
+        "--launcher",
+        default=None,
+        help="python, torchrun, mpirun, horovodrun or deepspeed (default: the backend's own)",
+    )
     launch.add_argument("--dry-run", action="store_true", help="print the exact command instead of running it")
     launch.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then `harness train` flags")
     launch.set_defaults(run=_launch)
@@ -214,74 +245,133 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
     demo = commands.add_parser("demo", help="train the CNN on digits under every backend and compare")
     demo.add_argument("--results", default=None, help="JSONL file for the records (default: runs/demo-<time>.jsonl)")
     demo.add_argument("--epochs", type=int, default=3, help="epochs per run (default: 3)")
-    demo.add_argument("--verbose", action="store_true",
-                      help="show every rank's and launcher's output, framework logging included "
-                           "(also: HARNESS_VERBOSE=1)")
+    demo.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show every rank's and launcher's output, framework logging included (also: HARNESS_VERBOSE=1)",
+    )
     demo.set_defaults(run=_demo)
 
     evaluate = commands.add_parser(
-        "evaluate", help="score a saved model on the test set, split over the ranks that launched it",
+        "evaluate",
+        help="score a saved model on the test set, split over the ranks that launched it",
         description="Every rank scores a disjoint block of the test set; sums are reduced, so accuracy and "
-                    "eval_samples do not depend on the world size. Launch like `harness train`, e.g. `torchrun "
-                    "--nproc-per-node 4 -m harness evaluate --backend ddp --model-file m.pt`. --model, --dataset, "
-                    "--data-dir and --image-size must match the training run.")
+        "eval_samples do not depend on the world size. Launch like `harness train`, e.g. `torchrun "
+        "--nproc-per-node 4 -m harness evaluate --backend ddp --model-file m.pt`. --model, --dataset, "
+        "--data-dir and --image-size must match the training run.",
+    )
     evaluate.add_argument("--model-file", required=True, help="state_dict written by `harness train --save-model`")
-    add_train_flags(evaluate, only=("backend", "model", "dataset", "data_dir", "image_size", "device", "threads",
-                                    "timeout", "results", "tags"))
+    add_train_flags(
+        evaluate,
+        only=(
+            "backend",
+            "model",
+            "dataset",
+            "data_dir",
+            "image_size",
+            "device",
+            "threads",
+            "timeout",
+            "results",
+            "tags",
+        ),
+    )
     evaluate.set_defaults(run=_evaluate)
 
     data = commands.add_parser("data", help="fetch (online) or prepare (once) a dataset read from --data-dir")
     data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=OneLineParser)
-    download = data_commands.add_parser("download", help="fetch a dataset with torchvision (needs internet access; "
-                                                         "run it on a login node, never in a training job)")
-    prepare = data_commands.add_parser("prepare", help="convert a dataset once to memory-mapped uint8 arrays in "
-                                                       "DATA_DIR/prepared/ (training also does this on first use)")
+    download = data_commands.add_parser(
+        "download",
+        help="fetch a dataset with torchvision (needs internet access; "
+        "run it on a login node, never in a training job)",
+    )
+    prepare = data_commands.add_parser(
+        "prepare",
+        help="convert a dataset once to memory-mapped uint8 arrays in "
+        "DATA_DIR/prepared/ (training also does this on first use)",
+    )
     for command in (download, prepare):
         command.add_argument("name", help="mnist, fashion-mnist, cifar10 or imagefolder")
-        command.add_argument("--data-dir", default=TrainConfig.data_dir,
-                             help="dataset directory (default: %(default)s)")
-    prepare.add_argument("--image-size", type=int, default=TrainConfig.image_size,
-                         help="imagefolder: side in pixels to resize and centre-crop to (default: %(default)s)")
-    prepare.add_argument("--timeout", type=float, default=3600.0,
-                         help="seconds to wait for another process preparing the same dataset (default: %(default)s)")
+        command.add_argument(
+            "--data-dir", default=TrainConfig.data_dir, help="dataset directory (default: %(default)s)"
+        )
+    prepare.add_argument(
+        "--image-size",
+        type=int,
+        default=TrainConfig.image_size,
+        help="imagefolder: side in pixels to resize and centre-crop to (default: %(default)s)",
+    )
+    prepare.add_argument(
+        "--timeout",
+        type=float,
+        default=3600.0,
+        help="seconds to wait for another process preparing the same dataset (default: %(default)s)",
+    )
     download.set_defaults(run=_data_download)
     prepare.set_defaults(run=_data_prepare)
 
     sweep = commands.add_parser(
-        "sweep", allow_abbrev=False, help="run a scaling study: every backend x rank count, records in one file",
+        "sweep",
+        allow_abbrev=False,
+        help="run a scaling study: every backend x rank count, records in one file",
         description="Run `harness train` for every backend x rank count x repeat and append every record to "
-                    "--results. Any other flag is a `harness train` flag shared by all runs (see `harness train "
-                    "--help`). Inside a PBS/Slurm allocation (or with --launch-template) runs start through the "
-                    "site launcher; the template's placeholders are {ranks} {ppn} {nodes} {python} {backend} {args}.")
-    sweep.add_argument("--backends", required=True,
-                       help="comma-separated, e.g. ddp,horovod,deepspeed,fsdp (none runs at 1 rank only)")
+        "--results. Any other flag is a `harness train` flag shared by all runs (see `harness train "
+        "--help`). Inside a PBS/Slurm allocation (or with --launch-template) runs start through the "
+        "site launcher; the template's placeholders are {ranks} {ppn} {nodes} {python} {backend} {args}.",
+    )
+    sweep.add_argument(
+        "--backends", required=True, help="comma-separated, e.g. ddp,horovod,deepspeed,fsdp (none runs at 1 rank only)"
+    )
     sweep.add_argument("--ranks", required=True, help="comma-separated rank counts, e.g. 1,2,4")
-    sweep.add_argument("--scaling", required=True, choices=("weak", "strong"),
-                       help="weak: --batch-size per worker fixed; strong: --global-batch (default --batch-size) fixed")
+    sweep.add_argument(
+        "--scaling",
+        required=True,
+        choices=("weak", "strong"),
+        help="weak: --batch-size per worker fixed; strong: --global-batch (default --batch-size) fixed",
+    )
     sweep.add_argument("--results", required=True, help="JSONL file every run appends its record to")
-    sweep.add_argument("--repeats", type=int, default=3,
-                       help="runs per configuration, interleaved; 3 or more give a 95%% interval (default: 3)")
-    sweep.add_argument("--all-cores-baseline", action="store_true",
-                       help="also run each backend at 1 rank with all the node's cores (tagged baseline=all-cores; "
-                            "shown apart, never a scaling baseline). Every other run gets --threads (a train flag; "
-                            "default: cores // the most ranks on a node)")
-    sweep.add_argument("--launch-template", default=None,
-                       help="site launch command, e.g. 'mpiexec -n {ranks} --ppn {ppn} {python} -m harness train "
-                            "{args}' (default inside PBS: that one; inside Slurm: srun ...)")
-    sweep.add_argument("--ppn", type=int, default=None,
-                       help="ranks per node for the launch template (default: GPUs per node, or 1)")
-    sweep.add_argument("--launcher", default=None, help="local runs: one launcher for all backends "
-                                                        "(default: each backend's own)")
+    sweep.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs per configuration, interleaved; 3 or more give a 95%% interval (default: 3)",
+    )
+    sweep.add_argument(
+        "--all-cores-baseline",
+        action="store_true",
+        help="also run each backend at 1 rank with all the node's cores (tagged baseline=all-cores; "
+        "shown apart, never a scaling baseline). Every other run gets --threads (a train flag; "
+        "default: cores // the most ranks on a node)",
+    )
+    sweep.add_argument(
+        "--launch-template",
+        default=None,
+        help="site launch command, e.g. 'mpiexec -n {ranks} --ppn {ppn} {python} -m harness train "
+        "{args}' (default inside PBS: that one; inside Slurm: srun ...)",
+    )
+    sweep.add_argument(
+        "--ppn", type=int, default=None, help="ranks per node for the launch template (default: GPUs per node, or 1)"
+    )
+    sweep.add_argument(
+        "--launcher", default=None, help="local runs: one launcher for all backends (default: each backend's own)"
+    )
     sweep.add_argument("--sweep-id", default=None, help="tag for this sweep's records (default: random)")
-    sweep.add_argument("--run-timeout", type=float, default=3600.0,
-                       help="seconds before a run is killed (default: 3600)")
+    sweep.add_argument(
+        "--run-timeout", type=float, default=3600.0, help="seconds before a run is killed (default: 3600)"
+    )
     sweep.add_argument("--dry-run", action="store_true", help="print every run's command instead of running it")
-    sweep.add_argument("--log-dir", default=None,
-                       help="write each run's output to DIR/NNN-<backend>-<ranks>r-rep<k>.log and every command "
-                            "that ran to DIR/commands.txt (default: output to this terminal)")
-    sweep.add_argument("--checkpoint-root", default=None,
-                       help="each run checkpoints into DIR/<backend>-<ranks>r-rep<k> and resumes from it: with "
-                            "--sweep-id, rerunning the sweep after a preemption finishes it")
+    sweep.add_argument(
+        "--log-dir",
+        default=None,
+        help="write each run's output to DIR/NNN-<backend>-<ranks>r-rep<k>.log and every command "
+        "that ran to DIR/commands.txt (default: output to this terminal)",
+    )
+    sweep.add_argument(
+        "--checkpoint-root",
+        default=None,
+        help="each run checkpoints into DIR/<backend>-<ranks>r-rep<k> and resumes from it: with "
+        "--sweep-id, rerunning the sweep after a preemption finishes it",
+    )
     sweep.set_defaults(run=_sweep, accepts_train_flags=True)
 
     plot = commands.add_parser("plot", help="scaling figures (PNG + SVG) from results files")
@@ -290,35 +380,47 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
     plot.set_defaults(run=_plot)
 
     check = commands.add_parser(
-        "check", help="run an exercise's distributed script at 2 ranks under its real launcher and say what is wrong",
+        "check",
+        help="run an exercise's distributed script at 2 ranks under its real launcher and say what is wrong",
         description="Runs FILE (e.g. exercises/02_ddp.py) at --ranks ranks with a fixed seed and a few steps and "
-                    "compares with what must happen: identical weights on every rank, equal to one process on "
-                    "the whole batch; every training sample seen once per epoch; every test sample scored once; "
-                    "only rank 0 writes. Prints PASS, or one line per failed property naming its TODO.")
+        "compares with what must happen: identical weights on every rank, equal to one process on "
+        "the whole batch; every training sample seen once per epoch; every test sample scored once; "
+        "only rank 0 writes. Prints PASS, or one line per failed property naming its TODO.",
+    )
     check.add_argument("file", help="the script to check, e.g. exercises/02_ddp.py")
     check.add_argument("--ranks", type=int, default=2, help="ranks to run it on (default: 2)")
     check.add_argument("--timeout", type=float, default=300.0, help="seconds before the run is stopped (default: 300)")
-    check.add_argument("--simulate-nodes", type=int, default=1, metavar="N",
-                       help="run the ranks as if dealt out to N nodes (each rank's local rank and node as there, on "
-                            "the CPU), so that a GPU picked by the global rank shows (default: 1)")
+    check.add_argument(
+        "--simulate-nodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the ranks as if dealt out to N nodes (each rank's local rank and node as there, on "
+        "the CPU), so that a GPU picked by the global rank shows (default: 1)",
+    )
     check.set_defaults(run=_check)
 
     exercise = commands.add_parser("exercise", help="your own copy of a hands-on step to work on (my-exercises/)")
     exercise_commands = exercise.add_subparsers(dest="exercise_command", required=True, parser_class=OneLineParser)
     start = exercise_commands.add_parser(
-        "start", help="copy a step's exercise to my-exercises/NN_name.py, which `make exercises` never touches")
+        "start", help="copy a step's exercise to my-exercises/NN_name.py, which `make exercises` never touches"
+    )
     start.add_argument("step", help="the step: its number or its name, e.g. 02 or 02_ddp")
     start.add_argument("--notebook", action="store_true", help="also write the notebook form (.ipynb)")
-    start.add_argument("--force", action="store_true", help="replace a copy that is already there (your work in it is lost)")
+    start.add_argument(
+        "--force", action="store_true", help="replace a copy that is already there (your work in it is lost)"
+    )
     start.add_argument("--directory", default=None, help="where to write the copy (default: my-exercises/ in the kit)")
     start.set_defaults(run=_exercise_start)
 
     trace = commands.add_parser("trace", help="profiler traces: `harness trace merge DIR`")
     trace_commands = trace.add_subparsers(dest="trace_command", required=True, parser_class=OneLineParser)
     merge = trace_commands.add_parser(
-        "merge", help="merge the per-rank traces of `harness train --profile-trace DIR` into DIR/trace.json",
+        "merge",
+        help="merge the per-rank traces of `harness train --profile-trace DIR` into DIR/trace.json",
         description="One Chrome trace with a process row per rank on one clock, the harness's step phases in "
-                    "each rank's row; open it in https://ui.perfetto.dev or chrome://tracing.")
+        "each rank's row; open it in https://ui.perfetto.dev or chrome://tracing.",
+    )
     merge.add_argument("directory", help="the --profile-trace directory (holding rank-N.json)")
     merge.add_argument("-o", "--output", default=None, help="write the merged trace here (default: DIR/trace.json)")
     merge.set_defaults(run=_trace_merge)
@@ -330,19 +432,33 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
     bench = commands.add_parser("bench", help="benchmarks of the communicator: `harness bench allreduce`")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, parser_class=OneLineParser)
     allreduce = bench_commands.add_parser(
-        "allreduce", help="time any backend's allreduce per message size; fit NCCL's ring alpha-beta model",
+        "allreduce",
+        help="time any backend's allreduce per message size; fit NCCL's ring alpha-beta model",
         description="With -n, starts N local ranks through the backend's launcher (like `harness launch`); "
-                    "without, this process is one rank of the job that launched it (mpiexec/srun in an "
-                    "allocation). Prints time, algbw and busbw per size as nccl-tests does, and the fit of "
-                    "time = 2(n-1) alpha + 2(n-1)/n bytes / busbw; --results writes it all as JSON.")
-    allreduce.add_argument("--backend", default="ddp", help="whose communicator: ddp, horovod, deepspeed, fsdp, none "
-                                                            "(default: ddp)")
-    allreduce.add_argument("-n", type=int, default=None, help="start this many local ranks (default: this process "
-                                                               "is a rank of an existing launch)")
-    allreduce.add_argument("--sizes", default=None, help="message sizes, e.g. 4K,64K,1M,16M,256M (default: 4K to "
-                                                         "256M by factors of 4; about 30 s at 2 CPU ranks)")
-    allreduce.add_argument("--seconds-per-size", type=float, default=0.4,
-                           help="time budget per size; repetitions agreed from a warm-up (default: 0.4)")
+        "without, this process is one rank of the job that launched it (mpiexec/srun in an "
+        "allocation). Prints time, algbw and busbw per size as nccl-tests does, and the fit of "
+        "time = 2(n-1) alpha + 2(n-1)/n bytes / busbw; --results writes it all as JSON.",
+    )
+    allreduce.add_argument(
+        "--backend", default="ddp", help="whose communicator: ddp, horovod, deepspeed, fsdp, none (default: ddp)"
+    )
+    allreduce.add_argument(
+        "-n",
+        type=int,
+        default=None,
+        help="start this many local ranks (default: this process is a rank of an existing launch)",
+    )
+    allreduce.add_argument(
+        "--sizes",
+        default=None,
+        help="message sizes, e.g. 4K,64K,1M,16M,256M (default: 4K to 256M by factors of 4; about 30 s at 2 CPU ranks)",
+    )
+    allreduce.add_argument(
+        "--seconds-per-size",
+        type=float,
+        default=0.4,
+        help="time budget per size; repetitions agreed from a warm-up (default: 0.4)",
+    )
     allreduce.add_argument("--min-repeats", type=int, default=3, help="repetitions per size at least (default: 3)")
     allreduce.add_argument("--max-repeats", type=int, default=100, help="repetitions per size at most (default: 100)")
     allreduce.add_argument("--results", default=None, help="write the result as JSON here")
@@ -354,25 +470,34 @@ def build_parser(train_defaults: Optional[Dict[str, Any]] = None) -> argparse.Ar
     allreduce.set_defaults(run=_bench_allreduce)
 
     predict = commands.add_parser(
-        "predict", help="predict step time, throughput and efficiency at 1..512 nodes of a site",
+        "predict",
+        help="predict step time, throughput and efficiency at 1..512 nodes of a site",
         description="Combines a site's network figures (its profile, or a `harness bench allreduce` fit) with "
-                    "the compute per step of a run (a record) or of a published throughput, the model's gradient "
-                    "bytes, the bucket size and the overlap of communication with backward; with --measured, "
-                    "puts measured step times beside the prediction. See harness/study/predict.py.")
+        "the compute per step of a run (a record) or of a published throughput, the model's gradient "
+        "bytes, the bucket size and the overlap of communication with backward; with --measured, "
+        "puts measured step times beside the prediction. See harness/study/predict.py.",
+    )
     predict.declare_later(_predict_flags)  # declared in harness.study.predict: loaded only when `predict` is used
     predict.set_defaults(run=_predict)
 
     study = commands.add_parser(
-        "study", help="a whole scaling study in a batch job, checked before it is queued (the job templates run it)",
+        "study",
+        help="a whole scaling study in a batch job, checked before it is queued (the job templates run it)",
         description="In a PBS/Slurm job: check, discovery on every rank, the sweep through the site launcher, "
-                    "figures and report in JOB_DIR, and continuation after the walltime warning or a preemption. "
-                    "On a login node: --check (or --submit) the qsub/sbatch options given after --. Settings are "
-                    "NAME=VALUE variables (qsub -v, sbatch's environment); see harness/study/settings.py.")
-    study.add_argument("--site", required=True,
-                       help="polaris, perlmutter, aurora, frontier, generic-slurm, generic-pbs, or a profile JSON")
+        "figures and report in JOB_DIR, and continuation after the walltime warning or a preemption. "
+        "On a login node: --check (or --submit) the qsub/sbatch options given after --. Settings are "
+        "NAME=VALUE variables (qsub -v, sbatch's environment); see harness/study/settings.py.",
+    )
+    study.add_argument(
+        "--site",
+        required=True,
+        help="polaris, perlmutter, aurora, frontier, generic-slurm, generic-pbs, or a profile JSON",
+    )
     study.add_argument("--script", default=None, help="the job script (the templates pass themselves)")
     mode = study.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="judge the submission before it is queued (exit 2: problems)")
+    mode.add_argument(
+        "--check", action="store_true", help="judge the submission before it is queued (exit 2: problems)"
+    )
     mode.add_argument("--submit", action="store_true", help="check, then qsub/sbatch it")
     study.add_argument("scheduler_args", nargs=argparse.REMAINDER, help="-- then qsub/sbatch options")
     study.set_defaults(run=_study)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional
 
-from .process.allocator import CPU_MALLOC_MODES
 from .errors import EXIT_USAGE, UsageError, unknown_choice
+from .process.allocator import CPU_MALLOC_MODES
 from .training.lr import SCALING_RULES, SCHEDULES
 
 OPTIMIZERS = ("sgd", "adam")
@@ -43,16 +44,26 @@ class TrainConfig:
     dataset: str = _opt("digits", "digits (embedded, offline), synthetic, mnist, fashion-mnist, cifar10, imagefolder")
     data_dir: str = _opt("data", "directory holding on-disk datasets (see `harness data`)")
     image_size: int = _opt(64, "imagefolder: side in pixels images are resized and centre-cropped to when prepared")
-    augment: bool = _opt(False, "random crop (4-pixel padding) and horizontal flip of training batches, "
-                                "the CIFAR recipe; drawn from (seed, epoch, step)")
-    dropout: Optional[float] = _opt(None, "set both CNN dropout rates (0 turns dropout off; default 0.25 and 0.5)",
-                                    type=float)
+    augment: bool = _opt(
+        False,
+        "random crop (4-pixel padding) and horizontal flip of training batches, "
+        "the CIFAR recipe; drawn from (seed, epoch, step)",
+    )
+    dropout: Optional[float] = _opt(
+        None, "set both CNN dropout rates (0 turns dropout off; default 0.25 and 0.5)", type=float
+    )
     batch_size: int = _opt(64, "samples per worker per micro-batch (per step without --grad-accum)")
-    global_batch: Optional[int] = _opt(None, "samples per optimizer step over all workers (strong scaling); "
-                                              "overrides --batch-size, must divide evenly", type=int)
-    grad_accum: int = _opt(1, "micro-batches per optimizer step; gradients are communicated on the last one "
-                              "only. The effective batch (batch x accumulation x workers) is what LR scaling, "
-                              "sharding and throughput count")
+    global_batch: Optional[int] = _opt(
+        None,
+        "samples per optimizer step over all workers (strong scaling); overrides --batch-size, must divide evenly",
+        type=int,
+    )
+    grad_accum: int = _opt(
+        1,
+        "micro-batches per optimizer step; gradients are communicated on the last one "
+        "only. The effective batch (batch x accumulation x workers) is what LR scaling, "
+        "sharding and throughput count",
+    )
     epochs: int = _opt(1, "passes over the training set")
     max_steps: Optional[int] = _opt(None, "stop after this many optimizer steps in total", type=int)
     optimizer: str = _opt("sgd", "sgd or adam")
@@ -60,85 +71,163 @@ class TrainConfig:
     weight_decay: float = _opt(0.0, "L2 weight decay")
     lr: float = _opt(0.01, "learning rate for --base-batch samples per step")
     lr_scaling: str = _opt("linear", "how the global batch scales --lr: none, linear or sqrt")
-    base_batch: Optional[int] = _opt(None, "global batch that --lr was tuned for (default: the batch of one "
-                                            "worker, so one worker trains at exactly --lr)", type=int)
+    base_batch: Optional[int] = _opt(
+        None,
+        "global batch that --lr was tuned for (default: the batch of one "
+        "worker, so one worker trains at exactly --lr)",
+        type=int,
+    )
     warmup_epochs: float = _opt(0.0, "epochs of per-step linear warmup from --lr to the scaled LR")
     schedule: str = _opt("constant", "LR after warmup: constant, step (x0.1 at 50%% and 75%%) or cosine")
     grad_clip: float = _opt(0.0, "clip the global gradient norm to this value (0 = no clipping, for every backend)")
-    precision: str = _opt("fp32", "fp32, or bf16 / fp16: torch.autocast around forward and loss with float32 "
-                                  "weights and optimizer state (fp16 with dynamic loss scaling), for every backend")
-    compile: bool = _opt(False, "torch.compile the model (under backends that allow it); compilation runs in the "
-                                "first step, one of the --timing-warmup-steps left out of the timed window")
-    channels_last: bool = _opt(False, "keep images and convolution weights in channels-last memory order "
-                                      "(faster convolutions on recent GPUs)")
+    precision: str = _opt(
+        "fp32",
+        "fp32, or bf16 / fp16: torch.autocast around forward and loss with float32 "
+        "weights and optimizer state (fp16 with dynamic loss scaling), for every backend",
+    )
+    compile: bool = _opt(
+        False,
+        "torch.compile the model (under backends that allow it); compilation runs in the "
+        "first step, one of the --timing-warmup-steps left out of the timed window",
+    )
+    channels_last: bool = _opt(
+        False, "keep images and convolution weights in channels-last memory order (faster convolutions on recent GPUs)"
+    )
     seed: int = _opt(0, "seed for weights, data order and dropout")
-    device: str = _opt("auto", "auto (GPU local_rank // --procs-per-gpu if this node has one), cpu, cuda (NVIDIA, "
-                               "or AMD under ROCm) or xpu (Intel)")
-    procs_per_gpu: int = _opt(1, "GPU runs: ranks sharing one GPU (AccDP; needs a communicator that allows "
-                                 "it, see README 'Several ranks per GPU')")
+    device: str = _opt(
+        "auto",
+        "auto (GPU local_rank // --procs-per-gpu if this node has one), cpu, cuda (NVIDIA, "
+        "or AMD under ROCm) or xpu (Intel)",
+    )
+    procs_per_gpu: int = _opt(
+        1,
+        "GPU runs: ranks sharing one GPU (AccDP; needs a communicator that allows "
+        "it, see README 'Several ranks per GPU')",
+    )
     threads: Optional[int] = _opt(None, "CPU threads per rank (default: cores / local ranks)", type=int)
     num_workers: int = _opt(0, "data-loader worker processes per rank (0 = load in the training process)")
     prefetch: int = _opt(4, "batches each data-loader worker keeps ready ahead of training (with --num-workers > 0)")
     eval_every: int = _opt(1, "evaluate every N epochs (the last epoch is always evaluated; 0 = only the last)")
-    log_every: Optional[int] = _opt(None, "the record's loss and LR history keeps one point per N steps, each the "
-                                          "exact mean over its steps and all ranks (default: every step for runs "
-                                          "up to 1,000 steps, else 1,000 points)", type=int)
+    log_every: Optional[int] = _opt(
+        None,
+        "the record's loss and LR history keeps one point per N steps, each the "
+        "exact mean over its steps and all ranks (default: every step for runs "
+        "up to 1,000 steps, else 1,000 points)",
+        type=int,
+    )
     timing_warmup_steps: int = _opt(5, "steps left out of the timed window (start-up, first allocations)")
-    calibration_steps: int = _opt(0, "forward+backward steps timed after training on a fresh copy of the model: "
-                                     "a cross-check recorded beside the window's own forward+backward (0 = none)")
-    trace_steps: int = _opt(0, "record each rank's phase timestamps (data wait, forward+backward, communication, "
-                               "optimizer) for this many steps of the timed window, for a per-rank timeline")
-    profile: bool = _opt(False, "on GPUs, synchronise the device around each step phase so the per-step time "
-                                "breakdown is exact (costs some overlap; CPU timings are exact without it)")
-    profile_trace: Optional[str] = _opt(None, "torch.profiler on every rank for a few timed steps: each rank writes "
-                                              "DIR/rank-N.json (and its step phases, DIR/rank-N.steps.json), merged "
-                                              "into DIR/trace.json for https://ui.perfetto.dev (harness trace merge)")
-    tags: Dict[str, str] = field(default_factory=dict, metadata={
-        "help": "label the run's record: KEY=VALUE, repeatable (sweeps record scaling mode, repeat, sweep id)",
-        "flag": "--tag"})
+    calibration_steps: int = _opt(
+        0,
+        "forward+backward steps timed after training on a fresh copy of the model: "
+        "a cross-check recorded beside the window's own forward+backward (0 = none)",
+    )
+    trace_steps: int = _opt(
+        0,
+        "record each rank's phase timestamps (data wait, forward+backward, communication, "
+        "optimizer) for this many steps of the timed window, for a per-rank timeline",
+    )
+    profile: bool = _opt(
+        False,
+        "on GPUs, synchronise the device around each step phase so the per-step time "
+        "breakdown is exact (costs some overlap; CPU timings are exact without it)",
+    )
+    profile_trace: Optional[str] = _opt(
+        None,
+        "torch.profiler on every rank for a few timed steps: each rank writes "
+        "DIR/rank-N.json (and its step phases, DIR/rank-N.steps.json), merged "
+        "into DIR/trace.json for https://ui.perfetto.dev (harness trace merge)",
+    )
+    tags: dict[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "help": "label the run's record: KEY=VALUE, repeatable (sweeps record scaling mode, repeat, sweep id)",
+            "flag": "--tag",
+        },
+    )
     results: Optional[str] = _opt(None, "append one JSON record for this run to this JSONL file")
     save_model: Optional[str] = _opt(None, "rank 0 writes the final model state_dict here")
     timeout: float = _opt(120.0, "seconds a collective may wait for a peer before the job fails")
-    checkpoint_dir: Optional[str] = _opt(None, "write checkpoints here: at every epoch end, every --checkpoint-every "
-                                               "steps and on SIGTERM/SIGUSR1 (see harness/training/checkpoint.py)")
+    checkpoint_dir: Optional[str] = _opt(
+        None,
+        "write checkpoints here: at every epoch end, every --checkpoint-every "
+        "steps and on SIGTERM/SIGUSR1 (see harness/training/checkpoint.py)",
+    )
     checkpoint_every: int = _opt(0, "also checkpoint every N optimizer steps (0 = at epoch ends only)")
     keep_checkpoints: int = _opt(3, "how many of the newest checkpoints --checkpoint-dir keeps")
-    resume: Optional[str] = _opt(None, "auto: continue from the newest valid checkpoint in --checkpoint-dir (start "
-                                       "fresh if there is none); or a checkpoint directory DIR/step-N")
+    resume: Optional[str] = _opt(
+        None,
+        "auto: continue from the newest valid checkpoint in --checkpoint-dir (start "
+        "fresh if there is none); or a checkpoint directory DIR/step-N",
+    )
     # Framework knobs: each backend module declares its own (its `Options` dataclass), and parses,
     # checks and records (under `tuning`) them itself. On the command line each option is a flag
     # of its own, listed here in `harness train --help`.
-    backend_options: Dict[str, Any] = field(default_factory=dict, metadata={
-        "help": "the chosen backend's own options, by the field names of its Options dataclass (on the command "
-                "line each option is a flag of its own)", "backend_flags": True})
-    cpu_malloc: str = _opt("reuse", "CPU runs: reuse (keep freed memory for the next step instead of returning "
-                                    "it to the kernel; see harness/process/allocator.py) or system (glibc's defaults)")
+    backend_options: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "the chosen backend's own options, by the field names of its Options dataclass (on the command "
+            "line each option is a flag of its own)",
+            "backend_flags": True,
+        },
+    )
+    cpu_malloc: str = _opt(
+        "reuse",
+        "CPU runs: reuse (keep freed memory for the next step instead of returning "
+        "it to the kernel; see harness/process/allocator.py) or system (glibc's defaults)",
+    )
 
     def validate(self) -> None:
         """Raise UsageError for a field whose value is malformed on its own (ranges, fixed choices)."""
-        for name, value, known in (("optimizer", self.optimizer, OPTIMIZERS), ("lr-scaling", self.lr_scaling,
-                                   SCALING_RULES), ("schedule", self.schedule, SCHEDULES),
-                                   ("device", self.device, DEVICES), ("precision", self.precision, PRECISIONS),
-                                   ("cpu-malloc", self.cpu_malloc, CPU_MALLOC_MODES)):
+        for name, value, known in (
+            ("optimizer", self.optimizer, OPTIMIZERS),
+            ("lr-scaling", self.lr_scaling, SCALING_RULES),
+            ("schedule", self.schedule, SCHEDULES),
+            ("device", self.device, DEVICES),
+            ("precision", self.precision, PRECISIONS),
+            ("cpu-malloc", self.cpu_malloc, CPU_MALLOC_MODES),
+        ):
             if value not in known:
                 raise unknown_choice(name, value, known)
-        for name in ("batch_size", "global_batch", "grad_accum", "epochs", "max_steps", "base_batch", "threads",
-                     "image_size", "prefetch", "procs_per_gpu", "log_every"):
+        for name in (
+            "batch_size",
+            "global_batch",
+            "grad_accum",
+            "epochs",
+            "max_steps",
+            "base_batch",
+            "threads",
+            "image_size",
+            "prefetch",
+            "procs_per_gpu",
+            "log_every",
+        ):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise UsageError(f"{flag_name(name)} must be a positive integer, got {value}")
         for name in ("lr", "timeout"):
             if not getattr(self, name) > 0:
                 raise UsageError(f"{flag_name(name)} must be positive, got {getattr(self, name)}")
-        for name in ("momentum", "weight_decay", "warmup_epochs", "grad_clip", "num_workers", "eval_every",
-                     "timing_warmup_steps", "calibration_steps", "trace_steps", "checkpoint_every"):
+        for name in (
+            "momentum",
+            "weight_decay",
+            "warmup_epochs",
+            "grad_clip",
+            "num_workers",
+            "eval_every",
+            "timing_warmup_steps",
+            "calibration_steps",
+            "trace_steps",
+            "checkpoint_every",
+        ):
             if getattr(self, name) < 0:
                 raise UsageError(f"{flag_name(name)} must not be negative, got {getattr(self, name)}")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise UsageError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.compile and self.timing_warmup_steps == 0:
-            raise UsageError("--compile compiles during the first step; keep it out of the timed window with "
-                             "--timing-warmup-steps 1 or more")
+            raise UsageError(
+                "--compile compiles during the first step; keep it out of the timed window with "
+                "--timing-warmup-steps 1 or more"
+            )
         if self.keep_checkpoints < 1:
             raise UsageError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
         if not isinstance(self.backend_options, dict):
@@ -151,22 +240,25 @@ class TrainConfig:
         parts = world_size * self.grad_accum
         if self.global_batch % parts:
             split = f"{world_size} workers" + (f" x {self.grad_accum} micro-batches" if self.grad_accum > 1 else "")
-            raise UsageError(f"--global-batch {self.global_batch} does not split evenly over {split}; use a multiple "
-                             f"of {parts} or set --batch-size per worker")
+            raise UsageError(
+                f"--global-batch {self.global_batch} does not split evenly over {split}; use a multiple "
+                f"of {parts} or set --batch-size per worker"
+            )
         return self.global_batch // world_size
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """Plain dict of every field, for the results record and checkpoints."""
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: Dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         """Inverse of to_dict; unknown keys are an error that names them."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
-            raise UsageError(f"unknown config keys {unknown}; known keys are the fields of TrainConfig "
-                             "(see `harness train --help`)")
+            raise UsageError(
+                f"unknown config keys {unknown}; known keys are the fields of TrainConfig (see `harness train --help`)"
+            )
         return cls(**values)
 
     def to_json(self, path: str) -> None:
@@ -177,17 +269,19 @@ class TrainConfig:
             with open(tmp, "w") as handle:
                 json.dump(self.to_dict(), handle, indent=1, sort_keys=True)
                 handle.write("\n")
+
         atomic_write(path, write)
 
     @classmethod
-    def from_json(cls, path: str) -> "TrainConfig":
+    def from_json(cls, path: str) -> TrainConfig:
         """The config stored in a JSON file (as to_json writes it, or a record's `config`)."""
         try:
             with open(path) as handle:
                 values = json.load(handle)
         except OSError as exc:
-            raise UsageError(f"config file {path} cannot be read ({exc.strerror}); write one with "
-                             "TrainConfig.to_json") from None
+            raise UsageError(
+                f"config file {path} cannot be read ({exc.strerror}); write one with TrainConfig.to_json"
+            ) from None
         except ValueError as exc:
             raise UsageError(f"config file {path} is not JSON ({exc}); write one with TrainConfig.to_json") from None
         if not isinstance(values, dict):
@@ -200,8 +294,7 @@ def _field_docs() -> str:
     for spec in dataclasses.fields(TrainConfig):
         default = spec.default if spec.default is not dataclasses.MISSING else "{}"
         flag = "a flag per option" if spec.metadata.get("backend_flags") else flag_name(spec.name)
-        lines.append(f"    {spec.name} ({flag}, default {default!r}): "
-                     f"{spec.metadata['help'].replace('%%', '%')}")
+        lines.append(f"    {spec.name} ({flag}, default {default!r}): {spec.metadata['help'].replace('%%', '%')}")
     return "\n".join(lines)
 
 
@@ -216,6 +309,7 @@ TrainConfig.__doc__ = (TrainConfig.__doc__ or "") + _field_docs()
 
 # -- the command line's parser ------------------------------------------------------------------
 
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are one line naming the fix, with exit status 2.
 
@@ -226,7 +320,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._undeclared: List[Callable[[argparse.ArgumentParser], None]] = []
+        self._undeclared: list[Callable[[argparse.ArgumentParser], None]] = []
 
     def declare_later(self, declare: Callable[[argparse.ArgumentParser], None]) -> None:
         """Call `declare(self)` to add arguments when this parser is first used, not now."""
@@ -240,8 +334,11 @@ class OneLineParser(argparse.ArgumentParser):
         self._undeclared.clear()
         self.set_defaults(**self._defaults)  # defaults set before the arguments existed apply to them too
 
-    def parse_known_args(self, args: Optional[Sequence[str]] = None,  # type: ignore[override]
-                         namespace: Optional[argparse.Namespace] = None) -> Tuple[argparse.Namespace, List[str]]:
+    def parse_known_args(
+        self,
+        args: Optional[Sequence[str]] = None,  # type: ignore[override]
+        namespace: Optional[argparse.Namespace] = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
         self._declare_now()
         return super().parse_known_args(args, namespace)
 

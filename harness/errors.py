@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 EXIT_OK = 0
 EXIT_USAGE = 2  # bad input: flags, environment, files; nothing was started or written

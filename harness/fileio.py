@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
 
 from .errors import UsageError, first_line
 
@@ -53,5 +54,7 @@ def load_tensors(path: str, device: Optional[Any] = None) -> Any:
     try:
         return torch.load(path, map_location=device, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise UsageError(f"checkpoint file {path} cannot be loaded as plain tensors ({first_line(exc)}); "
-                         "resume from another checkpoint, or start a new run with another --checkpoint-dir") from None
+        raise UsageError(
+            f"checkpoint file {path} cannot be loaded as plain tensors ({first_line(exc)}); "
+            "resume from another checkpoint, or start a new run with another --checkpoint-dir"
+        ) from None

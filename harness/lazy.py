@@ -8,10 +8,10 @@ can import a leaf module of a layer without loading that layer's heavy modules f
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable
 
 
-def lazy_exports(package: str, table: Dict[str, str]) -> Tuple[Callable[[str], Any], Callable[[], List[str]]]:
+def lazy_exports(package: str, table: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """`__getattr__` and `__dir__` for `package` that import `package.table[name]` when `name` is read."""
 
     def __getattr__(name: str) -> Any:
@@ -19,7 +19,7 @@ def lazy_exports(package: str, table: Dict[str, str]) -> Tuple[Callable[[str], A
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         return getattr(importlib.import_module(f"{package}.{table[name]}"), name)
 
-    def __dir__() -> List[str]:
+    def __dir__() -> list[str]:
         return sorted(table)
 
     return __getattr__, __dir__

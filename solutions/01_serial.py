@@ -27,8 +27,9 @@ device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 train_set = workshop.digits("train", args.train_samples)
 test_set = workshop.digits("test")
 shuffle = torch.Generator()
-train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=RandomSampler(train_set, generator=shuffle),
-                          drop_last=True)
+train_loader = DataLoader(
+    train_set, batch_size=args.batch_size, sampler=RandomSampler(train_set, generator=shuffle), drop_last=True
+)
 test_loader = DataLoader(test_set, batch_size=256)
 
 # %% [markdown]

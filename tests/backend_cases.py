@@ -8,7 +8,7 @@ its Options examples), never from an `if` on its name.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Optional
 
 import pytest
 
@@ -25,7 +25,7 @@ def ranks(backend: str, wanted: int = 2) -> int:
     return min(wanted, BACKENDS[backend].max_world_size or wanted)
 
 
-def with_options(backends: List[str] = DISTRIBUTED, turns: Optional["LauncherTurns"] = None) -> List:
+def with_options(backends: list[str] = DISTRIBUTED, turns: Optional[LauncherTurns] = None) -> list:
     """pytest params (backend, its option flags) for each Options example of each backend; with
     `turns`, (backend, flags, launcher), the launcher taken in turn."""
     cases = []
@@ -40,7 +40,7 @@ def with_options(backends: List[str] = DISTRIBUTED, turns: Optional["LauncherTur
     return cases
 
 
-def launcher_pairs(backends: List[str] = ALL) -> List[Tuple[str, str]]:
+def launcher_pairs(backends: list[str] = ALL) -> list[tuple[str, str]]:
     """Every (backend, launcher) pair the backends run under on one machine, as they declare it."""
     return [(backend, launcher) for backend in backends for launcher in BACKENDS[backend].local_launchers]
 
@@ -48,8 +48,13 @@ def launcher_pairs(backends: List[str] = ALL) -> List[Tuple[str, str]]:
 # What a launcher reports when its ranks exit with EXIT_PREEMPTED (measured): a plain process, mpirun
 # and the deepspeed launcher pass the ranks' status on; torchrun and horovodrun report any failed
 # worker as 1.
-PREEMPTED_STATUS = {"python": EXIT_PREEMPTED, "mpirun": EXIT_PREEMPTED, "deepspeed": EXIT_PREEMPTED,
-                    "torchrun": 1, "horovodrun": 1}
+PREEMPTED_STATUS = {
+    "python": EXIT_PREEMPTED,
+    "mpirun": EXIT_PREEMPTED,
+    "deepspeed": EXIT_PREEMPTED,
+    "torchrun": 1,
+    "horovodrun": 1,
+}
 
 
 class LauncherTurns:
@@ -57,8 +62,8 @@ class LauncherTurns:
     test module together cover every (backend, launcher) pair without one more run per pair."""
 
     def __init__(self) -> None:
-        self.given: Dict[str, int] = {}
-        self.used: Set[Tuple[str, str]] = set()
+        self.given: dict[str, int] = {}
+        self.used: set[tuple[str, str]] = set()
 
     def next(self, backend: str) -> str:
         cls = BACKENDS[backend]
@@ -69,7 +74,7 @@ class LauncherTurns:
         self.used.add((backend, launcher))
         return launcher
 
-    def cases(self, backends: List[str]) -> List:
+    def cases(self, backends: list[str]) -> list:
         """pytest params (backend, launcher), one per backend."""
         params = []
         for backend in backends:

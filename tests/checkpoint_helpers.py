@@ -7,12 +7,11 @@ import os
 import subprocess
 import threading
 import time
-from typing import Dict, List, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from harness.process.launchers import launch_environment
-
 from harness.training.launch import launch_command
 
 from .conftest import REPO, run
@@ -20,36 +19,63 @@ from .conftest import REPO, run
 RANKS = 2
 # 2 ranks x 64 on the 1,500 digits: 11 steps per epoch, 33 in three epochs. Dropout stays on, so a
 # resumed run must also restore every rank's RNG to match.
-COMMON = ["--model", "cnn", "--dataset", "digits", "--batch-size", "64", "--epochs", "3", "--lr", "0.02",
-          "--dropout", "0.25", "--seed", "7", "--threads", "1", "--eval-every", "0", "--calibration-steps", "0",
-          "--timing-warmup-steps", "2"]
+COMMON = [
+    "--model",
+    "cnn",
+    "--dataset",
+    "digits",
+    "--batch-size",
+    "64",
+    "--epochs",
+    "3",
+    "--lr",
+    "0.02",
+    "--dropout",
+    "0.25",
+    "--seed",
+    "7",
+    "--threads",
+    "1",
+    "--eval-every",
+    "0",
+    "--calibration-steps",
+    "0",
+    "--timing-warmup-steps",
+    "2",
+]
 STEPS_PER_EPOCH = 11
 TOTAL_STEPS = 33
 
 
-def launch_may_fail(backend: str, args: List[str], env: Optional[Dict[str, str]] = None,
-                    launcher: Optional[str] = None, ranks: int = RANKS, timeout: float = 300) -> subprocess.CompletedProcess:
+def launch_may_fail(
+    backend: str,
+    args: list[str],
+    env: Optional[dict[str, str]] = None,
+    launcher: Optional[str] = None,
+    ranks: int = RANKS,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess:
     """`harness train` on `ranks` local ranks through a real launcher; the caller checks the status."""
     return run(launch_command(ranks, backend, args, launcher), timeout=timeout, env=env)
 
 
-def weights(path) -> Dict[str, torch.Tensor]:
+def weights(path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True)
 
 
-def max_abs_difference(first: Dict[str, torch.Tensor], second: Dict[str, torch.Tensor]) -> float:
+def max_abs_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:
     assert first.keys() == second.keys()
     return max((first[key] - second[key]).abs().max().item() for key in first)
 
 
-def records(path) -> List[dict]:
+def records(path) -> list[dict]:
     if not os.path.exists(path):
         return []
     with open(path) as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def checkpoint_steps(directory) -> List[int]:
+def checkpoint_steps(directory) -> list[int]:
     return sorted(int(name.split("-")[1]) for name in os.listdir(directory) if name.startswith("step-"))
 
 
@@ -57,11 +83,11 @@ def output(result: subprocess.CompletedProcess) -> str:
     return f"exit {result.returncode}\n--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-6000:]}"
 
 
-def rank_processes(launcher_pid: int) -> List[int]:
+def rank_processes(launcher_pid: int) -> list[int]:
     """PIDs of the training ranks under a launcher: its descendants that run `harness train` and
     have no children of their own (launchers and their helpers have the ranks as children)."""
-    children: Dict[int, List[int]] = {}
-    commands: Dict[int, str] = {}
+    children: dict[int, list[int]] = {}
+    commands: dict[int, str] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -82,7 +108,7 @@ def rank_processes(launcher_pid: int) -> List[int]:
     return sorted(found)
 
 
-def signal_all(pids: List[int], signum: int) -> None:
+def signal_all(pids: list[int], signum: int) -> None:
     for pid in pids:
         try:
             os.kill(pid, signum)
@@ -90,11 +116,10 @@ def signal_all(pids: List[int], signum: int) -> None:
             pass
 
 
-
 class TimedJob(NamedTuple):
     returncode: Optional[int]  # None: still running at the limit (then killed)
     output: str  # stdout and stderr together
-    seen: Dict[str, float]  # seconds from the start to the first line containing each marker seen
+    seen: dict[str, float]  # seconds from the start to the first line containing each marker seen
     ended: Optional[float]  # seconds from the start to the job's exit
 
     def seconds(self, first: str, then: Optional[str] = None) -> Optional[float]:
@@ -103,13 +128,14 @@ class TimedJob(NamedTuple):
         return None if first not in self.seen or end is None else end - self.seen[first]
 
 
-def time_job(command: List[str], env: Dict[str, str], markers: List[str], limit: float) -> TimedJob:
+def time_job(command: list[str], env: dict[str, str], markers: list[str], limit: float) -> TimedJob:
     """Run a launcher command to its end (killing it at `limit` s); time its marker lines and exit."""
     started = time.monotonic()
-    job = subprocess.Popen(command, cwd=REPO, env=launch_environment(env), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    lines: List[str] = []
-    seen: Dict[str, float] = {}
+    job = subprocess.Popen(
+        command, cwd=REPO, env=launch_environment(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: list[str] = []
+    seen: dict[str, float] = {}
 
     def read() -> None:
         for line in job.stdout:
@@ -117,6 +143,7 @@ def time_job(command: List[str], env: Dict[str, str], markers: List[str], limit:
             for marker in markers:
                 if marker in line and marker not in seen:
                     seen[marker] = time.monotonic() - started
+
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
@@ -130,7 +157,7 @@ def time_job(command: List[str], env: Dict[str, str], markers: List[str], limit:
     return TimedJob(job.returncode if ended is not None else None, "".join(lines), seen, ended)
 
 
-def processes_mentioning(marker: str) -> List[int]:
+def processes_mentioning(marker: str) -> list[int]:
     """PIDs of processes whose command line contains `marker` (to find ranks left behind)."""
     found = []
     for entry in filter(str.isdigit, os.listdir("/proc")):

@@ -5,35 +5,43 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import pytest
 
 from harness.process.launchers import launch_environment
-
 from harness.training.launch import launch_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH_TIMEOUT_S = 300
 
 
-def run(command: Sequence[str], timeout: float = LAUNCH_TIMEOUT_S, env: Optional[Dict[str, str]] = None,
-        cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+def run(
+    command: Sequence[str],
+    timeout: float = LAUNCH_TIMEOUT_S,
+    env: Optional[dict[str, str]] = None,
+    cwd: Optional[str] = None,
+) -> subprocess.CompletedProcess:
     """Run a command to completion (or fail the test at `timeout`), capturing text output."""
-    return subprocess.run(list(command), capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO,
-                          env=launch_environment(env))
+    return subprocess.run(
+        list(command), capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=launch_environment(env)
+    )
 
 
-def harness(*args: str, timeout: float = LAUNCH_TIMEOUT_S, env: Optional[Dict[str, str]] = None):
+def harness(*args: str, timeout: float = LAUNCH_TIMEOUT_S, env: Optional[dict[str, str]] = None):
     """`python -m harness ARGS` in a fresh process."""
     return run([sys.executable, "-m", "harness", *args], timeout=timeout, env=env)
 
 
-def launch(ranks: int, backend: str, train_args: List[str], launcher: Optional[str] = None,
-           timeout: float = LAUNCH_TIMEOUT_S) -> subprocess.CompletedProcess:
+def launch(
+    ranks: int, backend: str, train_args: list[str], launcher: Optional[str] = None, timeout: float = LAUNCH_TIMEOUT_S
+) -> subprocess.CompletedProcess:
     """`harness train` on `ranks` local processes through a real launcher; fails the test on error."""
     result = run(launch_command(ranks, backend, train_args, launcher), timeout=timeout)
-    assert result.returncode == 0, f"{backend} via {launcher}: exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    assert result.returncode == 0, (
+        f"{backend} via {launcher}: exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    )
     return result
 
 
@@ -43,5 +51,11 @@ def _no_stray_launcher_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     # would change what harness.process.discovery discovers.
     for name in list(os.environ):
         if name.startswith(("OMPI_COMM_WORLD", "PMI_", "PALS_", "SLURM_", "HOROVOD_", "PBS_")) or name in (
-                "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ):
             monkeypatch.delenv(name)

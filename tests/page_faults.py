@@ -23,6 +23,7 @@ def faults_per_step(steps: int = 10) -> float:
     def step() -> None:
         F.cross_entropy(model(images), labels).backward()
         model.zero_grad(set_to_none=True)
+
     for _ in range(3):  # first allocations
         step()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

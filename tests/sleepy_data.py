@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from typing import Callable, List, Tuple
+from typing import Callable
 
 import numpy as np
 import torch
@@ -28,16 +28,17 @@ class SleepyArrays(ImageArrays):
 
     split: str
     delay: float
-    stamps: List[Tuple[str, float]]
+    stamps: list[tuple[str, float]]
 
-    def fetch(self, indices: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
+    def fetch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         self.stamps.append((self.split, time.time()))
         time.sleep(self.delay)
         return super().fetch(indices)
 
 
-def sleepy_loader(train_delay: float, stamps: List[Tuple[str, float]]) -> Callable[[str, DataOptions], SleepyArrays]:
+def sleepy_loader(train_delay: float, stamps: list[tuple[str, float]]) -> Callable[[str, DataOptions], SleepyArrays]:
     """A DATASETS entry: synthetic data, `train_delay` s per training batch, test batches undelayed."""
+
     def load(split: str, options: DataOptions) -> SleepyArrays:
         base = load_synthetic(split, options.model)
         arrays = SleepyArrays(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
@@ -47,7 +48,7 @@ def sleepy_loader(train_delay: float, stamps: List[Tuple[str, float]]) -> Callab
     return load
 
 
-def outside_window_seconds(stamps: List[Tuple[str, float]], warmup_steps: int) -> float:
+def outside_window_seconds(stamps: list[tuple[str, float]], warmup_steps: int) -> float:
     """Wall time of the timed steps by the dataset's clock: first timed batch fetch to first eval fetch.
 
     The first timed fetch happens just after the window opens; the first fetch of the evaluation
@@ -58,15 +59,15 @@ def outside_window_seconds(stamps: List[Tuple[str, float]], warmup_steps: int) -
     return end - train_times[warmup_steps]
 
 
-def main(argv: List[str]) -> None:
+def main(argv: list[str]) -> None:
     from harness.config import OneLineParser
-    from harness.training.flags import add_train_flags, config_from_args
     from harness.process.discovery import detect_cluster
+    from harness.training.flags import add_train_flags, config_from_args
     from harness.training.loop import train
 
     out_dir, delays, train_args = argv[0], [float(ms) / 1000 for ms in argv[1].split(",")], argv[2:]
     rank = detect_cluster().rank
-    stamps: List[Tuple[str, float]] = []
+    stamps: list[tuple[str, float]] = []
     DATASETS["sleepy"] = sleepy_loader(delays[rank], stamps)
     parser = OneLineParser(prog="sleepy_data")
     add_train_flags(parser)

@@ -16,7 +16,8 @@ import signal
 import socket
 import subprocess
 import time
-from typing import Dict, List, Optional, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Optional, Protocol
 
 from harness.process.launchers import free_port
 
@@ -25,16 +26,26 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 
 
-
 # What every test Slurm sets alike, one node or several: no accounting, no cgroups, quick timeouts.
-COMMON_SETTINGS = ["ProctrackType=proctrack/pgid", "TaskPlugin=task/none", "SelectType=select/cons_tres",
-                   "SelectTypeParameters=CR_CPU", "ReturnToService=2", "SchedulerType=sched/backfill",
-                   "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none",
-                   "AccountingStorageType=accounting_storage/none", "SlurmctldTimeout=30", "SlurmdTimeout=30",
-                   "InactiveLimit=0", "MinJobAge=600", "KillWait=10"]
+COMMON_SETTINGS = [
+    "ProctrackType=proctrack/pgid",
+    "TaskPlugin=task/none",
+    "SelectType=select/cons_tres",
+    "SelectTypeParameters=CR_CPU",
+    "ReturnToService=2",
+    "SchedulerType=sched/backfill",
+    "MpiDefault=none",
+    "JobAcctGatherType=jobacct_gather/none",
+    "AccountingStorageType=accounting_storage/none",
+    "SlurmctldTimeout=30",
+    "SlurmdTimeout=30",
+    "InactiveLimit=0",
+    "MinJobAge=600",
+    "KillWait=10",
+]
 
 
-def write_conf_and_key(conf: str, munge_directory: str, lines: List[str]) -> None:
+def write_conf_and_key(conf: str, munge_directory: str, lines: list[str]) -> None:
     """slurm.conf from `lines`, and a fresh munge key only root may read, as munged requires."""
     with open(conf, "w") as handle:
         handle.write("\n".join(lines) + "\n")
@@ -42,6 +53,7 @@ def write_conf_and_key(conf: str, munge_directory: str, lines: List[str]) -> Non
     with open(key, "wb") as handle:
         handle.write(os.urandom(1024))
     os.chmod(key, 0o400)
+
 
 class SlurmUnavailable(RuntimeError):
     """Slurm or munge is not installed here, or cannot run as this user."""
@@ -51,8 +63,10 @@ def check_installed() -> None:
     """Raise SlurmUnavailable (one line naming `make setup`) unless Slurm's daemons and clients are here."""
     missing = [tool for tool in (*DAEMONS, "sbatch", "squeue", "scancel", "sinfo") if not shutil.which(tool)]
     if missing:
-        raise SlurmUnavailable(f"{', '.join(missing)} not installed; run `make setup` as root (it installs slurmctld, "
-                               "slurmd, slurm-client and munge) for the job-template tests")
+        raise SlurmUnavailable(
+            f"{', '.join(missing)} not installed; run `make setup` as root (it installs slurmctld, "
+            "slurmd, slurm-client and munge) for the job-template tests"
+        )
     if os.geteuid() != 0:
         raise SlurmUnavailable("the job-template tests start slurmd, which must run as root; run them as root")
 
@@ -61,10 +75,11 @@ class SlurmClient(Protocol):
     """What the job-template helpers need of a Slurm: this one, or one across namespace nodes
     (tests/multinode/slurm_nodes.py), whose clients must run where they reach its slurmctld."""
 
-    def environ(self, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]: ...
+    def environ(self, extra: Optional[dict[str, str]] = None) -> dict[str, str]: ...
 
-    def run(self, argv: Sequence[str], timeout: float = 60, env: Optional[Dict[str, str]] = None,
-            cwd: Optional[str] = None) -> subprocess.CompletedProcess: ...
+    def run(
+        self, argv: Sequence[str], timeout: float = 60, env: Optional[dict[str, str]] = None, cwd: Optional[str] = None
+    ) -> subprocess.CompletedProcess: ...
 
 
 class SlurmCluster:
@@ -77,18 +92,20 @@ class SlurmCluster:
         self.munge_socket = os.path.join(self.directory, "munge", "munge.socket")
         self._pid_files = {name: os.path.join(self.directory, f"{name}.pid") for name in DAEMONS}
 
-    def environ(self, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    def environ(self, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
         """This process's environment with SLURM_CONF pointing at the private cluster (plus `extra`)."""
         env = dict(os.environ)
         env["SLURM_CONF"] = self.conf
         env.update(extra or {})
         return env
 
-    def run(self, argv: Sequence[str], timeout: float = 60, env: Optional[Dict[str, str]] = None,
-            cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+    def run(
+        self, argv: Sequence[str], timeout: float = 60, env: Optional[dict[str, str]] = None, cwd: Optional[str] = None
+    ) -> subprocess.CompletedProcess:
         """Run a client command (sbatch, scontrol, scancel, ...) against this cluster, capturing text."""
-        return subprocess.run(list(argv), env=self.environ(env), cwd=cwd, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            list(argv), env=self.environ(env), cwd=cwd, capture_output=True, text=True, timeout=timeout
+        )
 
     def _write_conf(self) -> None:
         for sub in ("munge", "state", "spool", "log"):
@@ -119,17 +136,23 @@ class SlurmCluster:
         ]
         write_conf_and_key(self.conf, os.path.join(self.directory, "munge"), lines)
 
-    def _daemon_commands(self) -> Dict[str, List[str]]:
+    def _daemon_commands(self) -> dict[str, list[str]]:
         munge = os.path.join(self.directory, "munge")
         return {
-            "munged": ["munged", "--force", f"--key-file={munge}/munge.key", f"--socket={self.munge_socket}",
-                       f"--pid-file={self._pid_files['munged']}", f"--log-file={munge}/munged.log",
-                       f"--seed-file={munge}/munged.seed"],
+            "munged": [
+                "munged",
+                "--force",
+                f"--key-file={munge}/munge.key",
+                f"--socket={self.munge_socket}",
+                f"--pid-file={self._pid_files['munged']}",
+                f"--log-file={munge}/munged.log",
+                f"--seed-file={munge}/munged.seed",
+            ],
             "slurmctld": ["slurmctld", "-f", self.conf],
             "slurmd": ["slurmd", "-f", self.conf],
         }
 
-    def start(self) -> "SlurmCluster":
+    def start(self) -> SlurmCluster:
         """Start the daemons and wait until the node takes jobs; on any failure stop what started."""
         check_installed()
         self._write_conf()
@@ -137,8 +160,10 @@ class SlurmCluster:
             for name, command in self._daemon_commands().items():
                 result = subprocess.run(command, capture_output=True, text=True, timeout=30, env=self.environ())
                 if result.returncode != 0:
-                    raise RuntimeError(f"{name} did not start (exit {result.returncode}): "
-                                       f"{(result.stderr or result.stdout).strip()[-2000:]}")
+                    raise RuntimeError(
+                        f"{name} did not start (exit {result.returncode}): "
+                        f"{(result.stderr or result.stdout).strip()[-2000:]}"
+                    )
                 self._wait_for_pid_file(name)
             self._wait_until_idle()
         except BaseException:
@@ -157,15 +182,17 @@ class SlurmCluster:
         deadline = time.monotonic() + START_TIMEOUT_S
         state = ""
         while time.monotonic() < deadline:
-            result = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=20,
-                                    env=self.environ())
+            result = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=20, env=self.environ()
+            )
             state = result.stdout.strip()
             # One line per partition the node is in.
             if result.returncode == 0 and state and set(state.split()) <= {"idle", "mixed", "allocated"}:
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"the Slurm node is not idle after {START_TIMEOUT_S:.0f} s (state {state!r}); "
-                           f"{self.log_tail()}")
+        raise RuntimeError(
+            f"the Slurm node is not idle after {START_TIMEOUT_S:.0f} s (state {state!r}); {self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 30) -> str:
         """The end of slurmctld's and slurmd's logs, for failure messages."""
@@ -193,8 +220,9 @@ class SlurmCluster:
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
-                listed = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=20,
-                                        env=env)
+                listed = subprocess.run(
+                    ["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=20, env=env
+                )
             except subprocess.TimeoutExpired:
                 return
             jobs = listed.stdout.split()

@@ -4,8 +4,6 @@ refusals that follow from each backend's `devices` and `compiles`."""
 
 from __future__ import annotations
 
-from typing import List
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -36,9 +34,9 @@ KNOWN = {
 def fake(monkeypatch: pytest.MonkeyPatch):
     """fake(kind, xccl=True, oneccl=False): torch answers as on a node of that kind; returns the list
     of devices the layer made current."""
-    current: List[torch.device] = []
+    current: list[torch.device] = []
 
-    def install(kind: str, xccl: bool = True, oneccl: bool = False) -> List[torch.device]:
+    def install(kind: str, xccl: bool = True, oneccl: bool = False) -> list[torch.device]:
         device_type, hip, count, _, _, _ = KNOWN[kind]
         monkeypatch.setattr(torch.accelerator, "is_available", lambda: device_type is not None)
         monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device(device_type or "cuda"))
@@ -47,9 +45,15 @@ def fake(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setattr(torch.version, "hip", hip)
         monkeypatch.setattr(dist, "is_xccl_available", lambda: xccl, raising=False)
         find_spec = accelerator.importlib.util.find_spec  # the one process-wide function: fake one name only
-        monkeypatch.setattr(accelerator.importlib.util, "find_spec", lambda name, *rest: (
-            (object() if oneccl else None) if name == accelerator.ONECCL_MODULE else find_spec(name, *rest)))
+        monkeypatch.setattr(
+            accelerator.importlib.util,
+            "find_spec",
+            lambda name, *rest: (
+                (object() if oneccl else None) if name == accelerator.ONECCL_MODULE else find_spec(name, *rest)
+            ),
+        )
         return current
+
     return install
 
 
@@ -78,10 +82,13 @@ def test_a_rank_is_placed_on_its_device_and_made_current(fake):
     assert select_device("auto", _cluster(5, 8)) == torch.device("cpu")
 
 
-@pytest.mark.parametrize("kind, requested, message", [
-    ("cpu", "cuda", "--device cuda was asked for but no accelerator is available here; use --device cpu or auto"),
-    ("cuda", "xpu", "--device xpu was asked for but this node has cuda here; use --device cpu or auto"),
-])
+@pytest.mark.parametrize(
+    "kind, requested, message",
+    [
+        ("cpu", "cuda", "--device cuda was asked for but no accelerator is available here; use --device cpu or auto"),
+        ("cuda", "xpu", "--device xpu was asked for but this node has cuda here; use --device cpu or auto"),
+    ],
+)
 def test_a_device_the_node_cannot_give_is_refused(fake, kind, requested, message):
     fake(kind)
     with pytest.raises(UsageError, match=message):
@@ -92,7 +99,9 @@ def test_xpu_falls_back_to_oneccls_communicator_and_needs_one(fake):
     fake("xpu", xccl=False, oneccl=True)
     assert detect_accelerator().communicator == "ccl"
     fake("xpu", xccl=False, oneccl=False)
-    with pytest.raises(UsageError, match="need a torch built with XCCL .* or oneccl_bindings_for_pytorch; install one"):
+    with pytest.raises(
+        UsageError, match="need a torch built with XCCL .* or oneccl_bindings_for_pytorch; install one"
+    ):
         process_group_backend(torch.device("xpu", 0), 1)
 
 

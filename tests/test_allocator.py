@@ -55,10 +55,13 @@ def test_a_users_malloc_settings_are_left_alone():
     assert untouched["mode"] == "system (user's MALLOC_TRIM_THRESHOLD_)"
 
 
-@pytest.mark.parametrize("variable, value, named", [
-    ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0", "GLIBC_TUNABLES"),
-    ("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "jemalloc"),
-])
+@pytest.mark.parametrize(
+    "variable, value, named",
+    [
+        ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0", "GLIBC_TUNABLES"),
+        ("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "jemalloc"),
+    ],
+)
 def test_other_allocator_settings_are_named_in_the_record(monkeypatch, variable, value, named):
     monkeypatch.setenv(variable, value)
     assert reuse_freed_memory("reuse") == f"system (user's {named})"

@@ -16,9 +16,28 @@ from harness.backends import BACKENDS
 from harness.cli import show_progress
 from harness.training.models import build_model
 
-RECORD_FIELDS = {"backend", "world_size", "local_batch", "global_batch", "model", "dataset", "steps", "epochs",
-                 "lr_effective", "throughput", "throughput_per_worker", "epoch_times", "train_loss", "eval_loss",
-                 "eval_accuracy", "eval_samples", "versions", "config", "math", "au"}
+RECORD_FIELDS = {
+    "backend",
+    "world_size",
+    "local_batch",
+    "global_batch",
+    "model",
+    "dataset",
+    "steps",
+    "epochs",
+    "lr_effective",
+    "throughput",
+    "throughput_per_worker",
+    "epoch_times",
+    "train_loss",
+    "eval_loss",
+    "eval_accuracy",
+    "eval_samples",
+    "versions",
+    "config",
+    "math",
+    "au",
+}
 
 
 def test_train_returns_and_appends_a_complete_record(tmp_path):
@@ -46,9 +65,12 @@ def test_training_on_digits_learns(tmp_path):
 
 
 def test_effective_lr_follows_the_scaling_rule():
-    record = train(TrainConfig(max_steps=2, batch_size=32, base_batch=16, lr=0.1, lr_scaling="sqrt", threads=1,
-                               timing_warmup_steps=0))
-    assert record["lr_effective"] == pytest.approx(0.1 * 2 ** 0.5)
+    record = train(
+        TrainConfig(
+            max_steps=2, batch_size=32, base_batch=16, lr=0.1, lr_scaling="sqrt", threads=1, timing_warmup_steps=0
+        )
+    )
+    assert record["lr_effective"] == pytest.approx(0.1 * 2**0.5)
 
 
 def test_api_raises_usage_error_for_bad_config():
@@ -82,8 +104,19 @@ class Recorder(Callback):
 def test_callbacks_see_every_step_and_epoch_and_the_history_is_exact():
     recorder = Recorder()
     # digits: 1,500 training images, batch 128 -> 11 steps per epoch, 22 in two epochs
-    record = train(TrainConfig(epochs=2, batch_size=128, base_batch=64, lr=0.05, warmup_epochs=1, threads=1, eval_every=1,
-                               calibration_steps=0), callbacks=[recorder])
+    record = train(
+        TrainConfig(
+            epochs=2,
+            batch_size=128,
+            base_batch=64,
+            lr=0.05,
+            warmup_epochs=1,
+            threads=1,
+            eval_every=1,
+            calibration_steps=0,
+        ),
+        callbacks=[recorder],
+    )
     assert [step for step, *_ in recorder.steps] == list(range(1, 23))
     assert [epoch for _, epoch, *_ in recorder.steps] == [0] * 11 + [1] * 11
     assert [event.epoch for event in recorder.epochs] == [0, 1] and recorder.finished == [record["run_id"]]
@@ -116,8 +149,14 @@ def test_callbacks_must_be_callback_instances():
 def test_config_round_trips_through_json_and_the_cli_reads_it(tmp_path, backend):
     """Backend options included: the file's, with the option flags given beside it on top."""
     defaults, example = BACKENDS[backend].Options(), BACKENDS[backend].Options.examples()[-1]
-    config = TrainConfig(backend=backend, model="cnn", batch_size=32, tags={"lesson": "02"}, warmup_epochs=0.5,
-                         backend_options=defaults.as_dict())
+    config = TrainConfig(
+        backend=backend,
+        model="cnn",
+        batch_size=32,
+        tags={"lesson": "02"},
+        warmup_epochs=0.5,
+        backend_options=defaults.as_dict(),
+    )
     path = tmp_path / "run.json"
     config.to_json(str(path))
     assert TrainConfig.from_json(str(path)) == config
@@ -125,10 +164,12 @@ def test_config_round_trips_through_json_and_the_cli_reads_it(tmp_path, backend)
     from harness.training.flags import config_from_args
 
     saved = TrainConfig.from_json(str(path)).to_dict()
-    args = build_parser(train_defaults=saved).parse_args(["train", "--config", str(path), "--batch-size", "8",
-                                                          *example.to_flags()])
-    assert config_from_args(args) == TrainConfig(**{**config.to_dict(), "batch_size": 8,
-                                                    "backend_options": example.as_dict()})
+    args = build_parser(train_defaults=saved).parse_args(
+        ["train", "--config", str(path), "--batch-size", "8", *example.to_flags()]
+    )
+    assert config_from_args(args) == TrainConfig(
+        **{**config.to_dict(), "batch_size": 8, "backend_options": example.as_dict()}
+    )
 
 
 def test_help_lists_every_field_with_its_flag_and_meaning():
@@ -154,10 +195,26 @@ def test_evaluate_appends_its_record_like_train(tmp_path):
 def test_sweep_report_and_figures_from_python(tmp_path):
     import harness
 
-    settings = harness.SweepSettings(backends=["none"], ranks=[1], scaling="weak", results=str(tmp_path / "r.jsonl"),
-                                     train_args=["--max-steps", "8", "--threads", "1", "--calibration-steps", "3",
-                                                 "--trace-steps", "2", "--eval-every", "0"], repeats=2,
-                                     sweep_id="py")
+    settings = harness.SweepSettings(
+        backends=["none"],
+        ranks=[1],
+        scaling="weak",
+        results=str(tmp_path / "r.jsonl"),
+        train_args=[
+            "--max-steps",
+            "8",
+            "--threads",
+            "1",
+            "--calibration-steps",
+            "3",
+            "--trace-steps",
+            "2",
+            "--eval-every",
+            "0",
+        ],
+        repeats=2,
+        sweep_id="py",
+    )
     result = harness.run_sweep(settings)
     assert result.status == 0 and len(result.records) == 2 and not result.failed
     assert " none | " in harness.scaling_report(result.records).replace(" † |", " |")  # † marks a busy machine
@@ -176,16 +233,19 @@ def test_sweep_report_and_figures_from_python(tmp_path):
     assert rerun.status == 0 and len(rerun.records) == 2
 
 
-@pytest.mark.parametrize("config, message", [
-    (TrainConfig(precision="fp8"), "unknown precision 'fp8'; choose one of fp32, bf16, fp16"),
-    (TrainConfig(procs_per_gpu=2, device="cpu"), "--procs-per-gpu 2 places ranks on GPUs"),
-    (TrainConfig(grad_accum=0), "--grad-accum must be a positive integer, got 0"),
-    (TrainConfig(global_batch=64, grad_accum=3), "does not split evenly over 1 workers x 3 micro-batches"),
-    (TrainConfig(backend_options={"zero_stage": 5}, backend="deepspeed"), "--zero-stage must be 0, 1, 2 or 3"),
-    (TrainConfig(backend_options={"cycle_time_ms": 0}, backend="horovod"), "--hvd-cycle-time-ms must be positive"),
-    (TrainConfig(backend_options={"bucket_cap_mb": -1}, backend="ddp"), "--ddp-bucket-cap-mb must be positive"),
-    (TrainConfig(log_every=0), "--log-every must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (TrainConfig(precision="fp8"), "unknown precision 'fp8'; choose one of fp32, bf16, fp16"),
+        (TrainConfig(procs_per_gpu=2, device="cpu"), "--procs-per-gpu 2 places ranks on GPUs"),
+        (TrainConfig(grad_accum=0), "--grad-accum must be a positive integer, got 0"),
+        (TrainConfig(global_batch=64, grad_accum=3), "does not split evenly over 1 workers x 3 micro-batches"),
+        (TrainConfig(backend_options={"zero_stage": 5}, backend="deepspeed"), "--zero-stage must be 0, 1, 2 or 3"),
+        (TrainConfig(backend_options={"cycle_time_ms": 0}, backend="horovod"), "--hvd-cycle-time-ms must be positive"),
+        (TrainConfig(backend_options={"bucket_cap_mb": -1}, backend="ddp"), "--ddp-bucket-cap-mb must be positive"),
+        (TrainConfig(log_every=0), "--log-every must be a positive integer"),
+    ],
+)
 def test_new_settings_are_checked_before_anything_runs(config, message):
     with pytest.raises(UsageError, match=message):
         train(config)

@@ -10,25 +10,24 @@ from __future__ import annotations
 import ast
 import os
 import re
-from typing import Dict, List, Set
 
 from .conftest import REPO
 
 PACKAGE = os.path.join(REPO, "harness")
 
 
-def _modules() -> Dict[str, str]:
+def _modules() -> dict[str, str]:
     found = {}
     for root, _, names in os.walk(PACKAGE):
         for name in names:
             if name.endswith(".py"):
                 path = os.path.join(root, name)
                 module = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
-                found[module[:-len(".__init__")] if module.endswith(".__init__") else module] = path
+                found[module[: -len(".__init__")] if module.endswith(".__init__") else module] = path
     return found
 
 
-def _type_checking_lines(path: str) -> Set[int]:
+def _type_checking_lines(path: str) -> set[int]:
     lines = set()
     for node in ast.walk(ast.parse(open(path).read())):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
@@ -38,7 +37,7 @@ def _type_checking_lines(path: str) -> Set[int]:
     return lines
 
 
-def import_graph() -> Dict[str, Set[str]]:
+def import_graph() -> dict[str, set[str]]:
     """module -> the package modules it imports at run time (TYPE_CHECKING imports left out)."""
     modules = _modules()
     graph = {}
@@ -50,7 +49,7 @@ def import_graph() -> Dict[str, Set[str]]:
     return graph
 
 
-def _imports_from_source(module: str, path: str, source: str, known: Set[str]) -> Set[str]:
+def _imports_from_source(module: str, path: str, source: str, known: set[str]) -> set[str]:
     package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
     targets = set()
     for node in ast.walk(ast.parse(source)):
@@ -74,17 +73,17 @@ def _imports_from_source(module: str, path: str, source: str, known: Set[str]) -
     return targets
 
 
-def find_cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Each import cycle once, as the list of modules around it (packages import their submodules
     by design, so an edge from a package to its own submodule does not close a cycle)."""
     cycles, seen = [], set()
 
-    def visit(node: str, path: List[str]) -> None:
+    def visit(node: str, path: list[str]) -> None:
         for target in sorted(graph.get(node, ())):
             if node == target.rsplit(".", 1)[0] and target.startswith(node + "."):
                 continue
             if target in path:
-                cycle = path[path.index(target):]
+                cycle = path[path.index(target) :]
                 key = frozenset(cycle)
                 if key not in seen:
                     seen.add(key)
@@ -163,8 +162,13 @@ def test_no_framework_is_imported_outside_backends():
         if module.startswith("harness.backends"):
             continue
         for node in ast.walk(ast.parse(open(path).read())):
-            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             for name in names:
                 if any(name == framework or name.startswith(framework + ".") for framework in FRAMEWORKS):
                     offenders.append(f"{os.path.relpath(path, REPO)}:{node.lineno}: imports {name}")
@@ -187,12 +191,17 @@ def test_sizes_a_reader_can_hold():
 
 def _is_declaration(function: ast.FunctionDef) -> bool:
     """A parser built from declarations (add_argument calls one after another) may be long."""
-    calls = [n for n in ast.walk(function) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") in
-             ("add_argument", "add_parser", "add_argument_group", "add_mutually_exclusive_group", "set_defaults")]
+    calls = [
+        n
+        for n in ast.walk(function)
+        if isinstance(n, ast.Call)
+        and getattr(n.func, "attr", "")
+        in ("add_argument", "add_parser", "add_argument_group", "add_mutually_exclusive_group", "set_defaults")
+    ]
     return len(calls) >= 15
 
 
-def _backend_names() -> List[str]:
+def _backend_names() -> list[str]:
     from harness.backends import BACKENDS
 
     return list(BACKENDS)

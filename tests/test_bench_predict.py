@@ -9,13 +9,21 @@ import pytest
 
 from harness.errors import UsageError
 from harness.study.allreduce import fit_alpha_beta, parse_sizes, ring_allreduce_seconds
-from harness.study.predict import (Network, Workload, measured_steps, network_from_bench, network_from_site,
-                                   predict_scaling, prediction_table, workload_from_records)
+from harness.study.predict import (
+    Network,
+    Workload,
+    measured_steps,
+    network_from_bench,
+    network_from_site,
+    predict_scaling,
+    prediction_table,
+    workload_from_records,
+)
 
 from .conftest import harness
 from .handmade_records import record
 
-SIZES = [4096 * 4 ** k for k in range(9)]
+SIZES = [4096 * 4**k for k in range(9)]
 
 
 @pytest.mark.parametrize("ranks, alpha, busbw", [(2, 20e-6, 5e9), (4, 3.4e-6, 200e9), (16, 1.4e-5, 40e9)])
@@ -46,15 +54,31 @@ def test_nothing_to_fit_at_one_rank_and_no_negative_latency():
 
 
 def test_sizes_read_like_a_person_writes_them():
-    assert parse_sizes("1M, 4K,256M,4096") == [4096, 2 ** 20, 256 * 2 ** 20]
+    assert parse_sizes("1M, 4K,256M,4096") == [4096, 2**20, 256 * 2**20]
     with pytest.raises(UsageError, match="--sizes takes sizes such as 4K,1M,256M; got 'lots'"):
         parse_sizes("4K,lots")
 
 
-NETWORK = Network("hand", ranks_per_node=2, alpha_intra_s=1e-5, alpha_inter_s=1e-4, base_latency_s=0.0,
-                  busbw_intra=10e9, busbw_inter=1e9, source="by hand")
-WORK = Workload(compute_s=0.1, backward_s=0.06, overhead_s=0.0, gradient_bytes=100_000_000, bucket_bytes=50_000_000,
-                overlap=1.0, local_batch=32, source="by hand")
+NETWORK = Network(
+    "hand",
+    ranks_per_node=2,
+    alpha_intra_s=1e-5,
+    alpha_inter_s=1e-4,
+    base_latency_s=0.0,
+    busbw_intra=10e9,
+    busbw_inter=1e9,
+    source="by hand",
+)
+WORK = Workload(
+    compute_s=0.1,
+    backward_s=0.06,
+    overhead_s=0.0,
+    gradient_bytes=100_000_000,
+    bucket_bytes=50_000_000,
+    overlap=1.0,
+    local_batch=32,
+    source="by hand",
+)
 
 
 def test_predict_by_hand_on_one_and_two_nodes():
@@ -76,8 +100,15 @@ def test_no_overlap_sends_everything_after_the_backward_and_one_rank_sends_nothi
     late = Workload(**{**WORK.__dict__, "overlap": 0.0})
     assert predict_scaling(late, NETWORK, [2])[0]["exposed_s"] == pytest.approx(2 * 0.07524)
     alone = Network(**{**NETWORK.__dict__, "ranks_per_node": 1})
-    assert predict_scaling(WORK, alone, [1])[0] == {"nodes": 1, "ranks": 1, "allreduce_s": 0.0, "exposed_s": 0.0,
-                                                   "step_s": 0.1, "throughput": 320.0, "efficiency": 1.0}
+    assert predict_scaling(WORK, alone, [1])[0] == {
+        "nodes": 1,
+        "ranks": 1,
+        "allreduce_s": 0.0,
+        "exposed_s": 0.0,
+        "step_s": 0.1,
+        "throughput": 320.0,
+        "efficiency": 1.0,
+    }
 
 
 def test_site_figures_come_from_the_profile():
@@ -91,8 +122,14 @@ def test_site_figures_come_from_the_profile():
 
 
 def test_a_benchmark_across_nodes_gives_the_network_figures():
-    bench = {"backend": "ddp", "world_size": 3, "nodes": 3, "ranks_per_node": 1, "hostname": "node1",
-             "fit": {"alpha_s": 2e-4, "busbw_bytes_per_s": 1.2e7}}
+    bench = {
+        "backend": "ddp",
+        "world_size": 3,
+        "nodes": 3,
+        "ranks_per_node": 1,
+        "hostname": "node1",
+        "fit": {"alpha_s": 2e-4, "busbw_bytes_per_s": 1.2e7},
+    }
     network = network_from_bench(bench)
     assert (network.ranks_per_node, network.alpha_inter_s, network.busbw_inter) == (1, 2e-4, 1.2e7)
     assert network.busbw(3) == 1.2e7 and network.base_latency_s == 0.0
@@ -102,8 +139,14 @@ def test_a_benchmark_across_nodes_gives_the_network_figures():
 
 def _measured_run(world_size, runtime, repeat=0):
     run = record("ddp", world_size, 100.0 * world_size, repeat=repeat)
-    run["step_breakdown"]["seconds_per_step"] = {"runtime": runtime, "forward_backward": 0.06, "optimizer": 0.01,
-                                                 "data_wait": 0.002, "other": 0.003, "communication": 0.0}
+    run["step_breakdown"]["seconds_per_step"] = {
+        "runtime": runtime,
+        "forward_backward": 0.06,
+        "optimizer": 0.01,
+        "data_wait": 0.002,
+        "other": 0.003,
+        "communication": 0.0,
+    }
     run["step_breakdown"]["timed_steps"] = 10
     run.update(local_world_size=1, gradient_bytes=4_799_528, tuning={"bucket_cap_mb": 25.0})
     return run
@@ -118,9 +161,22 @@ def test_workload_and_measured_steps_from_records():
     measured = measured_steps(runs)  # by world size
     assert measured[1]["mean"] == pytest.approx(0.076) and measured[2]["n"] == 2
     assert measured[2]["contended"] is False
-    table = prediction_table(predict_scaling(work, network_from_bench({
-        "backend": "ddp", "world_size": 2, "nodes": 2, "ranks_per_node": 1,
-        "fit": {"alpha_s": 1e-4, "busbw_bytes_per_s": 1e8}}), [1, 2]), measured)
+    table = prediction_table(
+        predict_scaling(
+            work,
+            network_from_bench(
+                {
+                    "backend": "ddp",
+                    "world_size": 2,
+                    "nodes": 2,
+                    "ranks_per_node": 1,
+                    "fit": {"alpha_s": 1e-4, "busbw_bytes_per_s": 1e8},
+                }
+            ),
+            [1, 2],
+        ),
+        measured,
+    )
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
     # One node: 70 ms compute + 5 ms overhead predicted, 76 ms measured.
     assert rows[0][0] == "1" and rows[0][4] == "75" and rows[0][7] == "76" and rows[0][9] == "-1.3%"
@@ -128,14 +184,31 @@ def test_workload_and_measured_steps_from_records():
 
 def test_predict_cli_with_a_published_throughput(tmp_path):
     out = tmp_path / "p.json"
-    result = harness("predict", "--site", "polaris", "--throughput", "2470", "--batch-size", "256",
-                     "--gradient-bytes", "102228128", "--nodes", "1,2,512", "--json", str(out), timeout=120)
+    result = harness(
+        "predict",
+        "--site",
+        "polaris",
+        "--throughput",
+        "2470",
+        "--batch-size",
+        "256",
+        "--gradient-bytes",
+        "102228128",
+        "--nodes",
+        "1,2,512",
+        "--json",
+        str(out),
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     document = json.loads(out.read_text())
     assert [row["nodes"] for row in document["predicted"]] == [1, 2, 512]
     assert document["predicted"][0]["ranks"] == 4
     assert [line.split("|")[1].strip() for line in result.stdout.splitlines() if line.startswith("|")][2:] == [
-        "1", "2", "512"]
+        "1",
+        "2",
+        "512",
+    ]
     missing = harness("predict", "--site", "polaris", timeout=120)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert "give the compute: --record RESULTS.jsonl, or --throughput" in missing.stderr
@@ -144,8 +217,21 @@ def test_predict_cli_with_a_published_throughput(tmp_path):
 @pytest.mark.slow
 def test_bench_allreduce_on_two_local_ranks(tmp_path):
     out = tmp_path / "bench.json"
-    result = harness("bench", "allreduce", "-n", "2", "--backend", "ddp", "--sizes", "4K,256K,4M",
-                     "--seconds-per-size", "0.05", "--results", str(out), timeout=300)
+    result = harness(
+        "bench",
+        "allreduce",
+        "-n",
+        "2",
+        "--backend",
+        "ddp",
+        "--sizes",
+        "4K,256K,4M",
+        "--seconds-per-size",
+        "0.05",
+        "--results",
+        str(out),
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     bench = json.loads(out.read_text())
     assert bench["world_size"] == 2 and [line["bytes"] for line in bench["sizes"]] == [4096, 262144, 4194304]
@@ -159,19 +245,55 @@ def test_bench_allreduce_on_two_local_ranks(tmp_path):
 def test_predicted_and_measured_on_the_same_axes(tmp_path):
     """`harness predict --measured`: the table's error column and the figure's points, from records."""
     runs = tmp_path / "runs.jsonl"
-    runs.write_text("".join(json.dumps(run) + "\n" for run in [
-        _measured_run(1, 0.075), _measured_run(1, 0.077, 1), _measured_run(2, 0.1), _measured_run(2, 0.11, 1)]))
+    runs.write_text(
+        "".join(
+            json.dumps(run) + "\n"
+            for run in [
+                _measured_run(1, 0.075),
+                _measured_run(1, 0.077, 1),
+                _measured_run(2, 0.1),
+                _measured_run(2, 0.11, 1),
+            ]
+        )
+    )
     bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps({"backend": "ddp", "world_size": 2, "nodes": 2, "ranks_per_node": 1,
-                                 "hostname": "node1", "fit": {"alpha_s": 1e-4, "busbw_bytes_per_s": 1e8}}))
-    result = harness("predict", "--network", str(bench), "--record", str(runs), "--measured", str(runs),
-                     "--nodes", "1,2,4", "-o", str(tmp_path / "fig"), "--json", str(tmp_path / "p.json"), timeout=180)
+    bench.write_text(
+        json.dumps(
+            {
+                "backend": "ddp",
+                "world_size": 2,
+                "nodes": 2,
+                "ranks_per_node": 1,
+                "hostname": "node1",
+                "fit": {"alpha_s": 1e-4, "busbw_bytes_per_s": 1e8},
+            }
+        )
+    )
+    result = harness(
+        "predict",
+        "--network",
+        str(bench),
+        "--record",
+        str(runs),
+        "--measured",
+        str(runs),
+        "--nodes",
+        "1,2,4",
+        "-o",
+        str(tmp_path / "fig"),
+        "--json",
+        str(tmp_path / "p.json"),
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr
     figure = json.loads((tmp_path / "fig-prediction.json").read_text())
     assert [row["ranks"] for row in figure["predicted"]] == [1, 2, 4]
     assert set(figure["measured"]) == {"1", "2"} and (tmp_path / "fig-prediction.png").stat().st_size > 0
-    table = [[cell.strip() for cell in line.strip("|").split("|")] for line in result.stdout.splitlines()
-             if line.startswith("|")]
+    table = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in result.stdout.splitlines()
+        if line.startswith("|")
+    ]
     assert table[0][-3:] == ["measured step ms", "± 95%", "error"]
     assert table[3][1] == "2" and table[3][-1].startswith(("+", "-")) and table[4][-1] == "-"  # 4 ranks: not run
 
@@ -180,8 +302,11 @@ def test_the_prediction_figure_boxes_contended_measurements_and_shows_anchors():
     from harness.study.plot import CONTENTION_LABEL, prediction_figure
 
     rows = predict_scaling(WORK, NETWORK, [1, 2])  # 2 and 4 ranks
-    measured = {2: {"mean": 0.11, "ci95": 0.01, "contended": True}, 4: {"mean": 0.2, "ci95": None},
-                8: {"mean": 0.3, "ci95": None}}  # 8 ranks: not predicted, left out
+    measured = {
+        2: {"mean": 0.11, "ci95": 0.01, "contended": True},
+        4: {"mean": 0.2, "ci95": None},
+        8: {"mean": 0.3, "ci95": None},
+    }  # 8 ranks: not predicted, left out
     figure = prediction_figure(rows, measured, "by hand", [{"nodes": 2, "efficiency": 0.8, "label": "published"}])
     step_axis, efficiency_axis = figure.axes
     assert CONTENTION_LABEL in [text.get_text() for text in step_axis.get_legend().get_texts()]

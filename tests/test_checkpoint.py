@@ -17,13 +17,24 @@ import torch
 
 from harness import TrainConfig, train
 from harness.backends import BACKENDS
-from harness.training.checkpoint import Checkpoint, RunLayout, capture_rng_state, check_compatible, restore_rng_state
 from harness.errors import Preempted, UsageError
+from harness.training.checkpoint import Checkpoint, RunLayout, capture_rng_state, check_compatible, restore_rng_state
 
 from .checkpoint_helpers import checkpoint_steps, max_abs_difference, records, weights
 
-CONFIG = TrainConfig(model="cnn", dataset="digits", batch_size=128, epochs=3, lr=0.02, dropout=0.25, seed=7,
-                     threads=1, eval_every=0, calibration_steps=0, timing_warmup_steps=2)
+CONFIG = TrainConfig(
+    model="cnn",
+    dataset="digits",
+    batch_size=128,
+    epochs=3,
+    lr=0.02,
+    dropout=0.25,
+    seed=7,
+    threads=1,
+    eval_every=0,
+    calibration_steps=0,
+    timing_warmup_steps=2,
+)
 TOTAL_STEPS = 33  # 11 per epoch
 STOP_AFTER = 19  # epoch 1, step 8
 
@@ -50,11 +61,14 @@ def _preempt(config: TrainConfig, monkeypatch, stop_after: int = STOP_AFTER) -> 
 
 def test_preempted_run_resumes_exactly_and_counts_every_sample_once(tmp_path, monkeypatch, reference):
     checkpoints, results = tmp_path / "checkpoints", tmp_path / "results.jsonl"
-    config = dataclasses.replace(CONFIG, checkpoint_dir=str(checkpoints), checkpoint_every=5, keep_checkpoints=2,
-                                 results=str(results))
+    config = dataclasses.replace(
+        CONFIG, checkpoint_dir=str(checkpoints), checkpoint_every=5, keep_checkpoints=2, results=str(results)
+    )
     message = _preempt(config, monkeypatch)
-    assert message == (f"stopped by SIGTERM after step {STOP_AFTER} of {TOTAL_STEPS}; checkpoint {checkpoints}/"
-                       f"step-{STOP_AFTER:08d} is written; resubmit with --resume auto to continue (exit status 3)")
+    assert message == (
+        f"stopped by SIGTERM after step {STOP_AFTER} of {TOTAL_STEPS}; checkpoint {checkpoints}/"
+        f"step-{STOP_AFTER:08d} is written; resubmit with --resume auto to continue (exit status 3)"
+    )
     assert checkpoint_steps(checkpoints) == [15, STOP_AFTER]  # every 5 steps and epoch ends, newest 2 kept
     assert records(results) == []  # an unfinished segment reports nothing
 
@@ -84,9 +98,11 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, mo
     capsys.readouterr()
 
     record = train(dataclasses.replace(config, resume="auto", save_model=str(tmp_path / "model.pt")))
-    warning, = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert warning == (f"harness train: warning: skipping damaged checkpoint {newest} "
-                       f"(model.pt has {size // 2} bytes, {size} were written)")
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warning == (
+        f"harness train: warning: skipping damaged checkpoint {newest} "
+        f"(model.pt has {size // 2} bytes, {size} were written)"
+    )
     assert record["resumed_from_step"] == 16  # the newest valid one
     assert max_abs_difference(weights(tmp_path / "model.pt"), reference[0]) <= 1e-6
     # Pruned to the newest 3 (the damaged 19 with them); the partial directory is cleared.
@@ -100,11 +116,18 @@ def test_checkpoint_holds_everything_in_plain_files(tmp_path, monkeypatch):
     newest = checkpoints / "step-00000013"
     manifest = json.loads((newest / "manifest.json").read_text())
     assert (manifest["step"], manifest["epoch"], manifest["step_in_epoch"]) == (13, 1, 2)
-    assert manifest["run"] == {"world_size": 1, "global_batch": 128, "train_set_size": 1500, "steps_per_epoch": 11,
-                               "total_steps": TOTAL_STEPS}
+    assert manifest["run"] == {
+        "world_size": 1,
+        "global_batch": 128,
+        "train_set_size": 1500,
+        "steps_per_epoch": 11,
+        "total_steps": TOTAL_STEPS,
+    }
     assert manifest["config"]["model"] == "cnn" and manifest["reason"] == "preempted"
-    assert len(manifest["progress"]["train_losses"]) == 1 and sorted(manifest["files"]) == ["model.pt",
-                                                                                            "rank-00000.pt"]
+    assert len(manifest["progress"]["train_losses"]) == 1 and sorted(manifest["files"]) == [
+        "model.pt",
+        "rank-00000.pt",
+    ]
     state = torch.load(newest / "model.pt", weights_only=True)
     assert state["optimizer"]["state"][0]["momentum_buffer"].shape == state["model"]["features.0.weight"].shape
     rank_state = torch.load(newest / "rank-00000.pt", weights_only=True)
@@ -126,20 +149,41 @@ LAYOUT = RunLayout(world_size=2, global_batch=256, train_set_size=1500, steps_pe
 
 def _checkpoint_of(config: TrainConfig) -> Checkpoint:
     """A checkpoint's manifest as `config`'s run would write it after step 1 (no files needed here)."""
-    return Checkpoint("ckpt/step-00000001", {
-        "step": 1, "config": config.to_dict(), "checkpoint_format": BACKENDS[config.backend].checkpoint_format,
-        "run": {"world_size": LAYOUT.world_size, "global_batch": LAYOUT.global_batch,
-                "train_set_size": LAYOUT.train_set_size}})
+    return Checkpoint(
+        "ckpt/step-00000001",
+        {
+            "step": 1,
+            "config": config.to_dict(),
+            "checkpoint_format": BACKENDS[config.backend].checkpoint_format,
+            "run": {
+                "world_size": LAYOUT.world_size,
+                "global_batch": LAYOUT.global_batch,
+                "train_set_size": LAYOUT.train_set_size,
+            },
+        },
+    )
 
 
-@pytest.mark.parametrize("saved, resumed, message", [
-    (("deepspeed", {"zero_stage": 2}), ("deepspeed", {"zero_stage": 3}),
-     "was written with --zero-stage 2 but this run has --zero-stage 3"),
-    (("horovod", {"fp16_compression": True}), ("horovod", {}),
-     "was written with --hvd-fp16-compression True but this run has --hvd-fp16-compression False"),
-    (("ddp", {}), ("horovod", {"fp16_compression": True}),  # ddp sent gradients uncompressed
-     "was written with --hvd-fp16-compression False but this run has --hvd-fp16-compression True"),
-])
+@pytest.mark.parametrize(
+    "saved, resumed, message",
+    [
+        (
+            ("deepspeed", {"zero_stage": 2}),
+            ("deepspeed", {"zero_stage": 3}),
+            "was written with --zero-stage 2 but this run has --zero-stage 3",
+        ),
+        (
+            ("horovod", {"fp16_compression": True}),
+            ("horovod", {}),
+            "was written with --hvd-fp16-compression True but this run has --hvd-fp16-compression False",
+        ),
+        (
+            ("ddp", {}),
+            ("horovod", {"fp16_compression": True}),  # ddp sent gradients uncompressed
+            "was written with --hvd-fp16-compression False but this run has --hvd-fp16-compression True",
+        ),
+    ],
+)
 def test_resuming_with_another_value_of_an_option_that_changes_the_saved_state_is_refused(saved, resumed, message):
     checkpoint = _checkpoint_of(TrainConfig(backend=saved[0], backend_options=saved[1]))
     config = TrainConfig(backend=resumed[0], backend_options=resumed[1])
@@ -147,11 +191,14 @@ def test_resuming_with_another_value_of_an_option_that_changes_the_saved_state_i
         check_compatible(checkpoint, config, LAYOUT, BACKENDS[config.backend])
 
 
-@pytest.mark.parametrize("saved, resumed", [
-    (("horovod", {"cycle_time_ms": 2.0}), ("horovod", {"cycle_time_ms": 5.0, "fusion_threshold_mb": 64.0})),
-    (("ddp", {"bucket_cap_mb": 10.0}), ("ddp", {})),
-    (("horovod", {"fp16_compression": True}), ("ddp", {})),  # ddp has no compression to compare
-])
+@pytest.mark.parametrize(
+    "saved, resumed",
+    [
+        (("horovod", {"cycle_time_ms": 2.0}), ("horovod", {"cycle_time_ms": 5.0, "fusion_threshold_mb": 64.0})),
+        (("ddp", {"bucket_cap_mb": 10.0}), ("ddp", {})),
+        (("horovod", {"fp16_compression": True}), ("ddp", {})),  # ddp has no compression to compare
+    ],
+)
 def test_speed_knobs_may_change_on_resume(saved, resumed):
     checkpoint = _checkpoint_of(TrainConfig(backend=saved[0], backend_options=saved[1]))
     config = TrainConfig(backend=resumed[0], backend_options=resumed[1])

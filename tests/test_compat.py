@@ -10,7 +10,7 @@ import inspect
 import socket
 import subprocess
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -32,8 +32,9 @@ def _free_port() -> int:
 def one_rank_group() -> Iterator[int]:
     """A 1-rank gloo process group in this process, on a port of its own; yields the port."""
     port = _free_port()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=datetime.timedelta(seconds=30)
+    )
     try:
         yield port
     finally:
@@ -52,7 +53,7 @@ def _assert_names_the_versions(error: pytest.ExceptionInfo, versions: str) -> No
 
 
 def test_ddp_takes_the_buffer_sync_switch_compat_names():
-    (name, value), = compat.ddp_without_buffer_sync().items()
+    ((name, value),) = compat.ddp_without_buffer_sync().items()
     assert name in inspect.signature(DistributedDataParallel.__init__).parameters and value is False
 
 
@@ -73,10 +74,13 @@ with socket.socket() as client:
 
 
 def test_a_group_ddp_used_still_listens_after_destroy_so_each_group_needs_a_port_of_its_own():
-    result = subprocess.run([sys.executable, "-c", STORE_AFTER_DESTROY, str(_free_port())], capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", STORE_AFTER_DESTROY, str(_free_port())], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split()[-1] == "listening", "torch closes the store now: compat.rendezvous_port may be dropped"
+    assert result.stdout.split()[-1] == "listening", (
+        "torch closes the store now: compat.rendezvous_port may be dropped"
+    )
     before = compat.rendezvous_port(29500)
     compat.process_group_created()
     assert compat.rendezvous_port(29500) == before + 1

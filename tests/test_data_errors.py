@@ -39,7 +39,7 @@ def test_missing_files_name_the_path_and_the_download_command(tmp_path, capsys):
 def test_training_on_missing_files_fails_before_any_rank_work(tmp_path):
     result = harness("train", "--dataset", "fashion-mnist", "--data-dir", str(tmp_path), timeout=120)
     assert result.returncode == 2
-    line, = result.stderr.strip().splitlines()
+    (line,) = result.stderr.strip().splitlines()
     assert str(tmp_path / "FashionMNIST" / "raw") in line and "harness data download fashion-mnist" in line
 
 
@@ -72,8 +72,7 @@ def test_an_undecodable_image_after_many_good_ones_leaves_nothing_behind(tmp_pat
     write_image_tree(str(tmp_path / "train"), ["a", "b"], per_class=3)
     write_image_tree(str(tmp_path / "val"), ["a", "b"], per_class=1)
     (tmp_path / "val" / "b" / "zz.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated jpeg")
-    line = one_line_error(capsys, ["data", "prepare", "imagefolder", "--data-dir", str(tmp_path),
-                                   "--image-size", "8"])
+    line = one_line_error(capsys, ["data", "prepare", "imagefolder", "--data-dir", str(tmp_path), "--image-size", "8"])
     assert "cannot decode" in line and "zz.jpg" in line
     assert_nothing_prepared(tmp_path)
 
@@ -109,8 +108,11 @@ def test_damaged_prepared_data_is_reported_not_trained_on(tmp_path, capsys):
 
 
 def test_labels_out_of_range(tmp_path, capsys):
-    write_mnist(str(tmp_path), (np.zeros((4, 28, 28), np.uint8), np.array([0, 1, 12, 3], np.uint8)),
-                (np.zeros((2, 28, 28), np.uint8), np.zeros(2, np.uint8)))
+    write_mnist(
+        str(tmp_path),
+        (np.zeros((4, 28, 28), np.uint8), np.array([0, 1, 12, 3], np.uint8)),
+        (np.zeros((2, 28, 28), np.uint8), np.zeros(2, np.uint8)),
+    )
     line = one_line_error(capsys, ["data", "prepare", "mnist", "--data-dir", str(tmp_path)])
     assert "mnist: train labels fall outside 0-9" in line
     assert_nothing_prepared(tmp_path)
@@ -129,7 +131,9 @@ def test_bad_model_files_for_evaluate(tmp_path, capsys):
     assert "does not fit --model resnet18 on --dataset digits" in line
 
 
-@pytest.mark.parametrize("name, message", [("digits", "digits and synthetic need no download"),
-                                           ("imagefolder", "imagefolder has no download")])
+@pytest.mark.parametrize(
+    "name, message",
+    [("digits", "digits and synthetic need no download"), ("imagefolder", "imagefolder has no download")],
+)
 def test_datasets_without_a_download(tmp_path, capsys, name, message):
     assert message in one_line_error(capsys, ["data", "download", name, "--data-dir", str(tmp_path)])

@@ -28,16 +28,19 @@ TEST_SIZE = 101  # prime: no world size of 2-5 splits it evenly
 def offline(tmp_path):
     """Environment for subprocesses with the network guard on; fails the test if anything tried to connect."""
     log = tmp_path / "network-attempts.log"
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [GUARD_DIR, os.environ.get("PYTHONPATH")])),
-           "HARNESS_NETWORK_GUARD_LOG": str(log)}
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [GUARD_DIR, os.environ.get("PYTHONPATH")])),
+        "HARNESS_NETWORK_GUARD_LOG": str(log),
+    }
     yield env
     assert not log.exists(), f"code under test tried to reach the network:\n{log.read_text()}"
 
 
 def guarded(command, env, timeout=LAUNCH_TIMEOUT_S) -> subprocess.CompletedProcess:
     result = run(command, env=env, timeout=timeout)
-    assert result.returncode == 0, \
+    assert result.returncode == 0, (
         f"{command}: exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    )
     return result
 
 
@@ -47,11 +50,14 @@ def last_json(stdout: str) -> dict:
 
 def test_guard_refuses_and_records_a_deliberate_connection(tmp_path):
     log = tmp_path / "log"
-    code = ("import socket\n"
-            "server = socket.create_server(('127.0.0.1', 0)); socket.create_connection(server.getsockname()).close()\n"
-            "try:\n    socket.socket().connect(('192.0.2.1', 80))\nexcept PermissionError as exc:\n    print(exc)\n")
-    result = run([sys.executable, "-c", code], env={"PYTHONPATH": GUARD_DIR, "HARNESS_NETWORK_GUARD_LOG": str(log)},
-                 timeout=60)
+    code = (
+        "import socket\n"
+        "server = socket.create_server(('127.0.0.1', 0)); socket.create_connection(server.getsockname()).close()\n"
+        "try:\n    socket.socket().connect(('192.0.2.1', 80))\nexcept PermissionError as exc:\n    print(exc)\n"
+    )
+    result = run(
+        [sys.executable, "-c", code], env={"PYTHONPATH": GUARD_DIR, "HARNESS_NETWORK_GUARD_LOG": str(log)}, timeout=60
+    )
     assert result.returncode == 0, result.stderr  # loopback worked
     assert "network access blocked by the test guard: connect to ('192.0.2.1', 80)" in result.stdout
     assert "connect to ('192.0.2.1', 80)" in log.read_text()
@@ -61,8 +67,11 @@ def test_guard_refuses_and_records_a_deliberate_connection(tmp_path):
 def test_evaluation_at_three_ranks_equals_one_rank(tmp_path, offline):
     data_dir, model_file = str(tmp_path / "data"), str(tmp_path / "model.pt")
     write_digits_as_mnist(data_dir, TEST_SIZE)
-    trained = train(TrainConfig(dataset="mnist", data_dir=data_dir, max_steps=40, batch_size=32, lr=0.05, threads=1,
-                                save_model=model_file))
+    trained = train(
+        TrainConfig(
+            dataset="mnist", data_dir=data_dir, max_steps=40, batch_size=32, lr=0.05, threads=1, save_model=model_file
+        )
+    )
     args = ["--dataset", "mnist", "--data-dir", data_dir, "--model-file", model_file, "--threads", "1"]
     one = last_json(guarded(launch_command(1, "none", args, subcommand="evaluate"), offline).stdout)
     three = last_json(guarded(launch_command(3, "ddp", args, "torchrun", subcommand="evaluate"), offline).stdout)
@@ -76,9 +85,28 @@ def test_evaluation_at_three_ranks_equals_one_rank(tmp_path, offline):
 def test_two_rank_training_prepares_once_with_loader_workers_and_no_network(tmp_path, offline):
     data_dir, results = str(tmp_path / "data"), str(tmp_path / "results.jsonl")
     write_digits_as_mnist(data_dir, TEST_SIZE)  # raw files only: the job itself must prepare them
-    result = guarded(launch_command(2, "ddp", ["--dataset", "mnist", "--data-dir", data_dir, "--max-steps", "20",
-                                               "--batch-size", "32", "--num-workers", "2", "--results", results],
-                                    "torchrun"), offline)
+    result = guarded(
+        launch_command(
+            2,
+            "ddp",
+            [
+                "--dataset",
+                "mnist",
+                "--data-dir",
+                data_dir,
+                "--max-steps",
+                "20",
+                "--batch-size",
+                "32",
+                "--num-workers",
+                "2",
+                "--results",
+                results,
+            ],
+            "torchrun",
+        ),
+        offline,
+    )
     assert result.stdout.count("harness: preparing mnist") == 1, result.stdout
     record = json.loads(open(results).read())
     assert record["world_size"] == 2 and record["steps"] == 20 and record["eval_samples"] == TEST_SIZE
@@ -90,8 +118,17 @@ def test_concurrent_prepares_elect_one_preparer(tmp_path, offline):
     data_dir = str(tmp_path / "data")
     write_digits_as_mnist(data_dir, TEST_SIZE)
     command = [sys.executable, "-m", "harness", "data", "prepare", "mnist", "--data-dir", data_dir]
-    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                                  env=launch_environment(offline)) for _ in range(3)]
+    processes = [
+        subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=launch_environment(offline),
+        )
+        for _ in range(3)
+    ]
     outputs = [process.communicate(timeout=LAUNCH_TIMEOUT_S) for process in processes]
     assert [process.returncode for process in processes] == [0, 0, 0], outputs
     stdout = "".join(out for out, _ in outputs)
@@ -108,9 +145,12 @@ def test_download_uses_files_already_present_and_fails_cleanly_offline(tmp_path,
     assert f"next: `harness data prepare mnist --data-dir {present}`" in result.stdout
     # Empty directory: torchvision tries the internet, the guard refuses, the harness reports one line.
     log = offline["HARNESS_NETWORK_GUARD_LOG"] + ".expected"
-    result = run([sys.executable, "-m", "harness", "data", "download", "mnist", "--data-dir", str(tmp_path / "empty")],
-                 env={**offline, "HARNESS_NETWORK_GUARD_LOG": log}, timeout=120)
+    result = run(
+        [sys.executable, "-m", "harness", "data", "download", "mnist", "--data-dir", str(tmp_path / "empty")],
+        env={**offline, "HARNESS_NETWORK_GUARD_LOG": log},
+        timeout=120,
+    )
     assert result.returncode == 2
-    line, = result.stderr.strip().splitlines()
+    (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"harness data: error: downloading mnist into {tmp_path / 'empty'} failed")
     assert "internet access" in line and os.path.exists(log)

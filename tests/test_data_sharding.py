@@ -5,8 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.data.sharding import (RankSchedule, dropped_tail, epoch_permutation, eval_range, steps_per_epoch,
-                                   train_batches)
+from harness.data.sharding import (
+    RankSchedule,
+    dropped_tail,
+    epoch_permutation,
+    eval_range,
+    steps_per_epoch,
+    train_batches,
+)
 
 # Sizes that 2, 3, 4 and 5 do not divide (97 and 1009 are prime; 301 = 7 x 43).
 WORLD_SIZES = [1, 2, 3, 4, 5]
@@ -18,13 +24,17 @@ SIZES = [97, 301, 1009]
 def test_training_shards_are_disjoint_and_with_the_dropped_tail_cover_the_set(world_size, num_samples):
     local_batch = 4
     for epoch in range(3):
-        shards = [np.concatenate(train_batches(num_samples, world_size, rank, local_batch, seed=7, epoch=epoch))
-                  for rank in range(world_size)]
+        shards = [
+            np.concatenate(train_batches(num_samples, world_size, rank, local_batch, seed=7, epoch=epoch))
+            for rank in range(world_size)
+        ]
         tail = dropped_tail(num_samples, world_size, local_batch, seed=7, epoch=epoch)
         everything = np.concatenate(shards + [tail])
         assert len(everything) == num_samples and len(np.unique(everything)) == num_samples  # disjoint, complete
         # Drop-last: every rank takes the same number of full steps; fewer than one global batch is skipped.
-        assert {len(shard) for shard in shards} == {steps_per_epoch(num_samples, world_size, local_batch) * local_batch}
+        assert {len(shard) for shard in shards} == {
+            steps_per_epoch(num_samples, world_size, local_batch) * local_batch
+        }
         assert len(tail) < world_size * local_batch
 
 
@@ -49,8 +59,9 @@ def test_order_reshuffles_every_epoch_and_depends_only_on_seed_and_epoch():
 def test_a_global_batch_holds_the_same_samples_at_any_world_size(world_size):
     global_batch = 12
     single = train_batches(1009, 1, 0, global_batch, seed=1, epoch=2)
-    ranks = [train_batches(1009, world_size, r, global_batch // world_size, seed=1, epoch=2)
-             for r in range(world_size)]
+    ranks = [
+        train_batches(1009, world_size, r, global_batch // world_size, seed=1, epoch=2) for r in range(world_size)
+    ]
     for step, batch in enumerate(single):
         assert np.array_equal(np.concatenate([rank[step] for rank in ranks]), batch)
 

@@ -32,8 +32,17 @@ def test_cifar10_with_augmentation(tmp_path):
 def test_imagefolder_trains_at_the_prepared_size(tmp_path):
     write_image_tree(str(tmp_path / "train"), ["a", "b", "c"], per_class=6)
     write_image_tree(str(tmp_path / "val"), ["a", "b", "c"], per_class=2)
-    record = train(TrainConfig(dataset="imagefolder", data_dir=str(tmp_path), image_size=16, batch_size=6, epochs=1,
-                               threads=1, timing_warmup_steps=0))
+    record = train(
+        TrainConfig(
+            dataset="imagefolder",
+            data_dir=str(tmp_path),
+            image_size=16,
+            batch_size=6,
+            epochs=1,
+            threads=1,
+            timing_warmup_steps=0,
+        )
+    )
     assert record["train_set_size"] == 18 and record["eval_samples"] == 6 and record["steps"] == 3
     assert record["config"]["image_size"] == 16
 

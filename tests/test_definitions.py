@@ -15,8 +15,17 @@ from harness.training.metrics import DEFINITIONS
 from .conftest import REPO
 from .handmade_records import weak_study
 
-REQUIRED = ("communication", "useful time", "AU", "load balance", "communication efficiency", "parallel efficiency",
-            "speedup", "scaling efficiency", "contention")
+REQUIRED = (
+    "communication",
+    "useful time",
+    "AU",
+    "load balance",
+    "communication efficiency",
+    "parallel efficiency",
+    "speedup",
+    "scaling efficiency",
+    "contention",
+)
 
 
 def _flat(text: str) -> str:
@@ -26,7 +35,7 @@ def _flat(text: str) -> str:
 def _readme_section() -> str:
     text = open(os.path.join(REPO, "README.md")).read()
     start = text.index("### Scaling studies")
-    return text[start:text.index("\n## ", start)]
+    return text[start : text.index("\n## ", start)]
 
 
 def _notebook_markdown() -> str:
@@ -38,9 +47,14 @@ def test_the_metrics_module_defines_every_term():
     assert set(REQUIRED) <= set(DEFINITIONS)
 
 
-@pytest.mark.parametrize("where, text", [("README's Scaling studies section", _readme_section),
-                                         ("notebook 03", _notebook_markdown),
-                                         ("the report's footnote", lambda: scaling_report(weak_study()))])
+@pytest.mark.parametrize(
+    "where, text",
+    [
+        ("README's Scaling studies section", _readme_section),
+        ("notebook 03", _notebook_markdown),
+        ("the report's footnote", lambda: scaling_report(weak_study())),
+    ],
+)
 def test_each_place_says_what_the_metrics_module_says(where, text):
     flat = _flat(text())
     terms = REQUIRED if where != "the report's footnote" else FOOTNOTE_TERMS

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Dict
 
 import pytest
 
@@ -22,11 +21,18 @@ pytest.importorskip("horovod.runner.http.http_server", reason="Horovod is not in
 from horovod.runner.http.http_server import RendezvousServer  # noqa: E402
 
 
-def _rank_environ(rank: int, port: int) -> Dict[str, str]:
+def _rank_environ(rank: int, port: int) -> dict[str, str]:
     """What horovodrun --gloo exports to rank `rank` of 2 nodes x 2 (without MASTER_ADDR)."""
-    return {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": str(rank % 2),
-            "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": str(rank // 2), "HOROVOD_CROSS_SIZE": "2",
-            "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port)}
+    return {
+        "HOROVOD_RANK": str(rank),
+        "HOROVOD_SIZE": "4",
+        "HOROVOD_LOCAL_RANK": str(rank % 2),
+        "HOROVOD_LOCAL_SIZE": "2",
+        "HOROVOD_CROSS_RANK": str(rank // 2),
+        "HOROVOD_CROSS_SIZE": "2",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+    }
 
 
 @pytest.fixture
@@ -39,8 +45,11 @@ def rendezvous_port():
 
 def test_every_rank_gets_rank_0s_hostname_from_horovodruns_rendezvous(rendezvous_port):
     found = {}
-    waiting = threading.Thread(target=lambda: found.update(
-        rank3=detect_cluster(_rank_environ(3, rendezvous_port), mpi_hostname=lambda: pytest.fail("not MPI"))))
+    waiting = threading.Thread(
+        target=lambda: found.update(
+            rank3=detect_cluster(_rank_environ(3, rendezvous_port), mpi_hostname=lambda: pytest.fail("not MPI"))
+        )
+    )
     waiting.start()  # a rank that asks before rank 0 has published waits for it
     rank0 = detect_cluster(_rank_environ(0, rendezvous_port))
     waiting.join(timeout=30)

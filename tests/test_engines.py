@@ -11,20 +11,30 @@ import uuid
 
 import pytest
 
-from harness.workshop.engines import (CLUSTER_VARIABLE, EnginesError, batch_script, default_placement,
-                             kill_processes_with_environment, mpi_flavour, processes_with_environment,
-                             start_engines)
 from harness.errors import UsageError
+from harness.workshop.engines import (
+    CLUSTER_VARIABLE,
+    EnginesError,
+    batch_script,
+    default_placement,
+    kill_processes_with_environment,
+    mpi_flavour,
+    processes_with_environment,
+    start_engines,
+)
 
 
-@pytest.mark.parametrize("gpus, engines, expected", [
-    (0, None, (2, 1)),  # a laptop: two CPU ranks
-    (1, None, (2, 2)),  # one GPU: two ranks share it
-    (4, None, (4, 1)),  # a GPU node: one rank per GPU
-    (4, 8, (8, 2)),
-    (2, 3, (3, 2)),  # uneven: the busiest GPU holds two
-    (0, 3, (3, 1)),
-])
+@pytest.mark.parametrize(
+    "gpus, engines, expected",
+    [
+        (0, None, (2, 1)),  # a laptop: two CPU ranks
+        (1, None, (2, 2)),  # one GPU: two ranks share it
+        (4, None, (4, 1)),  # a GPU node: one rank per GPU
+        (4, 8, (8, 2)),
+        (2, 3, (3, 2)),  # uneven: the busiest GPU holds two
+        (0, 3, (3, 1)),
+    ],
+)
 def test_default_placement(gpus: int, engines, expected) -> None:
     assert default_placement(gpus, engines) == expected
 
@@ -58,9 +68,15 @@ def test_kill_touches_only_processes_with_the_marker() -> None:
     marker = uuid.uuid4().hex
     marked = [_sleeper({"TEST_ENGINES_MARKER": marker}) for _ in range(2)]
     # One that ignores SIGTERM, as a wedged engine may: it must get SIGKILL after the grace period.
-    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
-                                 "signal.SIG_IGN); print(flush=True); time.sleep(120)"],
-                                env={**os.environ, "TEST_ENGINES_MARKER": marker}, stdout=subprocess.PIPE)
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(120)",
+        ],
+        env={**os.environ, "TEST_ENGINES_MARKER": marker},
+        stdout=subprocess.PIPE,
+    )
     stubborn.stdout.readline()  # its handler is installed
     other = _sleeper({"TEST_ENGINES_MARKER": "someone else"})
     try:

@@ -13,7 +13,7 @@ a finished run under mpirun once exited 1 (harness.cli.finalize_mpi).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 import pytest
 import torch
@@ -27,19 +27,39 @@ from .backend_cases import ALL, DISTRIBUTED, LauncherTurns, launcher_pairs, rank
 from .conftest import launch
 
 LOCAL_BATCH = 16
-COMMON = ["--model", "cnn", "--dataset", "digits", "--dropout", "0", "--seed", "0", "--lr-scaling", "none",
-          "--max-steps", str(EQUIVALENCE_STEPS), "--threads", "1", "--eval-every", "0", "--calibration-steps", "0"]
-OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"],
-              "adam": ["--optimizer", "adam", "--lr", "0.001"]}
+COMMON = [
+    "--model",
+    "cnn",
+    "--dataset",
+    "digits",
+    "--dropout",
+    "0",
+    "--seed",
+    "0",
+    "--lr-scaling",
+    "none",
+    "--max-steps",
+    str(EQUIVALENCE_STEPS),
+    "--threads",
+    "1",
+    "--eval-every",
+    "0",
+    "--calibration-steps",
+    "0",
+]
+OPTIMIZERS = {
+    "sgd": ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"],
+    "adam": ["--optimizer", "adam", "--lr", "0.001"],
+}
 BF16 = ["--precision", "bf16"]
 TURNS = LauncherTurns()
 
 
-def _weights(path) -> Dict[str, torch.Tensor]:
+def _weights(path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True)
 
 
-def _initial() -> Dict[str, torch.Tensor]:
+def _initial() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)  # the seed of COMMON: the weights training started from
     return build_model("cnn", 1, 28, 10, 0.0).state_dict()
 
@@ -49,11 +69,15 @@ def _difference(weights, reference) -> float:
 
 
 @pytest.fixture(scope="module")
-def single_process_runs(tmp_path_factory) -> Tuple[Dict[str, Dict[str, torch.Tensor]], Dict[str, Dict[str, Any]]]:
+def single_process_runs(tmp_path_factory) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, Any]]]:
     """Weights and record of the `none` baseline with the 2-rank global batch, per variant."""
     out = tmp_path_factory.mktemp("baseline")
-    variants = {"sgd": OPTIMIZERS["sgd"], "adam": OPTIMIZERS["adam"],
-                "sgd-clip": OPTIMIZERS["sgd"] + ["--grad-clip", "0.5"], "sgd-bf16": BF16 + OPTIMIZERS["sgd"]}
+    variants = {
+        "sgd": OPTIMIZERS["sgd"],
+        "adam": OPTIMIZERS["adam"],
+        "sgd-clip": OPTIMIZERS["sgd"] + ["--grad-clip", "0.5"],
+        "sgd-bf16": BF16 + OPTIMIZERS["sgd"],
+    }
     weights, records = {}, {}
     for name, flags in variants.items():
         weights[name], records[name] = _run(out, "none", flags, ranks=1, batch=2 * LOCAL_BATCH, name=name)
@@ -61,22 +85,40 @@ def single_process_runs(tmp_path_factory) -> Tuple[Dict[str, Dict[str, torch.Ten
 
 
 @pytest.fixture(scope="module")
-def single_process(single_process_runs) -> Dict[str, Dict[str, torch.Tensor]]:
+def single_process(single_process_runs) -> dict[str, dict[str, torch.Tensor]]:
     """Weights of the `none` baseline with the 2-rank global batch, per variant."""
     return single_process_runs[0]
 
 
-def _run(tmp_path, backend: str, extra: List[str], ranks: int = 2, batch: int = LOCAL_BATCH,
-         name: str = "model", launcher: Optional[str] = None) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+def _run(
+    tmp_path,
+    backend: str,
+    extra: list[str],
+    ranks: int = 2,
+    batch: int = LOCAL_BATCH,
+    name: str = "model",
+    launcher: Optional[str] = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(the weights, the record) of a run."""
     path, results = tmp_path / f"{name}.pt", tmp_path / f"{name}.jsonl"
-    launch(ranks, backend, [*COMMON, *extra, "--batch-size", str(batch), "--save-model", str(path),
-                            "--results", str(results)], launcher)
+    launch(
+        ranks,
+        backend,
+        [*COMMON, *extra, "--batch-size", str(batch), "--save-model", str(path), "--results", str(results)],
+        launcher,
+    )
     return _weights(path), read_records([str(results)])[0]
 
 
-def _train(tmp_path, backend: str, extra: List[str], ranks: int = 2, batch: int = LOCAL_BATCH,
-           name: str = "model", launcher: Optional[str] = None) -> Dict[str, torch.Tensor]:
+def _train(
+    tmp_path,
+    backend: str,
+    extra: list[str],
+    ranks: int = 2,
+    batch: int = LOCAL_BATCH,
+    name: str = "model",
+    launcher: Optional[str] = None,
+) -> dict[str, torch.Tensor]:
     return _run(tmp_path, backend, extra, ranks, batch, name, launcher)[0]
 
 
@@ -99,12 +141,17 @@ def test_adam_weights_match_single_process(tmp_path, single_process_runs, backen
     assert _difference(weights, single_process_runs[0]["adam"]) <= UPDATE_BOUND
     alone = single_process_runs[1]["adam"]["memory"]["model_state_bytes_per_rank"]
     state = record["memory"]["model_state_bytes_per_rank"]
-    print(f"{backend} {' '.join(backend_flags)}: model state per rank (MB) " + ", ".join(
-        f"{part} {state[part][0] / 1e6:.2f} of one process's {alone[part][0] / 1e6:.2f}" for part in MODEL_STATE))
+    print(
+        f"{backend} {' '.join(backend_flags)}: model state per rank (MB) "
+        + ", ".join(
+            f"{part} {state[part][0] / 1e6:.2f} of one process's {alone[part][0] / 1e6:.2f}" for part in MODEL_STATE
+        )
+    )
     for part in ("weights", "gradients", "optimizer"):
         shares = [value / alone[part][0] for value in state[part]]
-        assert any(all(share == pytest.approx(expected, abs=0.02) for share in shares) for expected in (1.0, 0.5, 0.0)), \
-            f"{backend} {backend_flags}: {part} per rank {shares} of one process's"
+        assert any(
+            all(share == pytest.approx(expected, abs=0.02) for share in shares) for expected in (1.0, 0.5, 0.0)
+        ), f"{backend} {backend_flags}: {part} per rank {shares} of one process's"
 
 
 @pytest.mark.slow
@@ -122,8 +169,12 @@ def test_the_bound_catches_deepspeeds_default_clipping_and_a_doubled_lr(tmp_path
     different experiments; the comparison must say so."""
     clipped = _train(tmp_path, "deepspeed", OPTIMIZERS["sgd"] + ["--grad-clip", "1.0"], name="clipped")
     assert _difference(clipped, single_process["sgd"]) > 100 * UPDATE_BOUND
-    scaled = _train(tmp_path, "ddp", OPTIMIZERS["sgd"] + ["--lr-scaling", "linear", "--base-batch", str(LOCAL_BATCH)],
-                    name="scaled")
+    scaled = _train(
+        tmp_path,
+        "ddp",
+        OPTIMIZERS["sgd"] + ["--lr-scaling", "linear", "--base-batch", str(LOCAL_BATCH)],
+        name="scaled",
+    )
     assert _difference(scaled, single_process["sgd"]) > 100 * UPDATE_BOUND
 
 
@@ -132,10 +183,11 @@ def bf16_weights(tmp_path_factory):
     """Weights after bf16 training at 2 ranks, per backend, each computed once."""
     cache = {}
 
-    def get(backend: str) -> Dict[str, torch.Tensor]:
+    def get(backend: str) -> dict[str, torch.Tensor]:
         if backend not in cache:
             cache[backend] = _train(tmp_path_factory.mktemp(f"{backend}-bf16"), backend, BF16 + OPTIMIZERS["sgd"])
         return cache[backend]
+
     return get
 
 
@@ -157,8 +209,14 @@ def test_bf16_autocast_matches_single_process_within_bf16_precision(single_proce
 def test_gradient_accumulation_matches_one_large_batch(tmp_path, single_process, backend, launcher):
     """2 ranks x 2 micro-batches x 8 (or 1 process x 2 x 16) take the steps of one process x 32."""
     workers = ranks(backend)
-    weights = _train(tmp_path, backend, OPTIMIZERS["sgd"] + ["--grad-accum", "2"], ranks=workers,
-                     batch=2 * LOCAL_BATCH // (2 * workers), launcher=launcher)
+    weights = _train(
+        tmp_path,
+        backend,
+        OPTIMIZERS["sgd"] + ["--grad-accum", "2"],
+        ranks=workers,
+        batch=2 * LOCAL_BATCH // (2 * workers),
+        launcher=launcher,
+    )
     assert _difference(weights, single_process["sgd"]) <= UPDATE_BOUND
 
 

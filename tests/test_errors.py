@@ -25,8 +25,10 @@ CASES = [
     (["train", "--backend", "horovod", "--hvd-cycle-time-ms", "0"], "--hvd-cycle-time-ms must be positive, got 0"),
     (["train", "--cpu-malloc", "jemalloc"], "unknown cpu-malloc 'jemalloc'; choose one of reuse, system"),
     (["train", "--batch-size", "4096"], "fewer than one global batch"),
-    (["launch", "-n", "2", "--backend", "deepspeed", "--", "--global-batch", "63"],
-     "--global-batch 63 does not split evenly over 2 workers; use a multiple of 2"),
+    (
+        ["launch", "-n", "2", "--backend", "deepspeed", "--", "--global-batch", "63"],
+        "--global-batch 63 does not split evenly over 2 workers; use a multiple of 2",
+    ),
     (["launch", "-n", "2", "--backend", "none"], "runs one process; use -n 1"),
     (["launch", "-n", "2", "--backend", "ddp", "--launcher", "srun"], "unknown launcher 'srun'"),
 ]
@@ -57,11 +59,13 @@ def _option_flags_under_another_backend():
 @pytest.mark.parametrize("flag, owner, other", _option_flags_under_another_backend())
 def test_a_backends_option_flag_under_another_backend_names_the_fix(tmp_path, flag, owner, other):
     results = tmp_path / "results.jsonl"
-    for command in (["train", "--backend", other, *flag, "--results", str(results)],
-                    ["launch", "-n", "1", "--backend", other, "--dry-run", "--", *flag]):
+    for command in (
+        ["train", "--backend", other, *flag, "--results", str(results)],
+        ["launch", "-n", "1", "--backend", other, "--dry-run", "--", *flag],
+    ):
         result = harness(*command, timeout=120)
         assert result.returncode == 2, result.stderr
-        line, = result.stderr.strip().splitlines()
+        (line,) = result.stderr.strip().splitlines()
         assert line.endswith(f"error: {flag[0]} is a {owner} option; drop it or use --backend {owner}"), line
     assert not results.exists()
 
@@ -72,16 +76,31 @@ def test_broken_horovod_build_is_reported_before_launch(tmp_path):
     fake.mkdir(parents=True)
     (fake.parent / "__init__.py").write_text("")
     (fake / "__init__.py").write_text("raise ImportError('Extension horovod.torch has not been built')\n")
-    result = harness("launch", "-n", "2", "--backend", "horovod", "--", "--max-steps", "1",
-                     env={"PYTHONPATH": str(tmp_path / "site")}, timeout=120)
+    result = harness(
+        "launch",
+        "-n",
+        "2",
+        "--backend",
+        "horovod",
+        "--",
+        "--max-steps",
+        "1",
+        env={"PYTHONPATH": str(tmp_path / "site")},
+        timeout=120,
+    )
     assert result.returncode == 2
-    line, = result.stderr.strip().splitlines()
+    (line,) = result.stderr.strip().splitlines()
     assert "horovod.torch cannot be loaded (Extension horovod.torch has not been built)" in line
     assert "make setup" in line
 
 
 def test_rank_count_mismatch_for_single_process_backend():
-    result = harness("train", "--backend", "none", env={"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
-                                                        "LOCAL_WORLD_SIZE": "2"}, timeout=120)
+    result = harness(
+        "train",
+        "--backend",
+        "none",
+        env={"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"},
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "backend 'none' runs one process but the launcher started 2" in result.stderr

@@ -14,15 +14,23 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, NamedTuple
+from typing import Callable, NamedTuple
 
 import pytest
 
 from harness.training.launch import launch_command
 
 from .backend_cases import DISTRIBUTED
-from .checkpoint_helpers import (COMMON, RANKS, TimedJob, launch_may_fail, output, processes_mentioning,
-                                 shared_memory_segments, time_job)
+from .checkpoint_helpers import (
+    COMMON,
+    RANKS,
+    TimedJob,
+    launch_may_fail,
+    output,
+    processes_mentioning,
+    shared_memory_segments,
+    time_job,
+)
 
 TIMEOUT_S = 20
 HUNG_TIMEOUT_S = 10
@@ -37,12 +45,12 @@ class Failed(NamedTuple):
     """A job whose rank 1 was made to fail: how it ran, its command, its marker line, its --results."""
 
     job: TimedJob
-    command: List[str]
+    command: list[str]
     signalled: str
     results: Path
 
 
-def _failure_is_named(command: List[str], output: str, timeout_s: int) -> bool:
+def _failure_is_named(command: list[str], output: str, timeout_s: int) -> bool:
     """The survivor says why it stopped, or (torchrun only) the launcher names the killed rank."""
     if f"(collectives wait at most --timeout {timeout_s} s), so the job stops here" in output:
         return True
@@ -54,17 +62,27 @@ def _start_failure(directory: Path, backend: str, signal_name: str, timeout_s: i
     once it has ended (or been killed at its limit)."""
     results = directory / "results.jsonl"
     # Long enough that the survivor is still training when its peer fails.
-    command = launch_command(RANKS, backend, [*COMMON, "--epochs", "20", "--timeout", str(timeout_s),
-                                              "--results", str(results)])
+    command = launch_command(
+        RANKS, backend, [*COMMON, "--epochs", "20", "--timeout", str(timeout_s), "--results", str(results)]
+    )
     signalled = f"sending SIG{signal_name} to itself"
-    jobs: List[TimedJob] = []
-    thread = threading.Thread(target=lambda: jobs.append(time_job(
-        command, {"HARNESS_TEST_SIGNAL": f"{signal_name}@5:1"}, [signalled, LOST], limit=240 + timeout_s + SLACK_S)))
+    jobs: list[TimedJob] = []
+    thread = threading.Thread(
+        target=lambda: jobs.append(
+            time_job(
+                command,
+                {"HARNESS_TEST_SIGNAL": f"{signal_name}@5:1"},
+                [signalled, LOST],
+                limit=240 + timeout_s + SLACK_S,
+            )
+        )
+    )
     thread.start()
 
     def ended() -> Failed:
         thread.join()
         return Failed(jobs[0], command, signalled, results)
+
     return ended
 
 
@@ -108,13 +126,15 @@ def test_killing_one_rank_ends_the_job_within_the_timeout(tmp_path, backend):
 
 
 @pytest.fixture(scope="module")
-def hung_jobs(tmp_path_factory) -> Dict[str, Failed]:
+def hung_jobs(tmp_path_factory) -> dict[str, Failed]:
     """Every backend's job with rank 1 stopped after step 5, run side by side: each mostly waits
     (for --timeout, then for its launcher's grace period), so together they take about as long as
     the slowest. /dev/shm is compared once all have ended."""
     shared_memory_before = shared_memory_segments()
-    started = {backend: _start_failure(tmp_path_factory.mktemp(f"hung-{backend}"), backend, "STOP", HUNG_TIMEOUT_S)
-               for backend in DISTRIBUTED}
+    started = {
+        backend: _start_failure(tmp_path_factory.mktemp(f"hung-{backend}"), backend, "STOP", HUNG_TIMEOUT_S)
+        for backend in DISTRIBUTED
+    }
     jobs = {backend: ended() for backend, ended in started.items()}
     time.sleep(1)
     assert shared_memory_segments() - shared_memory_before == set(), "the hung jobs left shared memory behind"
@@ -131,7 +151,9 @@ def test_a_hung_rank_fails_its_peer_after_the_timeout(hung_jobs, backend):
     failed = hung_jobs[backend]
     tail = _assert_failed_cleanly(backend, failed, HUNG_TIMEOUT_S)
     job, stopped = failed.job, failed.signalled
-    print(f"\n{backend}: survivor gave up {job.seconds(stopped, LOST):.1f} s after rank 1 hung; job exited after "
-          f"{job.seconds(stopped):.1f} s")
+    print(
+        f"\n{backend}: survivor gave up {job.seconds(stopped, LOST):.1f} s after rank 1 hung; job exited after "
+        f"{job.seconds(stopped):.1f} s"
+    )
     assert HUNG_TIMEOUT_S - 1 <= job.seconds(stopped, LOST) <= HUNG_TIMEOUT_S + SLACK_S, tail
     assert job.seconds(stopped) <= HUNG_TIMEOUT_S + 30 + SLACK_S, tail

@@ -12,9 +12,9 @@ import torch
 
 from harness.backends import BACKENDS
 from harness.backends.torch_distributed import TorchDistributedBackend
+from harness.errors import UsageError
 from harness.process.accelerator import select_device
 from harness.process.discovery import ClusterEnv
-from harness.errors import UsageError
 from harness.training.launch import launch_command
 
 from .backend_cases import ALL, DISTRIBUTED
@@ -23,8 +23,22 @@ from .conftest import launch, run
 pytestmark = pytest.mark.gpu
 # Backends whose ranks talk through a torch.distributed process group (gloo or NCCL).
 PROCESS_GROUP = [name for name in DISTRIBUTED if issubclass(BACKENDS[name], TorchDistributedBackend)]
-SHORT = ["--model", "resnet18", "--dataset", "synthetic", "--batch-size", "32", "--max-steps", "12",
-         "--timing-warmup-steps", "4", "--eval-every", "0", "--calibration-steps", "4"]
+SHORT = [
+    "--model",
+    "resnet18",
+    "--dataset",
+    "synthetic",
+    "--batch-size",
+    "32",
+    "--max-steps",
+    "12",
+    "--timing-warmup-steps",
+    "4",
+    "--eval-every",
+    "0",
+    "--calibration-steps",
+    "4",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -80,8 +94,11 @@ def test_two_ranks_share_one_gpu_through_gloo(tmp_path, backend):
 def test_a_signal_stops_every_backend_one_step_later_on_gpu(tmp_path, backend):
     # The vote on the signal reaches the host through a side stream on GPUs (harness.process.preemption).
     checkpoints = tmp_path / "checkpoints"
-    stopped = run(launch_command(1, backend, [*SHORT, "--checkpoint-dir", str(checkpoints)]), timeout=600,
-                  env={"HARNESS_TEST_SIGNAL": "TERM@5"})
+    stopped = run(
+        launch_command(1, backend, [*SHORT, "--checkpoint-dir", str(checkpoints)]),
+        timeout=600,
+        env={"HARNESS_TEST_SIGNAL": "TERM@5"},
+    )
     assert stopped.returncode == 3, stopped.stderr[-3000:]
     assert "after step 6 of 12" in stopped.stderr + stopped.stdout
     assert (checkpoints / "step-00000006").is_dir()

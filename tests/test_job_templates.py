@@ -27,12 +27,13 @@ import shlex
 import shutil
 import subprocess
 import time
-from typing import Callable, Dict, List, Sequence
+from collections.abc import Sequence
+from typing import Callable
 
 import pytest
 
-from harness.training.record import read_records
 from harness.study.sweep import SweepSettings, plan_sweep
+from harness.training.record import read_records
 
 from .checkpoint_helpers import max_abs_difference, weights
 from .conftest import REPO, launch
@@ -45,8 +46,19 @@ PERLMUTTER = os.path.join(SUBMISSIONS, "perlmutter.sbatch")
 POLARIS = os.path.join(SUBMISSIONS, "polaris.sc")
 # Tiny runs: the point is the job's plumbing, not the numbers.
 QUICK_TRAIN_ARGS = "--eval-every 0 --calibration-steps 2 --timing-warmup-steps 2"
-STUDY = dict(RANKS="1 2", STEPS="12", CHECKPOINT_EVERY="10", BATCH_SIZE="32", THREADS="1", MODEL="cnn",
-             DATASET="digits", PRECISION="fp32", TRAIN_ARGS=QUICK_TRAIN_ARGS, PYTHON_ENV="venv", SITE_MODULES="")
+STUDY = dict(
+    RANKS="1 2",
+    STEPS="12",
+    CHECKPOINT_EVERY="10",
+    BATCH_SIZE="32",
+    THREADS="1",
+    MODEL="cnn",
+    DATASET="digits",
+    PRECISION="fp32",
+    TRAIN_ARGS=QUICK_TRAIN_ARGS,
+    PYTHON_ENV="venv",
+    SITE_MODULES="",
+)
 # Polaris' PYTHON_ENV=venv is a venv layered on the conda; here the kit's own stands in for it.
 POLARIS_STUDY = dict(STUDY, VENV=os.path.join(REPO, ".venv"))
 # Preemption runs: 40 steps (23 per epoch at 2 x 32 of the 1,500 digits, so the resumed run crosses
@@ -75,7 +87,7 @@ def read_text(path: str) -> str:
         return handle.read()
 
 
-def job_events(job_dir: str) -> List[List[str]]:
+def job_events(job_dir: str) -> list[list[str]]:
     """jobs.txt as [time, job id, event] rows."""
     return [line.split("\t") for line in read_text(os.path.join(job_dir, "jobs.txt")).splitlines()]
 
@@ -83,8 +95,10 @@ def job_events(job_dir: str) -> List[List[str]]:
 def job_outputs(directory: str) -> str:
     """Every job output file under `directory`, for failure messages."""
     parts = []
-    for path in sorted(glob.glob(os.path.join(directory, "**", "*.out"), recursive=True)
-                       + glob.glob(os.path.join(directory, "**", "*.o[0-9]*"), recursive=True)):
+    for path in sorted(
+        glob.glob(os.path.join(directory, "**", "*.out"), recursive=True)
+        + glob.glob(os.path.join(directory, "**", "*.o[0-9]*"), recursive=True)
+    ):
         parts.append(f"--- {path}\n{read_text(path)[-6000:]}")
     return "\n".join(parts)
 
@@ -93,13 +107,15 @@ def has_checkpoint(run_directory: str) -> bool:
     return bool(glob.glob(os.path.join(run_directory, "step-*")))
 
 
-def assert_job_directory(job_dir: str, backends: Sequence[str], ranks: Sequence[int], launcher: str,
-                         launch_word: str) -> List[dict]:
+def assert_job_directory(
+    job_dir: str, backends: Sequence[str], ranks: Sequence[int], launcher: str, launch_word: str
+) -> list[dict]:
     """What every job template leaves in its one job directory; returns the study's records."""
     records = read_records([os.path.join(job_dir, "results.jsonl")])
     name = os.path.basename(job_dir)
     assert sorted((r["backend"], r["world_size"]) for r in records) == sorted(
-        (backend, n) for backend in backends for n in ranks), "one record per backend x rank count"
+        (backend, n) for backend in backends for n in ranks
+    ), "one record per backend x rank count"
     for record in records:
         assert record["tags"] == {"sweep_id": name, "scaling": "weak", "repeat": "0"}
         assert record["launcher"] == launcher
@@ -109,16 +125,23 @@ def assert_job_directory(job_dir: str, backends: Sequence[str], ranks: Sequence[
     report = read_text(os.path.join(job_dir, "report.md"))
     assert "Weak scaling" in report and all(re.search(rf"^\|\s+{backend}\b", report, re.M) for backend in backends)
     logs = sorted(os.path.basename(p) for p in glob.glob(os.path.join(job_dir, "logs", "*.log")))
-    assert len(logs) == len(records) and all(any(f"-{b}-{n}r-rep0.log" in log for log in logs)
-                                             for b in backends for n in ranks), logs
-    commands = [line for line in read_text(os.path.join(job_dir, "logs", "commands.txt")).splitlines()
-                if line and not line.startswith("#")]
+    assert len(logs) == len(records) and all(
+        any(f"-{b}-{n}r-rep0.log" in log for log in logs) for b in backends for n in ranks
+    ), logs
+    commands = [
+        line
+        for line in read_text(os.path.join(job_dir, "logs", "commands.txt")).splitlines()
+        if line and not line.startswith("#")
+    ]
     assert any(c.endswith("python -m harness env") and c.startswith(launch_word) for c in commands)
     runs = [shlex.split(c) for c in commands if " -m harness train " in c]
     assert {(c[c.index("--backend") + 1]) for c in runs} == set(backends)
     assert all(c[0] == launch_word for c in runs)
-    discovery = [json.loads(line) for path in glob.glob(os.path.join(job_dir, "discovery-*.jsonl"))
-                 for line in read_text(path).splitlines()]
+    discovery = [
+        json.loads(line)
+        for path in glob.glob(os.path.join(job_dir, "discovery-*.jsonl"))
+        for line in read_text(path).splitlines()
+    ]
     assert discovery, "the first step prints what discovery sees"
     assert all(d["launcher"] == launcher and d["world_size"] == max(ranks) for d in discovery)
     assert {d["rank"] for d in discovery} == set(range(max(ranks)))
@@ -136,8 +159,13 @@ TEMPLATE_MAX_LINES = 80
 def shellcheck(paths: Sequence[str]) -> None:
     if not shutil.which("shellcheck"):
         pytest.fail("shellcheck is not installed; run `make setup` as root (it installs it)", pytrace=False)
-    result = subprocess.run(["shellcheck", "-x", *[os.path.relpath(p, REPO) for p in paths]], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["shellcheck", "-x", *[os.path.relpath(p, REPO) for p in paths]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout
 
 
@@ -152,17 +180,30 @@ def test_each_template_is_thin_and_passes_shellcheck(template):
 
 def test_every_helper_and_emulated_command_passes_shellcheck():
     helpers = [os.path.join(SUBMISSIONS, name) for name in sorted(os.listdir(SUBMISSIONS)) if name not in TEMPLATES]
-    emulated = sorted(glob.glob(os.path.join(EMULATION, "bin", "*")) + glob.glob(os.path.join(EMULATION, "lib", "*.sh")))
-    assert {os.path.basename(p) for p in helpers} == {"mps.sh", "set_affinity_gpu_polaris.sh",
-                                                      "set_affinity_gpu_aurora.sh"}
+    emulated = sorted(
+        glob.glob(os.path.join(EMULATION, "bin", "*")) + glob.glob(os.path.join(EMULATION, "lib", "*.sh"))
+    )
+    assert {os.path.basename(p) for p in helpers} == {
+        "mps.sh",
+        "set_affinity_gpu_polaris.sh",
+        "set_affinity_gpu_aurora.sh",
+    }
     shellcheck([*helpers, *emulated, os.path.join(REPO, "tools", "layered_venv.sh")])
 
 
 def test_sweep_accepts_checkpoint_every_with_a_checkpoint_root(tmp_path):
     # Every run of such a sweep gets a checkpoint directory, so --checkpoint-every is valid for it.
-    runs = plan_sweep(SweepSettings(backends=["ddp"], ranks=[2], scaling="weak", results=str(tmp_path / "r.jsonl"),
-                                    train_args=["--checkpoint-every", "5"], checkpoint_root=str(tmp_path / "ck")),
-                      environ={})
+    runs = plan_sweep(
+        SweepSettings(
+            backends=["ddp"],
+            ranks=[2],
+            scaling="weak",
+            results=str(tmp_path / "r.jsonl"),
+            train_args=["--checkpoint-every", "5"],
+            checkpoint_root=str(tmp_path / "ck"),
+        ),
+        environ={},
+    )
     flags = runs[0].command
     assert flags[flags.index("--checkpoint-dir") + 1] == str(tmp_path / "ck" / "ddp-2r-rep0")
 
@@ -172,8 +213,13 @@ def test_polaris_gpu_affinity_maps_local_ranks_in_reverse(procs_per_gpu, expecte
     seen = []
     for local_rank in range(8):
         env = dict(os.environ, GPUS_PER_NODE="4", PROCS_PER_GPU=procs_per_gpu, PMI_LOCAL_RANK=str(local_rank))
-        result = subprocess.run([os.path.join(SUBMISSIONS, "set_affinity_gpu_polaris.sh"), "sh", "-c",
-                                 'echo "$CUDA_VISIBLE_DEVICES"'], env=env, capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            [os.path.join(SUBMISSIONS, "set_affinity_gpu_polaris.sh"), "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"'],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         seen.append(result.stdout.strip())
     assert " ".join(seen) == expected
 
@@ -183,21 +229,34 @@ def test_mps_helper_starts_waits_for_and_stops_the_daemon(tmp_path):
     stub = tmp_path / "bin" / "nvidia-cuda-mps-control"
     stub.parent.mkdir()
     calls = tmp_path / "calls"
-    stub.write_text("#!/bin/bash\n"
-                    f'if [[ "${{1:-}}" == -d ]]; then echo "daemon $CUDA_MPS_PIPE_DIRECTORY" >> {calls}; '
-                    f'touch {tmp_path}/running; exit 0; fi\n'
-                    f'read -r command; [[ -e {tmp_path}/running ]] || exit 1; echo "$command" >> {calls}\n')
+    stub.write_text(
+        "#!/bin/bash\n"
+        f'if [[ "${{1:-}}" == -d ]]; then echo "daemon $CUDA_MPS_PIPE_DIRECTORY" >> {calls}; '
+        f"touch {tmp_path}/running; exit 0; fi\n"
+        f'read -r command; [[ -e {tmp_path}/running ]] || exit 1; echo "$command" >> {calls}\n'
+    )
     stub.chmod(0o755)
-    env = dict(os.environ, PATH=f"{stub.parent}:{os.environ['PATH']}", CUDA_MPS_PIPE_DIRECTORY=str(tmp_path / "pipe"),
-               CUDA_MPS_LOG_DIRECTORY=str(tmp_path / "log"), SLURM_LOCALID="0")
+    env = dict(
+        os.environ,
+        PATH=f"{stub.parent}:{os.environ['PATH']}",
+        CUDA_MPS_PIPE_DIRECTORY=str(tmp_path / "pipe"),
+        CUDA_MPS_LOG_DIRECTORY=str(tmp_path / "log"),
+        SLURM_LOCALID="0",
+    )
     helper = os.path.join(SUBMISSIONS, "mps.sh")
-    wrapped = subprocess.run([helper, "wrap", "sh", "-c", "echo rank ran >> " + str(calls)], env=env,
-                             capture_output=True, text=True, timeout=60)
+    wrapped = subprocess.run(
+        [helper, "wrap", "sh", "-c", "echo rank ran >> " + str(calls)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert wrapped.returncode == 0, wrapped.stderr
     assert calls.read_text().splitlines() == [f"daemon {tmp_path / 'pipe'}", "get_server_list", "rank ran", "quit"]
     assert (tmp_path / "pipe").is_dir() and (tmp_path / "log").is_dir()
-    missing = subprocess.run([helper, "start"], env={**env, "CUDA_MPS_PIPE_DIRECTORY": ""}, capture_output=True,
-                             text=True, timeout=60)
+    missing = subprocess.run(
+        [helper, "start"], env={**env, "CUDA_MPS_PIPE_DIRECTORY": ""}, capture_output=True, text=True, timeout=60
+    )
     assert missing.returncode != 0 and "CUDA_MPS_PIPE_DIRECTORY" in missing.stderr
 
 
@@ -215,11 +274,13 @@ class PreemptingSlurmCluster(SlurmCluster):
         super()._write_conf()
         with open(self.conf) as handle:
             text = handle.read().replace("PartitionName=debug ", "PartitionName=debug PriorityTier=1 PreemptMode=OFF ")
-        text += (f"PreemptType=preempt/partition_prio\nPreemptMode=CANCEL\n"
-                 f"PartitionName=low Nodes={self.host} PriorityTier=1 PreemptMode=CANCEL GraceTime={PREEMPT_GRACE_S} "
-                 f"MaxTime=INFINITE State=UP OverSubscribe=NO\n"
-                 f"PartitionName=high Nodes={self.host} PriorityTier=2 PreemptMode=OFF MaxTime=INFINITE State=UP "
-                 f"OverSubscribe=NO\n")
+        text += (
+            f"PreemptType=preempt/partition_prio\nPreemptMode=CANCEL\n"
+            f"PartitionName=low Nodes={self.host} PriorityTier=1 PreemptMode=CANCEL GraceTime={PREEMPT_GRACE_S} "
+            f"MaxTime=INFINITE State=UP OverSubscribe=NO\n"
+            f"PartitionName=high Nodes={self.host} PriorityTier=2 PreemptMode=OFF MaxTime=INFINITE State=UP "
+            f"OverSubscribe=NO\n"
+        )
         with open(self.conf, "w") as handle:
             handle.write(text)
 
@@ -237,8 +298,9 @@ def slurm(tmp_path_factory):
         cluster.stop()
 
 
-def sbatch(cluster: SlurmClient, arguments: Sequence[str], settings: Dict[str, str], cwd: str,
-           timeout: float = 60) -> subprocess.CompletedProcess:
+def sbatch(
+    cluster: SlurmClient, arguments: Sequence[str], settings: dict[str, str], cwd: str, timeout: float = 60
+) -> subprocess.CompletedProcess:
     """`sbatch ARGUMENTS` from `cwd` with the settings in the environment it passes to the job."""
     return cluster.run(["sbatch", *arguments], env={"KIT_DIR": REPO, **settings}, cwd=cwd, timeout=timeout)
 
@@ -255,19 +317,33 @@ def wait_for_slurm_state(cluster: SlurmClient, job_id: str, wanted: str) -> None
     wait_for(lambda: state() == wanted, 60, f"Slurm job {job_id} {wanted}", state)
 
 
-SLURM_END_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                    "DEADLINE", "PREEMPTED"}
+SLURM_END_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+}
 
 
-def run_slurm_job(cluster: SlurmClient, arguments: Sequence[str], settings: Dict[str, str], cwd: str,
-                  timeout: float = JOB_TIMEOUT_S) -> int:
+def run_slurm_job(
+    cluster: SlurmClient, arguments: Sequence[str], settings: dict[str, str], cwd: str, timeout: float = JOB_TIMEOUT_S
+) -> int:
     """Submit a batch job, wait until it has ended and return its exit status. Polled here rather than
     with `sbatch --wait`, which sleeps up to 32 s between its own polls."""
     submitted = sbatch(cluster, ["--parsable", *arguments], settings, cwd)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
-    wait_for(lambda: slurm_job_field(cluster, job, "JobState") in SLURM_END_STATES, timeout,
-             f"Slurm job {job} ending", lambda: job_outputs(cwd))
+    wait_for(
+        lambda: slurm_job_field(cluster, job, "JobState") in SLURM_END_STATES,
+        timeout,
+        f"Slurm job {job} ending",
+        lambda: job_outputs(cwd),
+    )
     return int(slurm_job_field(cluster, job, "ExitCode").split(":")[0])
 
 
@@ -293,28 +369,39 @@ def test_slurm_cpu_template_runs_the_study_into_one_job_directory(slurm, tmp_pat
 def test_slurm_preemption_checkpoints_resubmits_and_ends_with_uninterrupted_weights(slurm, tmp_path):
     job_dir = str(tmp_path / "preempted")
     model = os.path.join(job_dir, "model.pt")
-    settings = dict(PREEMPTED_STUDY, BACKENDS="ddp", JOB_DIR=job_dir,
-                    TRAIN_ARGS=f"{QUICK_TRAIN_ARGS} --save-model {model}")
-    submitted = sbatch(slurm, ["--parsable", "--output", str(tmp_path / "%j.out"), SLURM_CPU], settings,
-                       str(tmp_path))
+    settings = dict(
+        PREEMPTED_STUDY, BACKENDS="ddp", JOB_DIR=job_dir, TRAIN_ARGS=f"{QUICK_TRAIN_ARGS} --save-model {model}"
+    )
+    submitted = sbatch(slurm, ["--parsable", "--output", str(tmp_path / "%j.out"), SLURM_CPU], settings, str(tmp_path))
     assert submitted.returncode == 0, submitted.stderr
     first_job = submitted.stdout.strip().split(";")[0]
     run_dir = os.path.join(job_dir, "checkpoints", "ddp-2r-rep0")
     wait_for(lambda: has_checkpoint(run_dir), 300, "the run's first checkpoint", lambda: job_outputs(str(tmp_path)))
     # What `#SBATCH --signal=B:USR1@120` does before the time limit: signal the batch shell only.
-    signalled = subprocess.run(["scancel", "--signal=USR1", "--batch", first_job], env=slurm.environ(),
-                               capture_output=True, text=True, timeout=30)
+    signalled = subprocess.run(
+        ["scancel", "--signal=USR1", "--batch", first_job],
+        env=slurm.environ(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert signalled.returncode == 0, signalled.stderr
-    wait_for(lambda: any(event[2] == "study complete" for event in job_events(job_dir)), JOB_TIMEOUT_S,
-             "the resubmitted job finishing the study", lambda: job_outputs(str(tmp_path)) + read_text(
-                 os.path.join(job_dir, "jobs.txt")))
+    wait_for(
+        lambda: any(event[2] == "study complete" for event in job_events(job_dir)),
+        JOB_TIMEOUT_S,
+        "the resubmitted job finishing the study",
+        lambda: job_outputs(str(tmp_path)) + read_text(os.path.join(job_dir, "jobs.txt")),
+    )
 
     events = job_events(job_dir)
     resubmitted = [event[2].split()[-1] for event in events if event[2].startswith("resubmitted as ")]
     assert len(resubmitted) == 1 and resubmitted[0] != first_job
     second_job = resubmitted[0]
-    assert [e[2] for e in events if e[1] == first_job][1:] == ["signal USR1", "end: sweep status 3",
-                                                                f"resubmitted as {second_job}"]
+    assert [e[2] for e in events if e[1] == first_job][1:] == [
+        "signal USR1",
+        "end: sweep status 3",
+        f"resubmitted as {second_job}",
+    ]
     assert [e[2] for e in events if e[1] == second_job][-2:] == ["end: sweep status 0", "study complete"]
     assert "study complete" in read_text(os.path.join(job_dir, f"harness-scaling-cpu-{second_job}.out"))
     for job in (first_job, second_job):  # the preempted job did its part: checkpointed and resubmitted
@@ -331,8 +418,10 @@ def test_slurm_preemption_checkpoints_resubmits_and_ends_with_uninterrupted_weig
 
     difference = difference_from_uninterrupted(job_dir, "ddp-2r-rep0", 2, model, str(tmp_path))
     assert difference <= 1e-6
-    print(f"\npreempted job {first_job}: checkpoint at step {checkpoint_step} of {PREEMPTED_STEPS}, resubmitted as job "
-          f"{second_job}, which finished; max |w - w_uninterrupted| = {difference:.3g}")
+    print(
+        f"\npreempted job {first_job}: checkpoint at step {checkpoint_step} of {PREEMPTED_STEPS}, resubmitted as job "
+        f"{second_job}, which finished; max |w - w_uninterrupted| = {difference:.3g}"
+    )
 
 
 @pytest.mark.slow
@@ -341,18 +430,41 @@ def test_a_preempted_slurm_job_continues_the_study_in_a_new_job(slurm, tmp_path)
     # The run checkpoints; the job reads PreemptTime from its record and resubmits itself to `low`.
     job_dir = str(tmp_path / "preempted")
     settings = dict(PREEMPTED_STUDY, BACKENDS="ddp", JOB_DIR=job_dir, STEPS="60")
-    submitted = sbatch(slurm, ["--parsable", "--partition=low", "--output", str(tmp_path / "%j.out"), SLURM_CPU],
-                       settings, str(tmp_path))
+    submitted = sbatch(
+        slurm,
+        ["--parsable", "--partition=low", "--output", str(tmp_path / "%j.out"), SLURM_CPU],
+        settings,
+        str(tmp_path),
+    )
     assert submitted.returncode == 0, submitted.stderr
     first_job = submitted.stdout.strip().split(";")[0]
-    wait_for(lambda: has_checkpoint(os.path.join(job_dir, "checkpoints", "ddp-2r-rep0")), 300,
-             "the run's first checkpoint", lambda: job_outputs(str(tmp_path)))
-    urgent = sbatch(slurm, ["--parsable", "--partition=high", "--ntasks=2", "--output", str(tmp_path / "urgent.log"),
-                            "--wrap", "sleep 5"], {}, str(tmp_path))
+    wait_for(
+        lambda: has_checkpoint(os.path.join(job_dir, "checkpoints", "ddp-2r-rep0")),
+        300,
+        "the run's first checkpoint",
+        lambda: job_outputs(str(tmp_path)),
+    )
+    urgent = sbatch(
+        slurm,
+        [
+            "--parsable",
+            "--partition=high",
+            "--ntasks=2",
+            "--output",
+            str(tmp_path / "urgent.log"),
+            "--wrap",
+            "sleep 5",
+        ],
+        {},
+        str(tmp_path),
+    )
     assert urgent.returncode == 0, urgent.stderr
-    wait_for(lambda: any(event[2] == "study complete" for event in job_events(job_dir)), JOB_TIMEOUT_S,
-             "the continuation finishing the study", lambda: job_outputs(str(tmp_path)) + read_text(
-                 os.path.join(job_dir, "jobs.txt")))
+    wait_for(
+        lambda: any(event[2] == "study complete" for event in job_events(job_dir)),
+        JOB_TIMEOUT_S,
+        "the continuation finishing the study",
+        lambda: job_outputs(str(tmp_path)) + read_text(os.path.join(job_dir, "jobs.txt")),
+    )
     first = [e[2] for e in job_events(job_dir) if e[1] == first_job]
     resubmitted = [event.split()[-1] for event in first if event.startswith("resubmitted as ")]
     assert "end: sweep status 3" in first and len(resubmitted) == 1, first
@@ -369,34 +481,74 @@ def test_a_cancelled_perlmutter_job_checkpoints_and_does_not_come_back(slurm, tm
     # as on any cluster: discovery and one srun step per run. scancel sends SIGTERM, not the USR1
     # warning: the run checkpoints, and the chain stops there.
     job_dir = str(tmp_path / "cancelled")
-    settings = dict(STUDY, BACKENDS="ddp", RANKS="2", RANKS_PER_NODE="2", GPUS_PER_NODE="0", STEPS="100000",
-                    CHECKPOINT_EVERY="5", JOB_DIR=job_dir)
-    submitted = sbatch(slurm, ["--parsable", "--output", str(tmp_path / "%j.out"), "--nodes=1", "--ntasks-per-node=2",
-                               "--cpus-per-task=1", "--gpus-per-node=0", PERLMUTTER], settings, str(tmp_path))
+    settings = dict(
+        STUDY,
+        BACKENDS="ddp",
+        RANKS="2",
+        RANKS_PER_NODE="2",
+        GPUS_PER_NODE="0",
+        STEPS="100000",
+        CHECKPOINT_EVERY="5",
+        JOB_DIR=job_dir,
+    )
+    submitted = sbatch(
+        slurm,
+        [
+            "--parsable",
+            "--output",
+            str(tmp_path / "%j.out"),
+            "--nodes=1",
+            "--ntasks-per-node=2",
+            "--cpus-per-task=1",
+            "--gpus-per-node=0",
+            PERLMUTTER,
+        ],
+        settings,
+        str(tmp_path),
+    )
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
-    wait_for(lambda: has_checkpoint(os.path.join(job_dir, "checkpoints", "ddp-2r-rep0")), 300,
-             "the run's first checkpoint", lambda: job_outputs(str(tmp_path)))
+    wait_for(
+        lambda: has_checkpoint(os.path.join(job_dir, "checkpoints", "ddp-2r-rep0")),
+        300,
+        "the run's first checkpoint",
+        lambda: job_outputs(str(tmp_path)),
+    )
     cancelled = subprocess.run(["scancel", job], env=slurm.environ(), capture_output=True, text=True, timeout=30)
     assert cancelled.returncode == 0, cancelled.stderr
     wait_for_slurm_state(slurm, job, "CANCELLED")
     assert [e[2] for e in job_events(job_dir)][1:] == ["signal TERM", "end: sweep status 3"]
     assert "stopped by SIGTERM after step" in read_text(os.path.join(job_dir, "logs", "001-ddp-2r-rep0.log"))
     assert "not resubmitting" in read_text(os.path.join(job_dir, f"{job}.out"))
-    queued = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm.environ(), capture_output=True, text=True,
-                            timeout=30)
+    queued = subprocess.run(
+        ["squeue", "-h", "-o", "%i"], env=slurm.environ(), capture_output=True, text=True, timeout=30
+    )
     assert queued.stdout.split() == []
     discovery = [json.loads(line) for line in read_text(os.path.join(job_dir, f"discovery-{job}.jsonl")).splitlines()]
     assert sorted((d["launcher"], d["rank"], d["world_size"]) for d in discovery) == [("slurm", 0, 2), ("slurm", 1, 2)]
-    (run,) = [shlex.split(line) for line in read_text(os.path.join(job_dir, "logs", "commands.txt")).splitlines()
-              if " -m harness train " in line]
-    assert run[:run.index("-m") - 1] == ["srun", "--nodes", "1", "--ntasks", "2", "--ntasks-per-node", "2",
-                                         "--cpus-per-task", "1", "--cpu-bind", "cores"], run
+    (run,) = [
+        shlex.split(line)
+        for line in read_text(os.path.join(job_dir, "logs", "commands.txt")).splitlines()
+        if " -m harness train " in line
+    ]
+    assert run[: run.index("-m") - 1] == [
+        "srun",
+        "--nodes",
+        "1",
+        "--ntasks",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        "--cpus-per-task",
+        "1",
+        "--cpu-bind",
+        "cores",
+    ], run
 
 
-def train_flags_without_outputs(command: Sequence[str]) -> List[str]:
+def train_flags_without_outputs(command: Sequence[str]) -> list[str]:
     """A recorded `harness train` command's flags, less --backend and what only names outputs."""
-    flags = list(command[list(command).index("train") + 1:])
+    flags = list(command[list(command).index("train") + 1 :])
     dropped = {"--backend", "--results", "--tag", "--checkpoint-dir", "--resume", "--save-model", "--checkpoint-every"}
     kept = []
     while flags:
@@ -412,8 +564,11 @@ def difference_from_uninterrupted(job_dir: str, run_key: str, ranks: int, model:
     """max |w - w'| between `model` and the weights of the same run uninterrupted: the run `run_key`
     (e.g. ddp-2r-rep0) as the sweep recorded it, launched here on `ranks` local processes. The
     reference costs as much as the run: one an earlier test left in `scratch` for the same flags is reused."""
-    commands = [shlex.split(line) for line in read_text(os.path.join(job_dir, "logs", "commands.txt")).splitlines()
-                if " -m harness train " in line]
+    commands = [
+        shlex.split(line)
+        for line in read_text(os.path.join(job_dir, "logs", "commands.txt")).splitlines()
+        if " -m harness train " in line
+    ]
     command = next(c for c in commands if os.path.basename(c[c.index("--checkpoint-dir") + 1]) == run_key)
     flags = train_flags_without_outputs(command)
     digest = hashlib.sha256(shlex.join([str(ranks), run_key, *flags]).encode()).hexdigest()[:12]
@@ -426,10 +581,16 @@ def difference_from_uninterrupted(job_dir: str, run_key: str, ranks: int, model:
 
 def test_bad_settings_stop_the_job_before_anything_runs(slurm, tmp_path):
     job_dir = tmp_path / "bad"
-    status = run_slurm_job(slurm, ["--output", str(tmp_path / "bad.out"), SLURM_CPU],
-                           dict(STUDY, BACKENDS="ddp dpp", JOB_DIR=str(job_dir)), str(tmp_path), timeout=120)
+    status = run_slurm_job(
+        slurm,
+        ["--output", str(tmp_path / "bad.out"), SLURM_CPU],
+        dict(STUDY, BACKENDS="ddp dpp", JOB_DIR=str(job_dir)),
+        str(tmp_path),
+        timeout=120,
+    )
     assert status == 2
     errors = [line for line in read_text(str(tmp_path / "bad.out")).splitlines() if "error" in line]
-    assert errors == ["harness study: error: backend dpp: unknown backend 'dpp'; choose one of none, ddp, horovod, "
-                      "deepspeed, fsdp"]
+    assert errors == [
+        "harness study: error: backend dpp: unknown backend 'dpp'; choose one of none, ddp, horovod, deepspeed, fsdp"
+    ]
     assert not job_dir.exists()

@@ -26,9 +26,10 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable
 
 import pytest
 
@@ -46,9 +47,17 @@ LAB_START_S = 120  # JupyterLab answering on its port (a cold start imports its 
 PAGE_S = 90  # the page, the notebook and an idle kernel
 ENGINES_S = 240  # cell 1 starts MPI engines (cold torch imports on 2 shared cores)
 STOP_S = 20  # JupyterLab and Chromium after SIGTERM or quit(), before SIGKILL
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1400,1050"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,1050",
+]
 
 
 @dataclass
@@ -68,7 +77,7 @@ class Lab:
             return json.load(response)
 
 
-def _browser_tools() -> Tuple[str, str]:
+def _browser_tools() -> tuple[str, str]:
     """Chromium and chromedriver; skipped where a user cannot install them, failed where make setup should have."""
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     try:
@@ -79,8 +88,15 @@ def _browser_tools() -> Tuple[str, str]:
         selenium_missing = False
     if chromium and driver and not selenium_missing:
         return chromium, driver
-    missing = [name for name, absent in (("chromium", not chromium), ("chromium-driver", not driver),
-                                         ("selenium (pip)", selenium_missing)) if absent]
+    missing = [
+        name
+        for name, absent in (
+            ("chromium", not chromium),
+            ("chromium-driver", not driver),
+            ("selenium (pip)", selenium_missing),
+        )
+        if absent
+    ]
     message = f"the browser test needs {', '.join(missing)}: run `make setup`"
     if os.geteuid() == 0:  # make setup installs them as root: their absence is a set-up bug
         pytest.fail(message)
@@ -101,15 +117,24 @@ def _fresh_notebook(root: Path) -> None:
     (root / "notebooks" / NOTEBOOK).write_text(json.dumps(notebook, indent=1))
 
 
-def _private_jupyter(home: Path) -> Dict[str, str]:
+def _private_jupyter(home: Path) -> dict[str, str]:
     """Jupyter's and IPython's folders under `home`, with JupyterLab's news prompt off (a toast over the page)."""
-    folders = {name: str(home / name.lower()) for name in (
-        "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_SETTINGS_DIR",
-        "JUPYTERLAB_WORKSPACES_DIR", "IPYTHONDIR")}
+    folders = {
+        name: str(home / name.lower())
+        for name in (
+            "JUPYTER_CONFIG_DIR",
+            "JUPYTER_DATA_DIR",
+            "JUPYTER_RUNTIME_DIR",
+            "JUPYTERLAB_SETTINGS_DIR",
+            "JUPYTERLAB_WORKSPACES_DIR",
+            "IPYTHONDIR",
+        )
+    }
     settings = Path(folders["JUPYTERLAB_SETTINGS_DIR"], "@jupyterlab", "apputils-extension")
     settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false",
-                                                                           "checkForUpdates": False}))
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
     return folders
 
 
@@ -150,19 +175,39 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
     _fresh_notebook(root)
     folders = _private_jupyter(tmp_path / "home")
     lab = Lab(f"http://127.0.0.1:{port}", uuid.uuid4().hex, root, tmp_path / "lab.log", marker)
-    env = {**os.environ, **folders, MARKER: marker, "VENV": str(Path(sys.executable).parent.parent),
-           "REMOTE": "1", "LAB_IP": "127.0.0.1", "LAB_PORT": str(port), "LAB_ROOT": str(root),
-           "JUPYTER_TOKEN": lab.token}
+    env = {
+        **os.environ,
+        **folders,
+        MARKER: marker,
+        "VENV": str(Path(sys.executable).parent.parent),
+        "REMOTE": "1",
+        "LAB_IP": "127.0.0.1",
+        "LAB_PORT": str(port),
+        "LAB_ROOT": str(root),
+        "JUPYTER_TOKEN": lab.token,
+    }
     with open(lab.log, "w") as log:
-        process = subprocess.Popen(["bash", str(Path(REPO, "tools", "lab.sh"))], cwd=REPO, env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        process = subprocess.Popen(
+            ["bash", str(Path(REPO, "tools", "lab.sh"))],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         _wait_until_answering(lab, process)
         yield lab
     finally:
         _stop_group(process)
-        subprocess.run([str(Path(sys.executable).with_name("ipcluster")), "stop", "--all"], env=env,
-                       capture_output=True, timeout=60, check=False)
+        subprocess.run(
+            [str(Path(sys.executable).with_name("ipcluster")), "stop", "--all"],
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
         kill_processes_with_environment(MARKER, marker)
 
 
@@ -179,8 +224,12 @@ def browser(tmp_path: Path, lab: Lab) -> Iterator[Any]:
         options.add_argument(flag)
     # Chromium inherits chromedriver's environment, so a marker of its own reaches every browser process.
     marker = f"{lab.marker}-browser"
-    service = Service(chromedriver, log_output=str(tmp_path / "chromedriver.log"),
-                      env={**os.environ, MARKER: marker}, popen_kw={"start_new_session": True})
+    service = Service(
+        chromedriver,
+        log_output=str(tmp_path / "chromedriver.log"),
+        env={**os.environ, MARKER: marker},
+        popen_kw={"start_new_session": True},
+    )
     driver = None
     try:
         driver = webdriver.Chrome(service=service, options=options)
@@ -220,7 +269,7 @@ def _wait(driver: Any, what: str, condition: Callable[[], object], timeout: floa
         pytest.fail(f"{what} did not happen within {timeout} s; JupyterLab's log:\n{_tail(lab.log)}")
 
 
-def _cells(driver: Any) -> List[Any]:
+def _cells(driver: Any) -> list[Any]:
     from selenium.webdriver.common.by import By
 
     return driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell")
@@ -250,8 +299,9 @@ def _add_cell_below(driver: Any, cell: Any, code: str) -> None:
     from selenium.webdriver.common.keys import Keys
 
     cell.find_element(By.CSS_SELECTOR, ".jp-InputArea-prompt").click()
-    ActionChains(driver).send_keys("b").pause(0.5).send_keys(Keys.ENTER).pause(0.3).send_keys(code).pause(0.3) \
-        .key_down(Keys.SHIFT).send_keys(Keys.ENTER).key_up(Keys.SHIFT).perform()
+    ActionChains(driver).send_keys("b").pause(0.5).send_keys(Keys.ENTER).pause(0.3).send_keys(code).pause(
+        0.3
+    ).key_down(Keys.SHIFT).send_keys(Keys.ENTER).key_up(Keys.SHIFT).perform()
 
 
 def _kernel_idle(lab: Lab) -> bool:
@@ -259,7 +309,7 @@ def _kernel_idle(lab: Lab) -> bool:
     return bool(kernels) and all(kernel["execution_state"] == "idle" for kernel in kernels)
 
 
-def _engines_left(marker: str) -> List[int]:
+def _engines_left(marker: str) -> list[int]:
     import psutil
 
     pids = []
@@ -298,28 +348,49 @@ def _open_and_run(driver: Any, lab: Lab, tmp_path: Path) -> None:
     code = [index for index, cell in enumerate(cells_stored) if cell["cell_type"] == "code"]
     driver.get(f"{lab.url}/lab/tree/notebooks/{NOTEBOOK}?token={lab.token}")
     _wait(driver, "JupyterLab's page loading", lambda: "JupyterLab" in driver.title or _cells(driver), PAGE_S, lab)
-    cells = _wait(driver, f"{NOTEBOOK} opening with its {len(cells_stored)} cells",
-                  lambda: len(_cells(driver)) == len(cells_stored) and _cells(driver), PAGE_S, lab)
+    cells = _wait(
+        driver,
+        f"{NOTEBOOK} opening with its {len(cells_stored)} cells",
+        lambda: len(_cells(driver)) == len(cells_stored) and _cells(driver),
+        PAGE_S,
+        lab,
+    )
     _wait(driver, "the notebook's kernel starting and going idle", lambda: _kernel_idle(lab), PAGE_S, lab)
     sessions = lab.api("sessions")
     assert [(session["path"], session["kernel"]["name"]) for session in sessions] == [
-        (f"notebooks/{NOTEBOOK}", "python3")], sessions
+        (f"notebooks/{NOTEBOOK}", "python3")
+    ], sessions
 
     start, ranks = cells[code[0]], cells[code[1]]  # start_engines(); %%px: each engine prints its rank
     _run_cell(driver, start)
     _run_cell(driver, ranks)
-    started = _wait(driver, "the engines starting (first code cell's output)",
-                    lambda: "MPI engines" in _output(start) and _output(start), ENGINES_S, lab)
+    started = _wait(
+        driver,
+        "the engines starting (first code cell's output)",
+        lambda: "MPI engines" in _output(start) and _output(start),
+        ENGINES_S,
+        lab,
+    )
     # The engines run the kernel's own Python: the kit's environment, not the system's.
     assert f"{Path(sys.executable).parent}{os.sep}python" in started and "-m ipyparallel.engine" in started, started
-    printed = _wait(driver, "every engine printing its rank (second code cell's output)",
-                    lambda: "rank 1 of 2" in _output(ranks) and _output(ranks), ENGINES_S, lab)
+    printed = _wait(
+        driver,
+        "every engine printing its rank (second code cell's output)",
+        lambda: "rank 1 of 2" in _output(ranks) and _output(ranks),
+        ENGINES_S,
+        lab,
+    )
     assert "rank 0 of 2, process" in printed and "rank 1 of 2, process" in printed, printed
     driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", start)
     screenshot = _keep_screenshot(driver, tmp_path, "lab_browser_notebook_01.png")
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 10_000
 
     _add_cell_below(driver, ranks, 'print("stopped", engines.stop())')
-    _wait(driver, "engines.stop() from a cell of the test's own", lambda: any(
-        "stopped" in _output(cell) for cell in _cells(driver)), ENGINES_S, lab)
+    _wait(
+        driver,
+        "engines.stop() from a cell of the test's own",
+        lambda: any("stopped" in _output(cell) for cell in _cells(driver)),
+        ENGINES_S,
+        lab,
+    )
     _wait(driver, "the engines' processes ending", lambda: not _engines_left(lab.marker), STOP_S, lab)

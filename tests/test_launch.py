@@ -28,8 +28,22 @@ def _in_order(tokens, expected):
 
 @pytest.mark.parametrize("launcher", sorted(EXPECTED))
 def test_dry_run_prints_the_real_launch_command(launcher):
-    result = harness("launch", "-n", "3", "--backend", "ddp", "--launcher", launcher, "--dry-run",
-                     "--", "--epochs", "2", "--batch-size", "16", timeout=60)
+    result = harness(
+        "launch",
+        "-n",
+        "3",
+        "--backend",
+        "ddp",
+        "--launcher",
+        launcher,
+        "--dry-run",
+        "--",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "16",
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     tokens = shlex.split(result.stdout.strip())
     assert _in_order(tokens, EXPECTED[launcher]), tokens
@@ -60,14 +74,57 @@ def test_each_local_launcher_builds_exactly_its_command(monkeypatch):
     python = sys.executable
     expected = {
         "python": [python, *program],
-        "torchrun": [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "3",
-                     "--master-addr", "127.0.0.1", "--master-port", "29411", *program],
-        "mpirun": ["mpirun", "-np", "3", "--oversubscribe", "--bind-to", "none", "-x", "MASTER_PORT=29411",
-                   python, *program],
-        "horovodrun": ["horovodrun", "--gloo", "-np", "3", "-H", "localhost:3", "--gloo-timeout-seconds", "120",
-                       python, *program],
-        "deepspeed": ["deepspeed", "--num_gpus", "3", "--master_port", "29411", "--no_local_rank", "--module",
-                      "harness", "train", "--epochs", "2"],
+        "torchrun": [
+            python,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "3",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            "29411",
+            *program,
+        ],
+        "mpirun": [
+            "mpirun",
+            "-np",
+            "3",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "-x",
+            "MASTER_PORT=29411",
+            python,
+            *program,
+        ],
+        "horovodrun": [
+            "horovodrun",
+            "--gloo",
+            "-np",
+            "3",
+            "-H",
+            "localhost:3",
+            "--gloo-timeout-seconds",
+            "120",
+            python,
+            *program,
+        ],
+        "deepspeed": [
+            "deepspeed",
+            "--num_gpus",
+            "3",
+            "--master_port",
+            "29411",
+            "--no_local_rank",
+            "--module",
+            "harness",
+            "train",
+            "--epochs",
+            "2",
+        ],
     }
     assert set(expected) == set(launchers.LOCAL_LAUNCHERS)
     for name, command in expected.items():
@@ -102,7 +159,8 @@ def test_every_launcher_name_in_the_package_is_a_row_of_the_one_table():
     schedulers = {launcher.scheduler: launcher for launcher in LAUNCHERS.values() if launcher.scheduler}
     assert set(BATCH_TEMPLATES) == set(schedulers)
     assert PBS_TEMPLATE == "mpiexec -n {ranks} --ppn {ppn} {python} -m harness train {args}"
-    assert SLURM_TEMPLATE == ("srun --nodes {nodes} --ntasks {ranks} --ntasks-per-node {ppn} "
-                              "{python} -m harness train {args}")
+    assert SLURM_TEMPLATE == (
+        "srun --nodes {nodes} --ntasks {ranks} --ntasks-per-node {ppn} {python} -m harness train {args}"
+    )
     for scheduler, template in BATCH_TEMPLATES.items():
         assert f"\n{schedulers[scheduler].executable} " in template, scheduler

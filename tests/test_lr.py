@@ -13,8 +13,10 @@ def test_global_batch_scales_the_base_lr(rule, expected):
 
 
 def test_warmup_ramps_per_step_from_base_to_scaled_lr():
-    lrs = [learning_rate(s, base_lr=0.1, peak_lr=0.8, warmup_steps=7, total_steps=100, schedule="constant")
-           for s in range(10)]
+    lrs = [
+        learning_rate(s, base_lr=0.1, peak_lr=0.8, warmup_steps=7, total_steps=100, schedule="constant")
+        for s in range(10)
+    ]
     assert lrs[0] == pytest.approx(0.1)
     assert lrs[7:] == [pytest.approx(0.8)] * 3
     assert all(b > a for a, b in zip(lrs[:8], lrs[1:8]))  # strictly increasing during warmup
@@ -22,12 +24,16 @@ def test_warmup_ramps_per_step_from_base_to_scaled_lr():
 
 
 def test_step_schedule_divides_by_ten_at_half_and_three_quarters():
-    lr = lambda s: learning_rate(s, base_lr=1, peak_lr=1, warmup_steps=0, total_steps=100, schedule="step")
+    def lr(s):
+        return learning_rate(s, base_lr=1, peak_lr=1, warmup_steps=0, total_steps=100, schedule="step")
+
     assert [lr(0), lr(49), lr(50), lr(74), lr(75), lr(99)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
 
 
 def test_cosine_decays_from_peak_towards_zero_after_warmup():
-    lr = lambda s: learning_rate(s, base_lr=0.1, peak_lr=1, warmup_steps=10, total_steps=110, schedule="cosine")
+    def lr(s):
+        return learning_rate(s, base_lr=0.1, peak_lr=1, warmup_steps=10, total_steps=110, schedule="cosine")
+
     assert lr(10) == pytest.approx(1)
     assert lr(60) == pytest.approx(0.5)
     assert lr(109) < 0.001

@@ -14,7 +14,7 @@ from torch import nn
 from harness.training.memory import MODEL_STATE, RSS_PEAK, WindowPeak, memory_section, model_state_bytes, peak_memory
 from harness.training.timing import SCALARS
 
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def _touch(mebibytes: int) -> np.ndarray:
@@ -78,7 +78,7 @@ def test_views_of_one_buffer_count_once_and_nothing_is_reached_through_a_functio
     flat = torch.zeros(sum(p.numel() for p in model.parameters()))
     offset = 0
     for name, parameter in list(model.named_parameters()):  # as ZeRO-1/2 make the weights views of one buffer
-        view = flat[offset:offset + parameter.numel()].view_as(parameter)
+        view = flat[offset : offset + parameter.numel()].view_as(parameter)
         setattr(model, name, nn.Parameter(view))
         offset += parameter.numel()
     hidden = torch.zeros(10_000)

@@ -18,8 +18,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Dict, Iterator
 
 import pytest
 
@@ -34,14 +34,14 @@ EXIT_GRACE_S = 15
 MARKER = "HARNESS_NOTEBOOK_TEST"
 
 
-def stop_all_clusters(environment: Dict[str, str]) -> None:
+def stop_all_clusters(environment: dict[str, str]) -> None:
     """Every cluster of the IPython folder `environment` names (IPYTHONDIR)."""
     ipcluster = str(Path(sys.executable).with_name("ipcluster"))
     subprocess.run([ipcluster, "stop", "--all"], capture_output=True, timeout=60, check=False, env=environment)
 
 
 @pytest.fixture
-def notebook_environment(tmp_path: Path) -> Iterator[Dict[str, str]]:
+def notebook_environment(tmp_path: Path) -> Iterator[dict[str, str]]:
     """The notebook's environment: a private IPython folder and MARKER; after the test, its clusters
     are stopped and every process carrying its MARKER value is killed."""
     environment = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython"), MARKER: uuid.uuid4().hex}
@@ -58,11 +58,29 @@ def test_notebooks_found() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT_S + 60)  # the notebook's own bound, not pytest-timeout's 600 s default
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=os.path.basename)
-def test_notebook_runs(notebook: str, notebook_environment: Dict[str, str]) -> None:
-    command = [sys.executable, "-m", "pytest", "--nbval-lax", f"--nbval-cell-timeout={CELL_TIMEOUT_S}",
-               "-p", "no:cacheprovider", "-q", "--rootdir", os.path.dirname(notebook), notebook]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=notebook_environment, start_new_session=True)
+def test_notebook_runs(notebook: str, notebook_environment: dict[str, str]) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--nbval-lax",
+        f"--nbval-cell-timeout={CELL_TIMEOUT_S}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--rootdir",
+        os.path.dirname(notebook),
+        notebook,
+    ]
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=notebook_environment,
+        start_new_session=True,
+    )
     try:
         output, _ = process.communicate(timeout=NOTEBOOK_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -13,16 +13,26 @@ import stat
 import pytest
 
 from harness.errors import UsageError
-from harness.workshop.packing import (MPS_VARIABLES, Packing, mps_daemon, packing_rows, packing_table, packings,
-                             run_packing_study)
+from harness.workshop.packing import (
+    MPS_VARIABLES,
+    Packing,
+    mps_daemon,
+    packing_rows,
+    packing_table,
+    packings,
+    run_packing_study,
+)
 
 
-@pytest.mark.parametrize("cores,max_ranks,expected", [
-    (2, 8, [(1, 2), (2, 1)]),
-    (16, 8, [(1, 16), (2, 8), (4, 4), (8, 2)]),
-    (6, 8, [(1, 6), (2, 3), (4, 1)]),
-    (1, 8, [(1, 1)]),
-])
+@pytest.mark.parametrize(
+    "cores,max_ranks,expected",
+    [
+        (2, 8, [(1, 2), (2, 1)]),
+        (16, 8, [(1, 16), (2, 8), (4, 4), (8, 2)]),
+        (6, 8, [(1, 6), (2, 3), (4, 1)]),
+        (1, 8, [(1, 1)]),
+    ],
+)
 def test_cpu_packings_share_the_cores_without_oversubscribing(cores, max_ranks, expected):
     plan = packings(cores=cores, gpus=0, max_ranks=max_ranks)
     assert [(p.ranks, p.threads) for p in plan] == expected
@@ -54,10 +64,12 @@ def _fake_control(tmp_path, start_status: int) -> str:
     """A stand-in for nvidia-cuda-mps-control that logs its calls and its pipe directory."""
     script = tmp_path / "nvidia-cuda-mps-control"
     log = tmp_path / "calls.log"
-    script.write_text("#!/usr/bin/env bash\nset -euo pipefail\n"
-                      f'if [[ "${{1:-}}" == "-d" ]]; then echo "start $CUDA_MPS_PIPE_DIRECTORY" >> "{log}"; '
-                      f'echo "cannot start" >&2; exit {start_status}; fi\n'
-                      f'read -r command; echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "{log}"\n')
+    script.write_text(
+        "#!/usr/bin/env bash\nset -euo pipefail\n"
+        f'if [[ "${{1:-}}" == "-d" ]]; then echo "start $CUDA_MPS_PIPE_DIRECTORY" >> "{log}"; '
+        f'echo "cannot start" >&2; exit {start_status}; fi\n'
+        f'read -r command; echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "{log}"\n'
+    )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return str(script)
 
@@ -95,14 +107,21 @@ def test_a_packing_study_refuses_placement_flags_in_its_train_args(tmp_path):
 
 
 def _record(world_size: int, per_device: int, throughput: float) -> dict:
-    return {"world_size": world_size, "throughput": throughput, "threads_per_rank": 2 // world_size, "device": "cpu",
-            "tags": {"ranks_per_device": str(per_device), "mps": "off"}}
+    return {
+        "world_size": world_size,
+        "throughput": throughput,
+        "threads_per_rank": 2 // world_size,
+        "device": "cpu",
+        "tags": {"ranks_per_device": str(per_device), "mps": "off"},
+    }
 
 
 def test_packing_rows_average_repeats_and_compare_with_one_rank_per_device():
     rows = packing_rows([_record(1, 1, 100.0), _record(2, 2, 300.0), _record(1, 1, 200.0), _record(2, 2, 300.0)])
     assert [(row["ranks per device"], row["runs"], row["samples/s"], row["speedup"]) for row in rows] == [
-        (1, 2, 150.0, 1.0), (2, 2, 300.0, 2.0)]
+        (1, 2, 150.0, 1.0),
+        (2, 2, 300.0, 2.0),
+    ]
     assert rows[1]["per rank"] == 150.0
     assert packing_table([_record(1, 1, 100.0)]).startswith("| ranks per device |")
 
@@ -110,8 +129,9 @@ def test_packing_rows_average_repeats_and_compare_with_one_rank_per_device():
 def test_a_packing_study_records_each_placement(tmp_path):
     results = str(tmp_path / "packing.jsonl")
     plan = [Packing(ranks=1, threads=1, ranks_per_device=1, device="cpu")]
-    study = run_packing_study(["--max-steps", "3", "--batch-size", "16", "--eval-every", "0",
-                               "--timing-warmup-steps", "1"], results, plan)
+    study = run_packing_study(
+        ["--max-steps", "3", "--batch-size", "16", "--eval-every", "0", "--timing-warmup-steps", "1"], results, plan
+    )
     assert study["failed"] == [] and not study["mps"].running
     (record,) = study["records"]
     assert record["world_size"] == 1 and record["threads_per_rank"] == 1 and record["steps"] == 3
@@ -120,11 +140,17 @@ def test_a_packing_study_records_each_placement(tmp_path):
 
 
 def test_packing_rows_give_each_placement_a_95_percent_interval_and_say_whether_they_are_apart():
-    steady = [_record(1, 1, 100.0), _record(2, 2, 300.0), _record(1, 1, 110.0), _record(2, 2, 310.0),
-              _record(1, 1, 105.0), _record(2, 2, 305.0)]
+    steady = [
+        _record(1, 1, 100.0),
+        _record(2, 2, 300.0),
+        _record(1, 1, 110.0),
+        _record(2, 2, 310.0),
+        _record(1, 1, 105.0),
+        _record(2, 2, 305.0),
+    ]
     rows = packing_rows(steady)
     assert [row["placement"] for row in rows] == ["1 rank(s) x 2 thread(s)", "2 rank(s) x 1 thread(s)"]
-    assert rows[0]["ci95"] == pytest.approx(4.303 * 5.0 / 3 ** 0.5)  # t(2) x sd / sqrt(n)
+    assert rows[0]["ci95"] == pytest.approx(4.303 * 5.0 / 3**0.5)  # t(2) x sd / sqrt(n)
     assert rows[0]["apart"] is None and rows[1]["apart"] is True
     noisy = [_record(1, 1, 100.0), _record(2, 2, 300.0), _record(1, 1, 300.0), _record(2, 2, 100.0)]
     assert packing_rows(noisy)[1]["apart"] is False
@@ -147,7 +173,8 @@ def test_a_packing_study_numbers_its_runs_over_the_whole_study(monkeypatch, tmp_
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("==")]
     assert [line.split(":")[0] for line in lines] == [
         f"== [{n}/6] {ranks} rank(s) x {3 - ranks} thread(s), repeat {(n + 1) // 2}/3"
-        for n, ranks in zip(range(1, 7), [1, 2] * 3)]
+        for n, ranks in zip(range(1, 7), [1, 2] * 3)
+    ]
     assert [r["world_size"] for r in study["records"]] == [1, 2] * 3
     assert [args[args.index("--threads") + 1] for args in started] == ["2", "1"] * 3
     assert [args[-1] for args in started] == [f"packing_repeat={n // 2}" for n in range(6)]

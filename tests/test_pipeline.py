@@ -15,20 +15,31 @@ from harness.data import DataOptions, load_split
 from harness.errors import UsageError
 from harness.training.evaluate import evaluate_model_file
 from harness.training.models import build_model
-from harness.workshop.pipeline import (compare_loading, loading_table, measure_loading, padded_evaluation,
-                                       padded_indices, sample_correctness, write_image_tree)
+from harness.workshop.pipeline import (
+    compare_loading,
+    loading_table,
+    measure_loading,
+    padded_evaluation,
+    padded_indices,
+    sample_correctness,
+    write_image_tree,
+)
 
 DIGITS_TEST_SAMPLES = 297
 
 
 def _torch_sampler_indices(num_samples: int, world_size: int, seed: int) -> list:
     """What every rank of torch's own DistributedSampler yields, rank after rank."""
-    return [index for rank in range(world_size)
-            for index in DistributedSampler(range(num_samples), num_replicas=world_size, rank=rank, seed=seed)]  # type: ignore[arg-type]
+    return [
+        index
+        for rank in range(world_size)
+        for index in DistributedSampler(range(num_samples), num_replicas=world_size, rank=rank, seed=seed)
+    ]  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("num_samples,world_size", [(297, 1), (297, 2), (297, 4), (297, 8), (297, 32), (10, 16),
-                                                    (12, 4)])
+@pytest.mark.parametrize(
+    "num_samples,world_size", [(297, 1), (297, 2), (297, 4), (297, 8), (297, 32), (10, 16), (12, 4)]
+)
 def test_padded_indices_are_torchs_and_count_its_duplicates(num_samples, world_size):
     indices = padded_indices(num_samples, world_size, seed=3)
     expected = _torch_sampler_indices(num_samples, world_size, seed=3)
@@ -88,8 +99,9 @@ def test_write_image_tree_refuses_a_directory_that_holds_one(image_tree):
 
 @pytest.mark.parametrize("source,workers", [("per-sample", 0), ("prepared", 1)])
 def test_measure_loading_times_the_steps_it_was_asked_for(image_tree, source, workers):
-    measured = measure_loading(image_tree[0], source, num_workers=workers, batch_size=16, steps=3, warmup_steps=1,
-                               device="cpu")
+    measured = measure_loading(
+        image_tree[0], source, num_workers=workers, batch_size=16, steps=3, warmup_steps=1, device="cpu"
+    )
     assert (measured.source, measured.num_workers, measured.steps, measured.batch_size) == (source, workers, 3, 16)
     assert measured.throughput > 0 and 0 < measured.au <= 1
     assert measured.au == pytest.approx(measured.compute_ms / (measured.compute_ms + measured.data_wait_ms))
@@ -112,8 +124,9 @@ def test_write_image_tree_writes_images_of_the_size_asked_for(tmp_path):
 
 def test_compare_loading_adds_up_each_configurations_interleaved_rounds(image_tree):
     configurations = [("per-sample", 0), ("prepared", 0)]
-    measured = compare_loading(image_tree[0], configurations, rounds=2, steps=2, warmup_steps=1, batch_size=16,
-                               device="cpu")
+    measured = compare_loading(
+        image_tree[0], configurations, rounds=2, steps=2, warmup_steps=1, batch_size=16, device="cpu"
+    )
     assert [(m.source, m.num_workers, m.steps) for m in measured] == [("per-sample", 0, 4), ("prepared", 0, 4)]
     assert all(m.au == pytest.approx(m.compute_ms / (m.compute_ms + m.data_wait_ms)) for m in measured)
     with pytest.raises(UsageError, match="once"):

@@ -46,7 +46,14 @@ def test_efficiency_and_breakdown_figures():
     assert "speedup / workers" in efficiency.axes[0].get_ylabel()
     breakdown = breakdown_figure(rows, study)
     assert [(b["backend"], b["workers"]) for b in breakdown.harness_metadata["bars"]] == [
-        ("none", 1), ("ddp", 1), ("ddp", 2), ("horovod", 1), ("horovod", 2), ("deepspeed", 1), ("deepspeed", 2)]
+        ("none", 1),
+        ("ddp", 1),
+        ("ddp", 2),
+        ("horovod", 1),
+        ("horovod", 2),
+        ("deepspeed", 1),
+        ("deepspeed", 2),
+    ]
     stacks = {s["phase"]: s["values_ms"] for s in breakdown.harness_metadata["stacks"]}
     assert stacks["communication"][0] == pytest.approx(20.0)  # 0.2 x 1 s runtime / 10 steps, in ms
     assert "ms" in breakdown.axes[0].get_ylabel()
@@ -67,8 +74,10 @@ def test_write_figures_writes_png_svg_and_metadata(tmp_path):
 
 
 def test_each_study_gets_its_own_figures(tmp_path):
-    records = weak_study() + [record("ddp", 1, 900.0, scaling="strong", local_batch=128),
-                              record("ddp", 2, 1600.0, scaling="strong", local_batch=64)]
+    records = weak_study() + [
+        record("ddp", 1, 900.0, scaling="strong", local_batch=128),
+        record("ddp", 2, 1600.0, scaling="strong", local_batch=64),
+    ]
     write_figures(records, str(tmp_path / "all"))
     strong = json.loads((tmp_path / "all-strong-cnn-synthetic-b128-cpu-throughput.json").read_text())
     assert strong["title"].startswith("Throughput vs workers\nStrong scaling: cnn on synthetic, global batch 128")

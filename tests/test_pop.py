@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from harness.training.metrics import (DEFINITIONS, accelerator_utilisation, communication_efficiency, load_balance,
-                                      parallel_efficiency, pop_metrics, rank_breakdown, scaling_efficiency, speedup)
 from harness.study.report import scaling_report, scaling_rows
+from harness.training.metrics import (
+    DEFINITIONS,
+    accelerator_utilisation,
+    communication_efficiency,
+    load_balance,
+    parallel_efficiency,
+    pop_metrics,
+    rank_breakdown,
+    scaling_efficiency,
+    speedup,
+)
 
 from .handmade_records import record, weak_study
 
@@ -39,8 +48,11 @@ def test_imbalanced_ranks():
 
 
 def test_pop_metrics_of_nothing_are_unknown_not_zero():
-    assert pop_metrics([], 1.0) == {"load_balance": None, "communication_efficiency": None,
-                                    "parallel_efficiency": None}
+    assert pop_metrics([], 1.0) == {
+        "load_balance": None,
+        "communication_efficiency": None,
+        "parallel_efficiency": None,
+    }
     assert load_balance([0.0, 0.0]) is None
 
 
@@ -66,16 +78,31 @@ def test_accelerator_utilisation_counts_only_data_waiting_as_lost():
 def test_every_metric_has_one_definition_in_the_metrics_docstring():
     import harness.training.metrics as metrics
 
-    for term in ("AU", "communication", "useful time", "load balance", "communication efficiency",
-                 "parallel efficiency", "scaling efficiency", "contention"):
+    for term in (
+        "AU",
+        "communication",
+        "useful time",
+        "load balance",
+        "communication efficiency",
+        "parallel efficiency",
+        "scaling efficiency",
+        "contention",
+    ):
         assert DEFINITIONS[term].startswith(f"**{term}**")
         assert " ".join(DEFINITIONS[term].split()) in " ".join(metrics.__doc__.split())
 
 
 def test_scaling_rows_aggregate_repeats_and_use_each_backends_own_baseline():
     rows = {(row.backend, row.workers): row for row in scaling_rows(weak_study())}
-    assert set(rows) == {("none", 1), ("ddp", 1), ("ddp", 2), ("horovod", 1), ("horovod", 2),
-                         ("deepspeed", 1), ("deepspeed", 2)}
+    assert set(rows) == {
+        ("none", 1),
+        ("ddp", 1),
+        ("ddp", 2),
+        ("horovod", 1),
+        ("horovod", 2),
+        ("deepspeed", 1),
+        ("deepspeed", 2),
+    }
     ddp2 = rows["ddp", 2]
     assert ddp2.runs == 2 and ddp2.throughput == pytest.approx(1700.0)
     # Two repeats 1710 and 1690: sd 14.14, t(1 dof) 12.706 -> 12.706 * 14.14 / sqrt(2) = 127.06.
@@ -90,13 +117,20 @@ def test_scaling_rows_aggregate_repeats_and_use_each_backends_own_baseline():
 def test_a_backend_with_other_options_is_another_configuration_with_its_own_baseline_and_memory():
     """ZeRO stages in one results file: each stage its own rows, efficiency against its own 1-worker
     run, memory per rank beside throughput; a default spelled out is the default."""
-    stages = [record("deepspeed", 1, 800.0, state_mib=[18.0]), record("deepspeed", 2, 1200.0, state_mib=[18.0, 18.0]),
-              record("deepspeed", 1, 700.0, options={"zero_stage": 3}, state_mib=[18.0]),
-              record("deepspeed", 2, 1260.0, options={"zero_stage": 3}, state_mib=[9.0, 9.5]),
-              record("deepspeed", 2, 1180.0, options={"zero_stage": 0}, state_mib=[18.0, 18.0], repeat=1)]
+    stages = [
+        record("deepspeed", 1, 800.0, state_mib=[18.0]),
+        record("deepspeed", 2, 1200.0, state_mib=[18.0, 18.0]),
+        record("deepspeed", 1, 700.0, options={"zero_stage": 3}, state_mib=[18.0]),
+        record("deepspeed", 2, 1260.0, options={"zero_stage": 3}, state_mib=[9.0, 9.5]),
+        record("deepspeed", 2, 1180.0, options={"zero_stage": 0}, state_mib=[18.0, 18.0], repeat=1),
+    ]
     rows = {(row.backend, row.workers): row for row in scaling_rows(stages)}
-    assert set(rows) == {("deepspeed", 1), ("deepspeed", 2), ("deepspeed zero_stage=3", 1),
-                         ("deepspeed zero_stage=3", 2)}
+    assert set(rows) == {
+        ("deepspeed", 1),
+        ("deepspeed", 2),
+        ("deepspeed zero_stage=3", 1),
+        ("deepspeed zero_stage=3", 2),
+    }
     assert rows["deepspeed", 2].runs == 2 and rows["deepspeed", 2].efficiency == pytest.approx(1190.0 / 800.0 / 2)
     assert rows["deepspeed zero_stage=3", 2].efficiency == pytest.approx(1260.0 / 700.0 / 2)
     assert rows["deepspeed zero_stage=3", 2].model_state_mib == pytest.approx(9.5)
@@ -106,8 +140,10 @@ def test_a_backend_with_other_options_is_another_configuration_with_its_own_base
 
 
 def test_weak_and_strong_studies_are_never_mixed():
-    records = weak_study() + [record("ddp", 1, 900.0, scaling="strong", local_batch=128),
-                              record("ddp", 2, 1600.0, scaling="strong", local_batch=64)]
+    records = weak_study() + [
+        record("ddp", 1, 900.0, scaling="strong", local_batch=128),
+        record("ddp", 2, 1600.0, scaling="strong", local_batch=64),
+    ]
     strong = [row for row in scaling_rows(records) if row.study.scaling == "strong"]
     assert [(row.workers, row.study.batch) for row in strong] == [(1, 128), (2, 128)]  # one global batch
     assert strong[1].efficiency == pytest.approx(1600.0 / 900.0 / 2)
@@ -118,12 +154,26 @@ def test_report_prints_every_configuration_with_its_metrics():
     assert "### Weak scaling: cnn on synthetic, 64 samples per worker" in text
     lines = [line for line in text.splitlines() if line.startswith("|")]
     header = lines[0]
-    for column in ("samples/s ± 95%", "speedup", "efficiency", "AU", "load balance", "comm. efficiency",
-                   "parallel efficiency"):
+    for column in (
+        "samples/s ± 95%",
+        "speedup",
+        "efficiency",
+        "AU",
+        "load balance",
+        "comm. efficiency",
+        "parallel efficiency",
+    ):
         assert column in header
     body = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
-    assert {(cells[0], cells[1]) for cells in body} == {("none", "1"), ("ddp", "1"), ("ddp", "2"), ("horovod", "1"),
-                                                       ("horovod", "2"), ("deepspeed", "1"), ("deepspeed", "2")}
+    assert {(cells[0], cells[1]) for cells in body} == {
+        ("none", "1"),
+        ("ddp", "1"),
+        ("ddp", "2"),
+        ("horovod", "1"),
+        ("horovod", "2"),
+        ("deepspeed", "1"),
+        ("deepspeed", "2"),
+    }
     ddp2 = next(cells for cells in body if cells[:2] == ["ddp", "2"])
     assert ddp2[2] == "1" and ddp2[4] == "1,700 ± 127.1" and ddp2[6] == "0.8947"
     assert next(cells for cells in body if cells[:2] == ["none", "1"])[4] == "1,000 (one run)"

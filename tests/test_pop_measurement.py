@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from harness import TrainConfig, train
 from harness.backends import BACKENDS
@@ -25,7 +26,6 @@ from harness.backends.single import SingleProcessBackend
 from harness.data import DATASETS
 from harness.process.launchers import free_port
 from harness.training.record import read_records
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from .conftest import launch, run
 from .sleepy_data import outside_window_seconds, sleepy_loader
@@ -90,6 +90,7 @@ class SlowAllreduceDDP(DDPBackend):
             def arrive(future):
                 time.sleep(SYNC_SLEEP_S)  # on the communication thread: the allreduce ends this much later
                 return future.value()[0]
+
             return allreduce_hook(state, bucket).then(arrive)
 
         self.model.register_comm_hook(None, delayed)
@@ -140,8 +141,28 @@ def test_the_calibrated_compute_is_a_cross_check_beside_the_window():
 def test_one_rank_communicates_nothing_on_every_backend(tmp_path, backend):
     """Each backend at one rank under its own launcher: its communication is near zero, busy machine or not."""
     results = tmp_path / "r.jsonl"
-    launch(1, backend, ["--model", "cnn", "--dataset", "synthetic", "--batch-size", "32", "--max-steps", "25",
-                        "--timing-warmup-steps", "5", "--threads", "1", "--eval-every", "0", "--results", str(results)])
+    launch(
+        1,
+        backend,
+        [
+            "--model",
+            "cnn",
+            "--dataset",
+            "synthetic",
+            "--batch-size",
+            "32",
+            "--max-steps",
+            "25",
+            "--timing-warmup-steps",
+            "5",
+            "--threads",
+            "1",
+            "--eval-every",
+            "0",
+            "--results",
+            str(results),
+        ],
+    )
     record = read_records([str(results)])[0]
     per_step = record["step_breakdown"]["seconds_per_step"]
     assert per_step["communication"] < 0.05 * per_step["runtime"], (per_step, record["contention"])
@@ -153,18 +174,49 @@ def test_two_ddp_ranks_outside_clock_and_waiting_for_a_slow_peer(tmp_path):
     """Rank 1 sleeps 60 ms per fetch, rank 0 not at all: rank 0 spends that time in the allreduce."""
     slow = 0.06
     script = os.path.join(os.path.dirname(__file__), "sleepy_data.py")
-    flags = ["--backend", "ddp", "--model", "cnn", "--batch-size", "8", "--max-steps", "25",
-             "--timing-warmup-steps", "5", "--threads", "1", "--eval-every", "0"]
-    result = run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-                  "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script, str(tmp_path),
-                  f"0,{slow * 1000:g}", *flags])
+    flags = [
+        "--backend",
+        "ddp",
+        "--model",
+        "cnn",
+        "--batch-size",
+        "8",
+        "--max-steps",
+        "25",
+        "--timing-warmup-steps",
+        "5",
+        "--threads",
+        "1",
+        "--eval-every",
+        "0",
+    ]
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            script,
+            str(tmp_path),
+            f"0,{slow * 1000:g}",
+            *flags,
+        ]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     record = ranks[0]["record"]
     for rank in ranks:  # the window is barrier-bounded: either rank's clock sees the same window
         outside = outside_window_seconds(rank["stamps"], record["timing_warmup_steps"])
-        assert record["throughput"] == pytest.approx(record["timed_steps"] * record["global_batch"] / outside,
-                                                     rel=0.02)
+        assert record["throughput"] == pytest.approx(
+            record["timed_steps"] * record["global_batch"] / outside, rel=0.02
+        )
     steps = record["timed_steps"]
     per_rank = record["step_breakdown"]["per_rank_seconds"]
     communication = [seconds / steps for seconds in per_rank["communication"]]
@@ -186,7 +238,7 @@ class _HostEvent:
     def record(self) -> None:
         self.at = time.perf_counter()
 
-    def elapsed_time(self, end: "_HostEvent") -> float:
+    def elapsed_time(self, end: _HostEvent) -> float:
         return 1000.0 * (end.at - self.at)
 
 
@@ -194,8 +246,9 @@ class _HostEvent:
 def test_the_step_timer_moves_the_wait_after_the_last_gradient_to_communication(monkeypatch, device_type):
     """The timer's own arithmetic, on the CPU clock and through (stand-in) CUDA events resolved at the
     window's close: a known wait between the last gradient and the averaged gradients."""
-    import torch
     from types import SimpleNamespace
+
+    import torch
 
     from harness.training.timing import StepTimer
 

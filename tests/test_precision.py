@@ -16,8 +16,26 @@ from harness.backends.precision import LOSS_SCALE, Precision
 from .backend_cases import DISTRIBUTED
 from .conftest import launch
 
-FLAGS = ["--model", "cnn", "--dataset", "digits", "--batch-size", "16", "--max-steps", "4", "--threads", "1",
-         "--dropout", "0", "--eval-every", "0", "--calibration-steps", "0", "--precision", "fp16"]
+FLAGS = [
+    "--model",
+    "cnn",
+    "--dataset",
+    "digits",
+    "--batch-size",
+    "16",
+    "--max-steps",
+    "4",
+    "--threads",
+    "1",
+    "--dropout",
+    "0",
+    "--eval-every",
+    "0",
+    "--calibration-steps",
+    "0",
+    "--precision",
+    "fp16",
+]
 
 
 @pytest.mark.slow
@@ -39,17 +57,35 @@ def test_fp16_scales_losses_alike_and_trains_alike_under_every_backend(tmp_path)
 
 def test_an_overflowing_step_is_skipped_and_counted(monkeypatch):
     """A loss scale of 2^22 overflows float16 gradients: steps are skipped until the scale has backed off."""
-    monkeypatch.setitem(precision_module.LOSS_SCALE, "init_scale", 2.0 ** 22)
-    record = train(TrainConfig(batch_size=32, max_steps=6, threads=1, precision="fp16", eval_every=0,
-                               calibration_steps=0, timing_warmup_steps=0))
+    monkeypatch.setitem(precision_module.LOSS_SCALE, "init_scale", 2.0**22)
+    record = train(
+        TrainConfig(
+            batch_size=32,
+            max_steps=6,
+            threads=1,
+            precision="fp16",
+            eval_every=0,
+            calibration_steps=0,
+            timing_warmup_steps=0,
+        )
+    )
     assert 1 <= record["skipped_steps"] < 6
-    assert record["math"]["loss_scaling"]["init_scale"] == 2.0 ** 22
+    assert record["math"]["loss_scaling"]["init_scale"] == 2.0**22
 
 
 def test_bf16_keeps_float32_weights_and_records_its_settings(tmp_path):
     model_file = tmp_path / "m.pt"
-    record = train(TrainConfig(batch_size=32, max_steps=3, threads=1, precision="bf16", eval_every=0,
-                               calibration_steps=0, save_model=str(model_file)))
+    record = train(
+        TrainConfig(
+            batch_size=32,
+            max_steps=3,
+            threads=1,
+            precision="bf16",
+            eval_every=0,
+            calibration_steps=0,
+            save_model=str(model_file),
+        )
+    )
     assert record["math"]["precision"] == "bf16" and record["math"]["loss_scaling"] is None
     assert record["math"]["weights_dtype"] == "float32" and record["skipped_steps"] == 0
     assert {value.dtype for value in torch.load(model_file, weights_only=True).values()} == {torch.float32}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
-from typing import Dict, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -32,8 +32,13 @@ def write_idx(path: str, array: np.ndarray, gz: bool = False) -> None:
         handle.write(payload)
 
 
-def write_mnist(data_dir: str, train: Tuple[np.ndarray, np.ndarray], test: Tuple[np.ndarray, np.ndarray],
-                folder: str = "MNIST", gz: bool = False) -> str:
+def write_mnist(
+    data_dir: str,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    folder: str = "MNIST",
+    gz: bool = False,
+) -> str:
     """torchvision's MNIST raw layout: images [N, H, W] and labels [N] per split; returns the raw dir."""
     raw = os.path.join(data_dir, folder, "raw")
     for prefix, (images, labels) in (("train", train), ("t10k", test)):
@@ -46,27 +51,34 @@ def write_mnist(data_dir: str, train: Tuple[np.ndarray, np.ndarray], test: Tuple
 def write_digits_as_mnist(data_dir: str, test_size: int = 101, folder: str = "MNIST") -> None:
     """The embedded digits (learnable, 28x28) in MNIST's IDX layout; test_size is prime, so it never splits evenly."""
     train, test = load_digits("train"), load_digits("test")
-    write_mnist(data_dir, (train.images[:, 0], train.labels), (test.images[:test_size, 0], test.labels[:test_size]),
-                folder)
+    write_mnist(
+        data_dir, (train.images[:, 0], train.labels), (test.images[:test_size, 0], test.labels[:test_size]), folder
+    )
 
 
-def random_mnist(data_dir: str, train_size: int, test_size: int, seed: int = 0, **kwargs) -> Dict[str, np.ndarray]:
+def random_mnist(data_dir: str, train_size: int, test_size: int, seed: int = 0, **kwargs) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    arrays = {"train_images": rng.integers(0, 256, (train_size, 28, 28), dtype=np.uint8),
-              "train_labels": rng.integers(0, 10, train_size, dtype=np.uint8),
-              "test_images": rng.integers(0, 256, (test_size, 28, 28), dtype=np.uint8),
-              "test_labels": rng.integers(0, 10, test_size, dtype=np.uint8)}
-    write_mnist(data_dir, (arrays["train_images"], arrays["train_labels"]),
-                (arrays["test_images"], arrays["test_labels"]), **kwargs)
+    arrays = {
+        "train_images": rng.integers(0, 256, (train_size, 28, 28), dtype=np.uint8),
+        "train_labels": rng.integers(0, 10, train_size, dtype=np.uint8),
+        "test_images": rng.integers(0, 256, (test_size, 28, 28), dtype=np.uint8),
+        "test_labels": rng.integers(0, 10, test_size, dtype=np.uint8),
+    }
+    write_mnist(
+        data_dir,
+        (arrays["train_images"], arrays["train_labels"]),
+        (arrays["test_images"], arrays["test_labels"]),
+        **kwargs,
+    )
     return arrays
 
 
-def write_cifar10(data_dir: str, per_batch: int = 7, seed: int = 0) -> Dict[str, np.ndarray]:
+def write_cifar10(data_dir: str, per_batch: int = 7, seed: int = 0) -> dict[str, np.ndarray]:
     """torchvision's cifar-10-batches-py layout with `per_batch` images per file (5 train files, 1 test)."""
     rng = np.random.default_rng(seed)
     folder = os.path.join(data_dir, "cifar-10-batches-py")
     os.makedirs(folder, exist_ok=True)
-    out: Dict[str, list] = {"train_images": [], "train_labels": [], "test_images": [], "test_labels": []}
+    out: dict[str, list] = {"train_images": [], "train_labels": [], "test_images": [], "test_labels": []}
     for index, file in enumerate([f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]):
         data = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
         labels = rng.integers(0, 10, per_batch).tolist()
@@ -80,8 +92,9 @@ def write_cifar10(data_dir: str, per_batch: int = 7, seed: int = 0) -> Dict[str,
     return {key: np.concatenate(value) for key, value in out.items()}
 
 
-def write_image_tree(root: str, classes: Sequence[str], per_class: int, size: Tuple[int, int] = (24, 20),
-                     suffix: str = ".png") -> None:
+def write_image_tree(
+    root: str, classes: Sequence[str], per_class: int, size: tuple[int, int] = (24, 20), suffix: str = ".png"
+) -> None:
     """ROOT/<class>/<i><suffix>: class k's images are a flat colour with red = 40 * k."""
     from PIL import Image
 
@@ -123,8 +136,11 @@ def test_truncated_and_foreign_idx_files_are_rejected(tmp_path):
 
 
 def test_labels_that_do_not_match_images_are_rejected(tmp_path):
-    raw = write_mnist(str(tmp_path), (np.zeros((5, 28, 28), np.uint8), np.zeros(4, np.uint8)),
-                      (np.zeros((2, 28, 28), np.uint8), np.zeros(2, np.uint8)))
+    raw = write_mnist(
+        str(tmp_path),
+        (np.zeros((5, 28, 28), np.uint8), np.zeros(4, np.uint8)),
+        (np.zeros((2, 28, 28), np.uint8), np.zeros(2, np.uint8)),
+    )
     with pytest.raises(UsageError, match="4 labels for 5 images"):
         read_idx_split("mnist", raw, "train", str(tmp_path))
 
@@ -209,7 +225,8 @@ def test_prepared_mnist_is_memory_mapped_with_training_statistics(tmp_path):
     assert test.mean == train.mean  # the test set is normalised with the training statistics
     images, labels = train.fetch(np.array([7, 3, 41]))  # a batch keeps each image with its label
     assert {(img.numpy().tobytes(), int(label)) for img, label in zip(images[:, 0], labels)} == {
-        (arrays["train_images"][i].tobytes(), int(arrays["train_labels"][i])) for i in (7, 3, 41)}
+        (arrays["train_images"][i].tobytes(), int(arrays["train_labels"][i])) for i in (7, 3, 41)
+    }
 
 
 def test_prepared_arrays_travel_to_loader_workers_by_file_name(tmp_path):
@@ -242,7 +259,7 @@ def test_fashion_mnist_cifar10_and_imagefolder_prepare(tmp_path):
 def reference_crop_flip(image: np.ndarray, top: int, left: int, flip: int, padding: int = 4) -> np.ndarray:
     """torchvision's recipe for one image: zero-pad, crop at (top, left), then maybe mirror."""
     padded = np.pad(image, ((0, 0), (padding, padding), (padding, padding)))
-    crop = padded[:, top:top + image.shape[1], left:left + image.shape[2]]
+    crop = padded[:, top : top + image.shape[1], left : left + image.shape[2]]
     return crop[:, :, ::-1] if flip else crop
 
 

@@ -14,25 +14,47 @@ import torch
 
 import harness
 from harness import TrainConfig
-from harness.study.equivalence import UPDATE_BOUND, update_differences, worst
 from harness.process.launchers import launcher_command
+from harness.study.equivalence import UPDATE_BOUND, update_differences, worst
 from harness.training.models import build_model
 
 from .backend_cases import DISTRIBUTED
 from .conftest import REPO, run
 
 SCRIPT = os.path.join(REPO, "tests", "repeat_runs.py")
-COMMON = dict(model="cnn", dataset="digits", dropout=0.0, seed=0, lr=0.05, lr_scaling="none", max_steps=10,
-              threads=1, eval_every=0, calibration_steps=0, timing_warmup_steps=1)
+COMMON = dict(
+    model="cnn",
+    dataset="digits",
+    dropout=0.0,
+    seed=0,
+    lr=0.05,
+    lr_scaling="none",
+    max_steps=10,
+    threads=1,
+    eval_every=0,
+    calibration_steps=0,
+    timing_warmup_steps=1,
+)
 # What repeat_runs.py runs first, in processes of their own: every distributed backend, then each again.
 SEQUENCE = DISTRIBUTED * 2
 # The knobs of the first run of these backends in a fresh process, as they apply them.
-FIRST_RUN_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "process_group": "gloo",
-                            "gradient_allreduce": True},
-                    "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False},
-                    "deepspeed": {"zero_stage": 0, "process_group": "gloo", "throughput_timer": False,
-                                  "gradient_allreduce": True, "zero_reduce_bucket_elements": 500_000_000,
-                                  "zero_allgather_bucket_elements": 500_000_000}}
+FIRST_RUN_TUNING = {
+    "ddp": {
+        "bucket_cap_mb": 25.0,
+        "gradient_as_bucket_view": True,
+        "process_group": "gloo",
+        "gradient_allreduce": True,
+    },
+    "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False},
+    "deepspeed": {
+        "zero_stage": 0,
+        "process_group": "gloo",
+        "throughput_timer": False,
+        "gradient_allreduce": True,
+        "zero_reduce_bucket_elements": 500_000_000,
+        "zero_allgather_bucket_elements": 500_000_000,
+    },
+}
 
 
 def _max_difference(first: dict, second: dict) -> float:
@@ -59,21 +81,23 @@ def test_backends_one_after_another_in_the_same_two_mpi_processes(tmp_path):
             weights = torch.load(entry["weights"], weights_only=True)
             assert _update_difference(weights, reference) <= UPDATE_BOUND, entry
         first_tuning = {}
-        for entry in seen[:len(SEQUENCE)]:
+        for entry in seen[: len(SEQUENCE)]:
             # A backend's later run applies the knobs its first run did: nothing a run set leaked.
             assert entry["tuning"] == first_tuning.setdefault(entry["backend"], entry["tuning"]), entry
             assert entry["left_behind"] == [], entry
             assert entry["train_function"].startswith("<function train")
         assert {backend: first_tuning[backend] for backend in FIRST_RUN_TUNING} == {
             backend: {**tuning, "cpu_malloc": "reuse", "channels_last_weights": False, "compile": None}
-            for backend, tuning in FIRST_RUN_TUNING.items()}
-        assert all(entry["kept"] for entry in seen[len(SEQUENCE):]), seen[len(SEQUENCE):]
+            for backend, tuning in FIRST_RUN_TUNING.items()
+        }
+        assert all(entry["kept"] for entry in seen[len(SEQUENCE) :]), seen[len(SEQUENCE) :]
 
 
 def test_the_single_process_backend_twice_in_this_process(tmp_path):
     before = dict(os.environ), torch.get_num_threads()
-    records = [harness.train(TrainConfig(batch_size=32, save_model=str(tmp_path / f"{n}.pt"), **COMMON))
-               for n in range(2)]
+    records = [
+        harness.train(TrainConfig(batch_size=32, save_model=str(tmp_path / f"{n}.pt"), **COMMON)) for n in range(2)
+    ]
     assert (dict(os.environ), torch.get_num_threads()) == before
     assert [r["launcher"] for r in records] == ["none", "none"]
     assert records[0]["train_losses"] == records[1]["train_losses"]

@@ -16,7 +16,7 @@ import os
 import subprocess
 import zipfile
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Optional
 
 import pytest
 
@@ -27,16 +27,23 @@ install_torch = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(install_torch)
 
 # (name, version, requirement of torchvision on torch)
-RELEASES = [("torch", "2.14.1", None), ("torch", "2.15.0", None),
-            ("torchvision", "0.29.1", "torch==2.14.1"), ("torchvision", "0.30.0", "torch==2.15.0")]
+RELEASES = [
+    ("torch", "2.14.1", None),
+    ("torch", "2.15.0", None),
+    ("torchvision", "0.29.1", "torch==2.14.1"),
+    ("torchvision", "0.30.0", "torch==2.15.0"),
+]
 
 
 def _wheel(directory: Path, name: str, version: str, requires: Optional[str]) -> None:
     """A minimal valid wheel: metadata only."""
     dist = f"{name}-{version}.dist-info"
-    files = {f"{dist}/METADATA": "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
-                 name, version, f"Requires-Dist: {requires}\n" if requires else ""),
-             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        f"{dist}/METADATA": "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
+            name, version, f"Requires-Dist: {requires}\n" if requires else ""
+        ),
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     record = []
     for path, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
@@ -55,8 +62,9 @@ def index(tmp_path_factory) -> Path:
     return directory
 
 
-def _resolve(index: Path, tmp_path: Path, monkeypatch, environ: Dict[str, str], constraint: Optional[str],
-             capsys) -> tuple:
+def _resolve(
+    index: Path, tmp_path: Path, monkeypatch, environ: dict[str, str], constraint: Optional[str], capsys
+) -> tuple:
     """Run install_torch's request through real pip, offline, dry; (status, {name: version}, stderr)."""
     report = tmp_path / "report.json"
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # this machine's own constraints stay out of it
@@ -67,13 +75,16 @@ def _resolve(index: Path, tmp_path: Path, monkeypatch, environ: Dict[str, str], 
         monkeypatch.setenv("PIP_CONSTRAINT", str(tmp_path / "constraints.txt"))
     ranges = install_torch.supported_ranges((Path(REPO) / "pyproject.toml").read_text())
     requested = install_torch.requirements(ranges, environ)
-    status = install_torch.install(requested, str(tmp_path / "pip.log"),
-                                   ["--dry-run", "--ignore-installed", "--no-index", "--find-links", str(index),
-                                    "--report", str(report)])
+    status = install_torch.install(
+        requested,
+        str(tmp_path / "pip.log"),
+        ["--dry-run", "--ignore-installed", "--no-index", "--find-links", str(index), "--report", str(report)],
+    )
     chosen = {}
     if status == 0:
-        chosen = {item["metadata"]["name"]: item["metadata"]["version"]
-                  for item in json.loads(report.read_text())["install"]}
+        chosen = {
+            item["metadata"]["name"]: item["metadata"]["version"] for item in json.loads(report.read_text())["install"]
+        }
     return status, chosen, capsys.readouterr().err
 
 
@@ -84,11 +95,14 @@ def test_the_request_is_the_supported_range_unless_overridden():
     assert install_torch.requirements(ranges, {"TORCHVISION_SPEC": "torchvision==0.29.1"})[1] == "torchvision==0.29.1"
 
 
-@pytest.mark.parametrize("constraint, expected", [
-    (None, {"torch": "2.15.0", "torchvision": "0.30.0"}),
-    ("torchvision<=0.29.1", {"torch": "2.14.1", "torchvision": "0.29.1"}),  # the cap seen on a fresh machine
-    ("torch<2.15", {"torch": "2.14.1", "torchvision": "0.29.1"}),
-])
+@pytest.mark.parametrize(
+    "constraint, expected",
+    [
+        (None, {"torch": "2.15.0", "torchvision": "0.30.0"}),
+        ("torchvision<=0.29.1", {"torch": "2.14.1", "torchvision": "0.29.1"}),  # the cap seen on a fresh machine
+        ("torch<2.15", {"torch": "2.14.1", "torchvision": "0.29.1"}),
+    ],
+)
 def test_pip_picks_a_pair_that_fits_the_sites_constraints(index, tmp_path, monkeypatch, capsys, constraint, expected):
     status, chosen, stderr = _resolve(index, tmp_path, monkeypatch, {}, constraint, capsys)
     assert status == 0, stderr + (tmp_path / "pip.log").read_text()
@@ -96,10 +110,11 @@ def test_pip_picks_a_pair_that_fits_the_sites_constraints(index, tmp_path, monke
 
 
 def test_an_impossible_request_is_one_line_naming_the_conflict_and_the_fix(index, tmp_path, monkeypatch, capsys):
-    status, _, stderr = _resolve(index, tmp_path, monkeypatch, {"TORCHVISION_SPEC": "torchvision==0.30.0"},
-                                 "torchvision<=0.29.1", capsys)
+    status, _, stderr = _resolve(
+        index, tmp_path, monkeypatch, {"TORCHVISION_SPEC": "torchvision==0.30.0"}, "torchvision<=0.29.1", capsys
+    )
     assert status == 2
-    line, = stderr.strip().splitlines()
+    (line,) = stderr.strip().splitlines()
     assert line.startswith("[setup] error: pip cannot install")
     assert "torchvision==0.30.0" in line and "(constraint) torchvision<=0.29.1" in line
     assert "TORCH_SPEC" in line and "TORCHVISION_SPEC" in line and "pip config list" in line
@@ -108,13 +123,14 @@ def test_an_impossible_request_is_one_line_naming_the_conflict_and_the_fix(index
 def test_a_missing_release_is_one_line_too(index, tmp_path, monkeypatch, capsys):
     status, _, stderr = _resolve(index, tmp_path, monkeypatch, {"TORCH_SPEC": "torch==9.9"}, None, capsys)
     assert status == 2
-    line, = stderr.strip().splitlines()
+    (line,) = stderr.strip().splitlines()
     assert "no release of torch==9.9 is available to pip here" in line
 
 
 def test_the_setup_scripts_pass_shellcheck():
-    scripts = [os.path.join(REPO, "tools", name) for name in os.listdir(os.path.join(REPO, "tools"))
-               if name.endswith(".sh")]
+    scripts = [
+        os.path.join(REPO, "tools", name) for name in os.listdir(os.path.join(REPO, "tools")) if name.endswith(".sh")
+    ]
     result = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 

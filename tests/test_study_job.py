@@ -106,11 +106,18 @@ def test_slurm_requeues_a_preempted_job_itself_where_the_queue_does(tmp_path, mo
     assert scheduler.jobs == [] and job.events() == ["preempted: requeued by the scheduler"]
 
 
-@pytest.mark.parametrize("fixture, values, reason", [
-    ("scontrol_perlmutter_debug.json", {}, "queue debug allows no job chaining"),
-    ("scontrol_perlmutter_regular.json", {"RESUBMIT": "0"}, "RESUBMIT=0"),
-    ("scontrol_perlmutter_regular.json", {"MAX_RESUBMISSIONS": "0"}, "0 resubmissions already (MAX_RESUBMISSIONS=0)"),
-])
+@pytest.mark.parametrize(
+    "fixture, values, reason",
+    [
+        ("scontrol_perlmutter_debug.json", {}, "queue debug allows no job chaining"),
+        ("scontrol_perlmutter_regular.json", {"RESUBMIT": "0"}, "RESUBMIT=0"),
+        (
+            "scontrol_perlmutter_regular.json",
+            {"MAX_RESUBMISSIONS": "0"},
+            "0 resubmissions already (MAX_RESUBMISSIONS=0)",
+        ),
+    ],
+)
 def test_no_continuation_where_it_is_not_allowed(tmp_path, monkeypatch, capsys, fixture, values, reason):
     scheduler = Resubmissions(monkeypatch, cause="preempted")
     job = perlmutter_job(tmp_path, fixture, **values)
@@ -120,10 +127,17 @@ def test_no_continuation_where_it_is_not_allowed(tmp_path, monkeypatch, capsys, 
 
 def frontier_job(tmp_path, qos: str, **values: str):
     """A Frontier job submitted with -p batch -q QOS, as its scontrol record shows it."""
-    record = JobRecord("9", name="harness-scaling", account="csc123", queue="batch", submit_queue="batch",
-                       options={"partition": "batch", "qos": qos, "nodes": "2", "account": "csc123", "time": "60"})
-    return make_job("frontier", str(tmp_path / "job"), values, record=record, nodes=2, gpus=8,
-                    script="/kit/job.sbatch")
+    record = JobRecord(
+        "9",
+        name="harness-scaling",
+        account="csc123",
+        queue="batch",
+        submit_queue="batch",
+        options={"partition": "batch", "qos": qos, "nodes": "2", "account": "csc123", "time": "60"},
+    )
+    return make_job(
+        "frontier", str(tmp_path / "job"), values, record=record, nodes=2, gpus=8, script="/kit/job.sbatch"
+    )
 
 
 def test_frontiers_debug_qos_never_chains(tmp_path, monkeypatch, capsys):
@@ -152,7 +166,9 @@ def test_a_slurm_resubmission_leaves_this_jobs_variables_behind(tmp_path, monkey
         monkeypatch.setenv(name, value)
     command, environ, directory = continuation._submission(job, job.profile.queue("regular"))
     assert command[0] == "sbatch" and command[-1] == str(script)
-    assert "SLURM_JOB_ID" not in environ and "SLURM_NTASKS" not in environ and environ["SLURM_CONF"] == "/etc/slurm.conf"
+    assert (
+        "SLURM_JOB_ID" not in environ and "SLURM_NTASKS" not in environ and environ["SLURM_CONF"] == "/etc/slurm.conf"
+    )
     assert environ["JOB_DIR"] == job.settings.job_dir and directory == "/global/homes/j/jdoe/dp-harness"
     assert os.path.isabs(environ["KIT_DIR"])
 

@@ -10,8 +10,16 @@ import stat
 import pytest
 
 from harness.errors import UsageError
-from harness.study.scheduler import (JobRecord, parse_qstat_json, parse_scontrol_json, parse_scontrol_oneliner,
-                                     pbs_allocation, read_pbs_job, split_submit_arguments, termination_cause)
+from harness.study.scheduler import (
+    JobRecord,
+    parse_qstat_json,
+    parse_scontrol_json,
+    parse_scontrol_oneliner,
+    pbs_allocation,
+    read_pbs_job,
+    split_submit_arguments,
+    termination_cause,
+)
 from harness.study.sites import load_site
 from harness.study.submit import qsub_resubmission, sbatch_resubmission
 from harness.study.walltime import format_walltime, parse_walltime
@@ -27,11 +35,20 @@ def data(name: str) -> str:
         return handle.read()
 
 
-@pytest.mark.parametrize("text, seconds", [
-    ("1-00:00:00", 86400),  # a day, not "1" minute (the old template cut at the dash)
-    ("2-12", 2 * 86400 + 12 * 3600), ("1-02:30", 86400 + 2 * 3600 + 30 * 60), ("2:00:00", 7200),
-    ("30:00", 1800), ("30", 1800), ("45:30", 45 * 60 + 30), ("UNLIMITED", None), ("infinite", None),
-])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("1-00:00:00", 86400),  # a day, not "1" minute (the old template cut at the dash)
+        ("2-12", 2 * 86400 + 12 * 3600),
+        ("1-02:30", 86400 + 2 * 3600 + 30 * 60),
+        ("2:00:00", 7200),
+        ("30:00", 1800),
+        ("30", 1800),
+        ("45:30", 45 * 60 + 30),
+        ("UNLIMITED", None),
+        ("infinite", None),
+    ],
+)
 def test_slurm_walltimes_in_every_format(text, seconds):
     assert parse_walltime(text, "slurm") == seconds
 
@@ -41,7 +58,9 @@ def test_pbs_walltimes(text, seconds):
     assert parse_walltime(text, "pbs") == seconds
 
 
-@pytest.mark.parametrize("text, style", [("1-", "slurm"), ("1:2:3:4", "slurm"), ("1-00:00:00", "pbs"), ("an hour", "pbs")])
+@pytest.mark.parametrize(
+    "text, style", [("1-", "slurm"), ("1:2:3:4", "slurm"), ("1-00:00:00", "pbs"), ("an hour", "pbs")]
+)
 def test_a_malformed_walltime_names_the_format(text, style):
     with pytest.raises(UsageError, match="HH:MM:SS"):
         parse_walltime(text, style)
@@ -57,20 +76,41 @@ def test_qstat_json_keeps_the_routing_queue_the_job_was_submitted_to():
     # submissions). PBS_O_QUEUE (here from Variable_List) says where it went in: prod.
     record = parse_qstat_json(data("qstat_polaris_prod.json"), POLARIS_JOB, environ={})
     assert (record.queue, record.submit_queue) == ("small", "prod")
-    assert (record.nodes, record.walltime_s, record.filesystems, record.account) == (12, 3 * 3600, "home:eagle",
-                                                                                      "DLscaling")
-    assert record.outputs == ["/home/jdoe/dp-harness/harness-scaling.o3214567",
-                              "/home/jdoe/dp-harness/harness-scaling.e3214567"]
+    assert (record.nodes, record.walltime_s, record.filesystems, record.account) == (
+        12,
+        3 * 3600,
+        "home:eagle",
+        "DLscaling",
+    )
+    assert record.outputs == [
+        "/home/jdoe/dp-harness/harness-scaling.o3214567",
+        "/home/jdoe/dp-harness/harness-scaling.e3214567",
+    ]
     assert record.script == "submissions/polaris.sc" and record.workdir == "/home/jdoe/dp-harness"
-    command = qsub_resubmission(record, record.submit_queue, "/eagle/DLscaling/study", "/home/jdoe/dp-harness/"
-                                "submissions/polaris.sc", {"JOB_DIR": "/eagle/DLscaling/study"})
+    command = qsub_resubmission(
+        record,
+        record.submit_queue,
+        "/eagle/DLscaling/study",
+        "/home/jdoe/dp-harness/submissions/polaris.sc",
+        {"JOB_DIR": "/eagle/DLscaling/study"},
+    )
     assert command[command.index("-q") + 1] == "prod" and command.count("-q") == 1
     # The same resources as submitted, the user's -v values whole (from Variable_List), after this job.
-    assert command[:9] == ["qsub", "-A", "DLscaling", "-l", "select=12:system=polaris", "-l", "walltime=3:00:00",
-                           "-q", "prod"]
+    assert command[:9] == [
+        "qsub",
+        "-A",
+        "DLscaling",
+        "-l",
+        "select=12:system=polaris",
+        "-l",
+        "walltime=3:00:00",
+        "-q",
+        "prod",
+    ]
     assert command[command.index("-W") + 1] == f"depend=afterany:{POLARIS_JOB}"
-    assert command[command.index("-v") + 1] == ("BACKENDS=ddp deepspeed,SCALING=strong,STEPS=500,"
-                                                "JOB_DIR=/eagle/DLscaling/study")
+    assert command[command.index("-v") + 1] == (
+        "BACKENDS=ddp deepspeed,SCALING=strong,STEPS=500,JOB_DIR=/eagle/DLscaling/study"
+    )
 
 
 def test_the_jobs_own_environment_names_the_submit_queue_first():
@@ -80,11 +120,17 @@ def test_the_jobs_own_environment_names_the_submit_queue_first():
 
 
 def test_submit_arguments_keep_unquoted_values_whole():
-    options, script = split_submit_arguments("-A p -v TRAIN_ARGS=--eval-every 0 --seed 3,STEPS=9 -lwalltime=1:00:00 "
-                                             "-V -q debug job.sc")
+    options, script = split_submit_arguments(
+        "-A p -v TRAIN_ARGS=--eval-every 0 --seed 3,STEPS=9 -lwalltime=1:00:00 -V -q debug job.sc"
+    )
     assert script == "job.sc"
-    assert options == [("-A", "p"), ("-v", "TRAIN_ARGS=--eval-every 0 --seed 3,STEPS=9"), ("-l", "walltime=1:00:00"),
-                       ("-V", None), ("-q", "debug")]
+    assert options == [
+        ("-A", "p"),
+        ("-v", "TRAIN_ARGS=--eval-every 0 --seed 3,STEPS=9"),
+        ("-l", "walltime=1:00:00"),
+        ("-V", None),
+        ("-q", "debug"),
+    ]
 
 
 def test_the_job_is_read_from_json_never_from_wrapped_qstat_f(tmp_path, monkeypatch):
@@ -95,8 +141,9 @@ def test_the_job_is_read_from_json_never_from_wrapped_qstat_f(tmp_path, monkeypa
     qstat = tmp_path / "qstat"
     (tmp_path / "f.txt").write_text(wrapped)
     (tmp_path / "json").write_text(data("qstat_polaris_prod.json"))
-    qstat.write_text(f'#!/bin/bash\nif [[ "$1" == -fF && "$2" == json ]]; then cat {tmp_path}/json; '
-                     f'else cat {tmp_path}/f.txt; fi\n')
+    qstat.write_text(
+        f'#!/bin/bash\nif [[ "$1" == -fF && "$2" == json ]]; then cat {tmp_path}/json; else cat {tmp_path}/f.txt; fi\n'
+    )
     qstat.chmod(qstat.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     record = read_pbs_job(POLARIS_JOB, {})
@@ -121,15 +168,29 @@ def test_no_nodefile_says_to_run_in_the_job():
 def test_scontrol_json_in_both_shapes_gives_every_resource_back_to_sbatch(fixture):
     record = parse_scontrol_json(data(fixture), "qos")
     assert (record.job_id, record.name, record.queue, record.nodes, record.walltime_s) == (
-        "31415926", "harness-scaling", "regular", 2, 86400)
+        "31415926",
+        "harness-scaling",
+        "regular",
+        2,
+        86400,
+    )
     assert record.script == "/global/homes/j/jdoe/dp-harness/submissions/perlmutter.sbatch"
     command = sbatch_resubmission(record, "qos", "/pscratch/sd/j/jdoe/study", record.script, requeue=False)
     flags = _options(command)
     # -C, --gpus-per-node and --ntasks-per-node were dropped before; a day stayed a day, not a minute.
-    assert flags == {"--dependency": "afterany:31415926", "--job-name": "harness-scaling",
-                     "--output": "/pscratch/sd/j/jdoe/study/%x-%j.out", "--nodes": "2", "--ntasks-per-node": "4",
-                     "--cpus-per-task": "32", "--gpus-per-node": "4", "--constraint": "gpu", "--account": "m4321",
-                     "--time": "1440", "--qos": "regular"}
+    assert flags == {
+        "--dependency": "afterany:31415926",
+        "--job-name": "harness-scaling",
+        "--output": "/pscratch/sd/j/jdoe/study/%x-%j.out",
+        "--nodes": "2",
+        "--ntasks-per-node": "4",
+        "--cpus-per-task": "32",
+        "--gpus-per-node": "4",
+        "--constraint": "gpu",
+        "--account": "m4321",
+        "--time": "1440",
+        "--qos": "regular",
+    }
     assert "--partition" not in command  # at NERSC -C and -q choose it
     assert command[-1] == record.script and "--requeue" not in command
 
@@ -164,8 +225,9 @@ def test_a_partition_site_resubmits_to_its_partition_and_asks_for_requeue_where_
 def test_a_partition_site_that_lists_qoses_resubmits_to_both():
     # Frontier: -p batch -q <qos>; the continuation must keep both, or it lands in the default QOS.
     record = parse_scontrol_oneliner(data("scontrol_oneliner_2205.txt"), "partition")
-    command = sbatch_resubmission(record, "partition", "/scratch/study", "/kit/job.sbatch", requeue=False,
-                                  with_qos=True)
+    command = sbatch_resubmission(
+        record, "partition", "/scratch/study", "/kit/job.sbatch", requeue=False, with_qos=True
+    )
     flags = _options(command)
     assert (flags["--partition"], flags["--qos"]) == ("gpu_ss11", "regular") and command.count("--qos") == 1
     assert sbatch_resubmission(record, "qos", "/s", "/kit/job.sbatch", False, with_qos=True).count("--qos") == 1

@@ -77,19 +77,30 @@ def test_polaris_launches_with_depth_binding_and_the_affinity_helper(tmp_path):
     job = make_job("polaris", str(tmp_path / "job"), gpus=4)
     assert site_launch(job.profile, job.settings, "/kit") == (
         "mpiexec -n {ranks} --ppn {ppn} --depth 8 --cpu-bind depth --env OMP_NUM_THREADS=8 "
-        "/kit/submissions/set_affinity_gpu_polaris.sh")
+        "/kit/submissions/set_affinity_gpu_polaris.sh"
+    )
     shared = make_job("polaris", str(tmp_path / "mps"), {"PROCS_PER_GPU": "2"}, gpus=4)
     assert shared.settings.ranks_per_node == 8 and shared.settings.depth == 4
     assert shared.profile.mps_command("start", {"nodes": 2, "kit": "/kit"}) == [
-        "mpiexec", "-n", "2", "--ppn", "1", "/kit/submissions/mps.sh", "start"]
+        "mpiexec",
+        "-n",
+        "2",
+        "--ppn",
+        "1",
+        "/kit/submissions/mps.sh",
+        "start",
+    ]
 
 
 def test_perlmutter_launches_srun_with_gpus_in_reverse_order(tmp_path):
     job = make_job("perlmutter", str(tmp_path / "job"), gpus=4)
     assert site_launch(job.profile, job.settings, "/kit") == (
         "srun --nodes {nodes} --ntasks {ranks} --ntasks-per-node {ppn} --cpus-per-task 16 --cpu-bind cores "
-        "--gpus-per-node 4 env CUDA_VISIBLE_DEVICES=3,2,1,0")
-    cpu = make_job("perlmutter", str(tmp_path / "cpu"), {"GPUS_PER_NODE": "0", "RANKS_PER_NODE": "2", "SRUN_MPI": "pmix"})
+        "--gpus-per-node 4 env CUDA_VISIBLE_DEVICES=3,2,1,0"
+    )
+    cpu = make_job(
+        "perlmutter", str(tmp_path / "cpu"), {"GPUS_PER_NODE": "0", "RANKS_PER_NODE": "2", "SRUN_MPI": "pmix"}
+    )
     assert site_launch(cpu.profile, cpu.settings, "/kit").endswith("--cpu-bind cores --mpi pmix")
 
 
@@ -103,8 +114,18 @@ def test_polaris_affinity_helper_follows_the_profiles_gpu_order():
     seen = []
     for local_rank in range(4):
         env = dict(os.environ, GPUS_PER_NODE="4", PROCS_PER_GPU="1", PMI_LOCAL_RANK=str(local_rank))
-        result = subprocess.run([os.path.join(REPO, "submissions", "set_affinity_gpu_polaris.sh"), "sh", "-c",
-                                 'echo "$CUDA_VISIBLE_DEVICES"'], env=env, capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            [
+                os.path.join(REPO, "submissions", "set_affinity_gpu_polaris.sh"),
+                "sh",
+                "-c",
+                'echo "$CUDA_VISIBLE_DEVICES"',
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         seen.append(int(result.stdout))
     assert seen == order == [3, 2, 1, 0]
 
@@ -113,13 +134,18 @@ def test_polaris_sets_nccl_net_always_a_short_tmpdir_and_the_hsn_domain(tmp_path
     # NCCL_NET names the plugin even where its directory is not found: NCCL then fails loudly
     # instead of falling back to TCP sockets. The job's long TMPDIR is replaced (MPS sockets).
     job = make_job("polaris", str(tmp_path / "job"), gpus=4)
-    environ = {"TMPDIR": "/local/scratch/pbs.3214567.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov",
-               "NCCL_CROSS_NIC": "0"}
+    environ = {
+        "TMPDIR": "/local/scratch/pbs.3214567.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov",
+        "NCCL_CROSS_NIC": "0",
+    }
     apply_site_environment(job, environ)
     assert environ["NCCL_NET"] == "AWS Libfabric" and environ["TMPDIR"] == "/tmp"
     assert environ["NCCL_CROSS_NIC"] == "0"  # a tuning value the user set wins over the site's default
     assert (environ["FI_MR_CACHE_MONITOR"], environ["FI_CXI_DEFAULT_CQ_SIZE"], environ["NCCL_NET_GDR_LEVEL"]) == (
-        "userfaultfd", "131072", "PHB")
+        "userfaultfd",
+        "131072",
+        "PHB",
+    )
     assert environ["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/mps-123/pipe"
     assert environ[RENDEZVOUS_DOMAIN_VARIABLE] == "hsn.cm.polaris.alcf.anl.gov"
     assert environ["GPUS_PER_NODE"] == "4"
@@ -129,10 +155,17 @@ def test_polaris_sets_nccl_net_always_a_short_tmpdir_and_the_hsn_domain(tmp_path
 
 
 def test_rank_zero_is_reached_on_the_high_speed_network():
-    pals = {"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "1", "PMI_LOCAL_SIZE": "4",
-            RENDEZVOUS_DOMAIN_VARIABLE: "hsn.cm.polaris.alcf.anl.gov"}
-    assert detect_cluster(pals, mpi_hostname=lambda: "x3005c0s7b0n0").master_addr == \
-        "x3005c0s7b0n0.hsn.cm.polaris.alcf.anl.gov"
+    pals = {
+        "PMI_RANK": "5",
+        "PMI_SIZE": "8",
+        "PMI_LOCAL_RANK": "1",
+        "PMI_LOCAL_SIZE": "4",
+        RENDEZVOUS_DOMAIN_VARIABLE: "hsn.cm.polaris.alcf.anl.gov",
+    }
+    assert (
+        detect_cluster(pals, mpi_hostname=lambda: "x3005c0s7b0n0").master_addr
+        == "x3005c0s7b0n0.hsn.cm.polaris.alcf.anl.gov"
+    )
     qualified = detect_cluster(pals, mpi_hostname=lambda: "x3005c0s7b0n0.cm.polaris.alcf.anl.gov").master_addr
     assert qualified == "x3005c0s7b0n0.hsn.cm.polaris.alcf.anl.gov"
     plain = {k: v for k, v in pals.items() if k != RENDEZVOUS_DOMAIN_VARIABLE}
@@ -141,9 +174,16 @@ def test_rank_zero_is_reached_on_the_high_speed_network():
 
 def test_rank_zero_is_the_first_host_of_the_steps_node_list():
     # A 2-node run inside a 4-node job: its step runs on nid[003-004], so rank 0 is on nid003.
-    step = {"SLURM_PROCID": "0", "SLURM_STEP_ID": "3", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "0",
-            "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "nid[001-004]",
-            "SLURM_STEP_NODELIST": "nid[003-004]"}
+    step = {
+        "SLURM_PROCID": "0",
+        "SLURM_STEP_ID": "3",
+        "SLURM_STEP_NUM_TASKS": "8",
+        "SLURM_LOCALID": "0",
+        "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_NODELIST": "nid[001-004]",
+        "SLURM_STEP_NODELIST": "nid[003-004]",
+    }
     assert detect_cluster(step).master_addr == "nid003"
 
 
@@ -153,15 +193,21 @@ def test_aurora_binds_six_ranks_to_each_socket_and_one_tile_to_each_rank(tmp_pat
     job = make_job("aurora", str(tmp_path / "job"), gpus=12)
     assert site_launch(job.profile, job.settings, "/kit") == (
         "mpiexec -n {ranks} --ppn {ppn} --cpu-bind list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:"
-        "85-92:93-100 --env OMP_NUM_THREADS=8 /kit/submissions/set_affinity_gpu_aurora.sh")
+        "85-92:93-100 --env OMP_NUM_THREADS=8 /kit/submissions/set_affinity_gpu_aurora.sh"
+    )
     assert job.profile.cpu_bind_list(4, 25) == "1-25:26-50:53-77:78-102"
     with pytest.raises(UsageError, match="pass RANKS_PER_NODE of at most 102"):
         job.profile.cpu_bind_list(104, 1)
     seen = []
     for local_rank in range(14):
         env = dict(os.environ, GPUS_PER_NODE="12", PROCS_PER_GPU="1", PALS_LOCAL_RANKID=str(local_rank))
-        result = subprocess.run([os.path.join(REPO, "submissions", "set_affinity_gpu_aurora.sh"), "sh", "-c",
-                                 'echo "$ZE_AFFINITY_MASK"'], env=env, capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            [os.path.join(REPO, "submissions", "set_affinity_gpu_aurora.sh"), "sh", "-c", 'echo "$ZE_AFFINITY_MASK"'],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         seen.append(int(result.stdout))
     assert seen == [*job.profile.gpu_order_list(12), 0, 1]
 
@@ -171,7 +217,10 @@ def test_aurora_sets_the_oneccl_environment_alcf_recommends_and_the_hsn_domain(t
     environ = {"CCL_KVS_MODE": "pmi"}
     apply_site_environment(job, environ)
     assert (environ["CCL_PROCESS_LAUNCHER"], environ["CCL_ATL_TRANSPORT"], environ["FI_MR_CACHE_MONITOR"]) == (
-        "pmix", "mpi", "userfaultfd")
+        "pmix",
+        "mpi",
+        "userfaultfd",
+    )
     assert environ["CCL_KVS_MODE"] == "pmi"  # a tuning value the user set wins over the site's default
     assert environ[RENDEZVOUS_DOMAIN_VARIABLE] == "hsn.cm.aurora.alcf.anl.gov"
 
@@ -181,7 +230,13 @@ def test_aurora_and_frontier_queues_route_by_node_count():
     assert aurora.execution_queue("prod", 256).name == "small" and aurora.execution_queue("prod", 2000).name == "large"
     assert aurora.queue("debug-scaling").min_nodes == 2 and not aurora.queue("debug").chaining
     assert [frontier.execution_queue("batch", n).name for n in (1, 91, 92, 184, 1882, 5645)] == [
-        "batch-bin5", "batch-bin5", "batch-bin4", "batch-bin3", "batch-bin2", "batch-bin1"]
+        "batch-bin5",
+        "batch-bin5",
+        "batch-bin4",
+        "batch-bin3",
+        "batch-bin2",
+        "batch-bin1",
+    ]
     assert [frontier.execution_queue("batch", n).max_walltime_s // 3600 for n in (91, 183, 9472)] == [2, 6, 12]
     assert frontier.queue("extended").max_walltime_s == 86400 and frontier.queue("extended").max_nodes == 64
     with pytest.raises(UsageError, match="routes jobs of 9473 node"):
@@ -198,16 +253,22 @@ def test_frontier_lists_its_debug_qos_beside_its_partitions():
     assert perlmutter.qos == {} and perlmutter.qos_limits("debug") is None  # its queues are the QOSes
 
 
-@pytest.mark.parametrize("change, error", [
-    ({"qos": ["debug"]}, '"qos" must map each name to an object of its limits'),
-    ({"qos": {"debug": "02:00:00"}}, '"qos" must map each name to an object of its limits'),
-    ({"qos": {"debug": {"max_wall": "02:00:00"}}}, "qos debug: .*max_wall"),
-    ({"qos": {"debug": {"max_walltime": "2h"}}}, "qos debug: walltime '2h' is not a slurm time limit"),
-    ({"qos": {"debug": {"chaining": "no"}}}, "qos debug: chaining 'no' is not true or false"),
-    ({"qos": {"debug": {"max_running_jobs": True}}}, "qos debug: max_running_jobs True is not a whole number"),
-    ({"qos": {"debug": {"routes_to": ["batch"]}}}, "qos debug: routes_to, execution_only and preempt are partition"),
-    ({"queue_field": "qos"}, '"qos" describes the QOSes of a Slurm site whose queues are partitions'),
-])
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        ({"qos": ["debug"]}, '"qos" must map each name to an object of its limits'),
+        ({"qos": {"debug": "02:00:00"}}, '"qos" must map each name to an object of its limits'),
+        ({"qos": {"debug": {"max_wall": "02:00:00"}}}, "qos debug: .*max_wall"),
+        ({"qos": {"debug": {"max_walltime": "2h"}}}, "qos debug: walltime '2h' is not a slurm time limit"),
+        ({"qos": {"debug": {"chaining": "no"}}}, "qos debug: chaining 'no' is not true or false"),
+        ({"qos": {"debug": {"max_running_jobs": True}}}, "qos debug: max_running_jobs True is not a whole number"),
+        (
+            {"qos": {"debug": {"routes_to": ["batch"]}}},
+            "qos debug: routes_to, execution_only and preempt are partition",
+        ),
+        ({"queue_field": "qos"}, '"qos" describes the QOSes of a Slurm site whose queues are partitions'),
+    ],
+)
 def test_a_malformed_qos_table_is_refused_naming_what_is_wrong(change, error):
     data = json.load(open(os.path.join(REPO, "harness", "study", "sites", "frontier.json")))
     with pytest.raises(UsageError, match=f"site profile x.json: {error}"):
@@ -220,11 +281,15 @@ def test_frontier_binds_each_rank_to_its_closest_gcd_and_sets_the_rccl_plugin_en
     job = make_job("frontier", str(tmp_path / "job"), gpus=8)
     assert site_launch(job.profile, job.settings, "/kit") == (
         "srun --nodes {nodes} --ntasks {ranks} --ntasks-per-node {ppn} --cpus-per-task 7 --gpus-per-task 1 "
-        "--gpu-bind closest")
+        "--gpu-bind closest"
+    )
     environ = {}
     apply_site_environment(job, environ)
     assert (environ["NCCL_NET_GDR_LEVEL"], environ["NCCL_CROSS_NIC"], environ["FI_MR_CACHE_MONITOR"]) == (
-        "PHB", "1", "kdreg2")
+        "PHB",
+        "1",
+        "kdreg2",
+    )
     assert "NCCL_NET" not in environ  # the plugin does not start in one-node jobs: forcing it would fail them
 
 

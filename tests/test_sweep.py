@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from harness.errors import UsageError
-from harness.training.record import read_records
 from harness.study.sweep import PBS_TEMPLATE, SweepSettings, plan_sweep
+from harness.training.record import read_records
 
 from .backend_cases import DISTRIBUTED
 from .conftest import harness
@@ -20,11 +20,18 @@ BACKENDS = DISTRIBUTED
 # is the harness's CPU default, not Horovod's 1 ms). A backend registered without its entry here
 # fails test_every_backend_declares_its_knobs. A backend that records `gradient_allreduce` skips the
 # identity allreduce at one rank (Horovod does so itself, and does not record it).
-DEFAULT_TUNING = {"ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "process_group": "gloo"},
-                  "deepspeed": {"zero_stage": 0, "process_group": "gloo", "throughput_timer": False,
-                                "zero_reduce_bucket_elements": 500_000_000, "zero_allgather_bucket_elements": 500_000_000},
-                  "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False},
-                  "fsdp": {"reshard_after_forward": True, "fsdp_units": 3, "process_group": "gloo"}}
+DEFAULT_TUNING = {
+    "ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "process_group": "gloo"},
+    "deepspeed": {
+        "zero_stage": 0,
+        "process_group": "gloo",
+        "throughput_timer": False,
+        "zero_reduce_bucket_elements": 500_000_000,
+        "zero_allgather_bucket_elements": 500_000_000,
+    },
+    "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False},
+    "fsdp": {"reshard_after_forward": True, "fsdp_units": 3, "process_group": "gloo"},
+}
 
 
 def test_every_backend_declares_its_knobs():
@@ -32,15 +39,21 @@ def test_every_backend_declares_its_knobs():
 
 
 def _settings(tmp_path, **overrides) -> SweepSettings:
-    values = dict(backends=["none", *BACKENDS], ranks=[1, 2], scaling="weak", results=str(tmp_path / "r.jsonl"),
-                  repeats=1,
-                  train_args=["--model", "cnn", "--dataset", "synthetic", "--batch-size", "32"], sweep_id="s1")
+    values = dict(
+        backends=["none", *BACKENDS],
+        ranks=[1, 2],
+        scaling="weak",
+        results=str(tmp_path / "r.jsonl"),
+        repeats=1,
+        train_args=["--model", "cnn", "--dataset", "synthetic", "--batch-size", "32"],
+        sweep_id="s1",
+    )
     values.update(overrides)
     return SweepSettings(**values)
 
 
 def _train_flags(command) -> list:
-    return list(command[list(command).index("train") + 1:])
+    return list(command[list(command).index("train") + 1 :])
 
 
 def test_weak_sweep_runs_every_combination_with_the_backends_own_launchers(tmp_path):
@@ -48,8 +61,12 @@ def test_weak_sweep_runs_every_combination_with_the_backends_own_launchers(tmp_p
     assert SweepSettings(backends=["ddp"], ranks=[1], scaling="weak", results="r").repeats == 3  # 95% intervals
     # Repeats are interleaved; the single-process baseline runs at one rank only.
     assert [(r.repeat, r.ranks, r.backend) for r in runs] == [
-        (repeat, ranks, backend) for repeat in (0, 1) for ranks in (1, 2)
-        for backend in ["none", *BACKENDS] if backend != "none" or ranks == 1]
+        (repeat, ranks, backend)
+        for repeat in (0, 1)
+        for ranks in (1, 2)
+        for backend in ["none", *BACKENDS]
+        if backend != "none" or ranks == 1
+    ]
     launchers = {(r.backend, r.ranks): " ".join(r.command[:3]) for r in runs}
     assert launchers["none", 1] == f"{sys.executable} -m harness"
     assert launchers["ddp", 2] == f"{sys.executable} -m torch.distributed.run"
@@ -72,8 +89,9 @@ def test_every_run_of_a_study_gets_the_same_threads_per_rank(tmp_path):
     assert all(_flag(run.command, "--threads") == "2" for run in runs)
     # Under a site launcher the most ranks on a node is --ppn: 16 ranks at 4 per node on 32 cores.
     site = _settings(tmp_path, backends=["ddp"], ranks=[4, 16], ppn=4, repeats=1)
-    assert all(_flag(run.command, "--threads") == "8" for run in plan_sweep(site, environ={"PBS_NODEFILE": "n"},
-                                                                            cores=32))
+    assert all(
+        _flag(run.command, "--threads") == "8" for run in plan_sweep(site, environ={"PBS_NODEFILE": "n"}, cores=32)
+    )
     # --threads overrides (as a train flag or in the settings); more ranks than cores still get one.
     given = _settings(tmp_path, backends=["ddp"], ranks=[1, 2], repeats=1, train_args=["--threads", "3"])
     assert all(_flag(run.command, "--threads") == "3" for run in plan_sweep(given, environ={}, cores=2))
@@ -86,10 +104,17 @@ def test_every_run_of_a_study_gets_the_same_threads_per_rank(tmp_path):
 
 
 def test_the_all_cores_run_is_a_separate_tagged_configuration(tmp_path):
-    runs = plan_sweep(_settings(tmp_path, backends=["ddp"], ranks=[1, 2], repeats=2, all_cores_baseline=True),
-                      environ={}, cores=2)
+    runs = plan_sweep(
+        _settings(tmp_path, backends=["ddp"], ranks=[1, 2], repeats=2, all_cores_baseline=True), environ={}, cores=2
+    )
     assert [(r.repeat, r.ranks, r.baseline) for r in runs] == [
-        (0, 1, ""), (0, 2, ""), (0, 1, "all-cores"), (1, 1, ""), (1, 2, ""), (1, 1, "all-cores")]
+        (0, 1, ""),
+        (0, 2, ""),
+        (0, 1, "all-cores"),
+        (1, 1, ""),
+        (1, 2, ""),
+        (1, 1, "all-cores"),
+    ]
     all_cores = runs[2]
     assert all_cores.key == "ddp-1r-all-cores-rep0"
     assert _flag(all_cores.command, "--threads", last=True) == "2" and "baseline=all-cores" in all_cores.command
@@ -112,36 +137,50 @@ def test_strong_sweep_fixes_the_global_batch(tmp_path):
         flags = _train_flags(run.command)
         assert flags[flags.index("--global-batch") + 1] == "32"  # --batch-size 32 became the global batch
     with pytest.raises(UsageError, match="does not divide by \\[4\\]"):
-        plan_sweep(_settings(tmp_path, scaling="strong", ranks=[1, 4], backends=["ddp"],
-                             train_args=["--global-batch", "6"]), environ={})
+        plan_sweep(
+            _settings(tmp_path, scaling="strong", ranks=[1, 4], backends=["ddp"], train_args=["--global-batch", "6"]),
+            environ={},
+        )
 
 
 def test_inside_an_allocation_runs_start_through_the_site_launcher(tmp_path):
     pbs = plan_sweep(_settings(tmp_path, backends=["horovod"], ranks=[1, 8], ppn=4), environ={"PBS_NODEFILE": "n"})
-    assert [run.command[:6] for run in pbs] == [("mpiexec", "-n", "1", "--ppn", "1", sys.executable),
-                                                ("mpiexec", "-n", "8", "--ppn", "4", sys.executable)]
+    assert [run.command[:6] for run in pbs] == [
+        ("mpiexec", "-n", "1", "--ppn", "1", sys.executable),
+        ("mpiexec", "-n", "8", "--ppn", "4", sys.executable),
+    ]
     assert _train_flags(pbs[1].command)[:2] == ["--backend", "horovod"]
     slurm = plan_sweep(_settings(tmp_path, backends=["ddp"], ranks=[8], ppn=4), environ={"SLURM_JOB_ID": "7"})
-    assert slurm[0].command[:8] == ("srun", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4",
-                                    sys.executable)
-    custom = plan_sweep(_settings(tmp_path, backends=["ddp"], ranks=[2], launch_template=(
-        "aprun -n {ranks} -N {ppn} env B={backend} {python} -m harness train {args}"), ppn=2), environ={})
+    assert slurm[0].command[:8] == ("srun", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4", sys.executable)
+    custom = plan_sweep(
+        _settings(
+            tmp_path,
+            backends=["ddp"],
+            ranks=[2],
+            launch_template=("aprun -n {ranks} -N {ppn} env B={backend} {python} -m harness train {args}"),
+            ppn=2,
+        ),
+        environ={},
+    )
     assert custom[0].command[:6] == ("aprun", "-n", "2", "-N", "2", "env")
     assert "B=ddp" in custom[0].command
     assert PBS_TEMPLATE.startswith("mpiexec -n {ranks} --ppn {ppn}")
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(launch_template="srun -n {rank} {args}"), "unknown placeholders \\['rank'\\]"),
-    (dict(launch_template="srun -n {ranks} python"), "must contain \\{args\\}"),
-    (dict(backends=["dpp"]), "unknown backend 'dpp'; choose one of none, ddp, horovod, deepspeed, fsdp"),
-    (dict(backends=["none"], ranks=[2]), "nothing to run"),
-    (dict(train_args=["--backend", "ddp"]), "drop --backend"),
-    (dict(train_args=["--global-batch", "64"]), "--scaling weak keeps --batch-size per worker fixed"),
-    (dict(backends=["ddp", "deepspeed"], train_args=["--zero-stage", "2"]), "--zero-stage is a deepspeed option"),
-    (dict(backends=["deepspeed"], train_args=["--zero-stage", "5"]), "--zero-stage must be 0, 1, 2 or 3"),
-    (dict(backends=[]), "a sweep needs at least one backend"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(launch_template="srun -n {rank} {args}"), "unknown placeholders \\['rank'\\]"),
+        (dict(launch_template="srun -n {ranks} python"), "must contain \\{args\\}"),
+        (dict(backends=["dpp"]), "unknown backend 'dpp'; choose one of none, ddp, horovod, deepspeed, fsdp"),
+        (dict(backends=["none"], ranks=[2]), "nothing to run"),
+        (dict(train_args=["--backend", "ddp"]), "drop --backend"),
+        (dict(train_args=["--global-batch", "64"]), "--scaling weak keeps --batch-size per worker fixed"),
+        (dict(backends=["ddp", "deepspeed"], train_args=["--zero-stage", "2"]), "--zero-stage is a deepspeed option"),
+        (dict(backends=["deepspeed"], train_args=["--zero-stage", "5"]), "--zero-stage must be 0, 1, 2 or 3"),
+        (dict(backends=[]), "a sweep needs at least one backend"),
+    ],
+)
 def test_bad_sweeps_fail_before_anything_runs(tmp_path, overrides, message):
     with pytest.raises(UsageError, match=message):
         plan_sweep(_settings(tmp_path, **overrides), environ={})
@@ -150,18 +189,47 @@ def test_bad_sweeps_fail_before_anything_runs(tmp_path, overrides, message):
 
 def test_sweep_cli_dry_run_and_one_line_errors(tmp_path):
     results = str(tmp_path / "r.jsonl")
-    dry = harness("sweep", "--backends", "none,ddp", "--ranks", "1,2", "--scaling", "weak", "--model", "cnn",
-                  "--max-steps", "5", "--results", results, "--dry-run", timeout=120)
+    dry = harness(
+        "sweep",
+        "--backends",
+        "none,ddp",
+        "--ranks",
+        "1,2",
+        "--scaling",
+        "weak",
+        "--model",
+        "cnn",
+        "--max-steps",
+        "5",
+        "--results",
+        results,
+        "--dry-run",
+        timeout=120,
+    )
     assert dry.returncode == 0, dry.stderr
     commands = [shlex.split(line) for line in dry.stdout.splitlines()]
     assert len(commands) == 9 and all("--max-steps" in c and "--model" in c for c in commands)  # 3 repeats
-    bad = harness("sweep", "--backends", "ddp", "--ranks", "1,two", "--scaling", "weak", "--results", results,
-                  timeout=120)
+    bad = harness(
+        "sweep", "--backends", "ddp", "--ranks", "1,two", "--scaling", "weak", "--results", results, timeout=120
+    )
     assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines() == ["harness sweep: error: --ranks takes positive integers separated "
-                                               "by commas, got 'two'"]
-    unknown = harness("sweep", "--backends", "ddp", "--ranks", "1", "--scaling", "weak", "--results", results,
-                      "--modell", "cnn", timeout=120)
+    assert bad.stderr.strip().splitlines() == [
+        "harness sweep: error: --ranks takes positive integers separated by commas, got 'two'"
+    ]
+    unknown = harness(
+        "sweep",
+        "--backends",
+        "ddp",
+        "--ranks",
+        "1",
+        "--scaling",
+        "weak",
+        "--results",
+        results,
+        "--modell",
+        "cnn",
+        timeout=120,
+    )
     assert unknown.returncode == 2 and "unrecognized arguments: --modell cnn" in unknown.stderr
     assert not (tmp_path / "r.jsonl").exists()
 
@@ -171,10 +239,36 @@ def swept(tmp_path_factory):
     """A real weak-scaling sweep: every distributed backend on 1 and 2 ranks, 10 short steps each."""
     out = tmp_path_factory.mktemp("sweep")
     results = out / "weak.jsonl"
-    result = harness("sweep", "--backends", ",".join(BACKENDS), "--ranks", "1,2", "--scaling", "weak",
-                     "--model", "cnn", "--dataset", "synthetic", "--batch-size", "16", "--max-steps", "10",
-                     "--timing-warmup-steps", "3", "--calibration-steps", "3", "--repeats", "1",
-                     "--eval-every", "0", "--results", str(results), "--sweep-id", "e2e", timeout=900)
+    result = harness(
+        "sweep",
+        "--backends",
+        ",".join(BACKENDS),
+        "--ranks",
+        "1,2",
+        "--scaling",
+        "weak",
+        "--model",
+        "cnn",
+        "--dataset",
+        "synthetic",
+        "--batch-size",
+        "16",
+        "--max-steps",
+        "10",
+        "--timing-warmup-steps",
+        "3",
+        "--calibration-steps",
+        "3",
+        "--repeats",
+        "1",
+        "--eval-every",
+        "0",
+        "--results",
+        str(results),
+        "--sweep-id",
+        "e2e",
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out, results, result.stdout
 
@@ -184,15 +278,21 @@ def test_sweep_records_are_complete(swept):
     _, results, stdout = swept
     records = read_records([str(results)])
     assert sorted((r["backend"], r["world_size"]) for r in records) == sorted(
-        (backend, ranks) for backend in BACKENDS for ranks in (1, 2))
+        (backend, ranks) for backend in BACKENDS for ranks in (1, 2)
+    )
     for record in records:
         assert record["tags"] == {"scaling": "weak", "sweep_id": "e2e", "repeat": "0"}
         assert record["local_batch"] == 16 and record["global_batch"] == 16 * record["world_size"]
         assert record["timed_steps"] == 7 and record["throughput"] > 0
         assert 0 < record["au"] <= 1
         reduces = {"gradient_allreduce": record["world_size"] > 1} if "gradient_allreduce" in record["tuning"] else {}
-        assert record["tuning"] == {**DEFAULT_TUNING[record["backend"]], **reduces, "cpu_malloc": "reuse",
-                                      "channels_last_weights": False, "compile": None}
+        assert record["tuning"] == {
+            **DEFAULT_TUNING[record["backend"]],
+            **reduces,
+            "cpu_malloc": "reuse",
+            "channels_last_weights": False,
+            "compile": None,
+        }
         assert record["threads_per_rank"] == 1 and record["contention"]["threads_per_rank"] == 1
         for metric in ("load_balance", "communication_efficiency", "parallel_efficiency"):
             assert 0 < record[metric] <= 1, (record["backend"], metric, record[metric])
@@ -219,11 +319,15 @@ def test_plot_and_report_of_the_sweep(swept):
 
     report = harness("report", str(results), timeout=300)
     assert report.returncode == 0, report.stderr
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in report.stdout.splitlines()
-            if line.startswith("|")][2:]
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in report.stdout.splitlines()
+        if line.startswith("|")
+    ][2:]
     # A run measured on a busy machine is marked † (and explained under the table).
     assert sorted((row[0].removesuffix(" †"), row[1]) for row in rows) == sorted(
-        (backend, str(ranks)) for backend in BACKENDS for ranks in (1, 2))
+        (backend, str(ranks)) for backend in BACKENDS for ranks in (1, 2)
+    )
     assert all(row[2] == "1" for row in rows)  # the same threads per rank at 1 and 2 ranks
     assert all(row[6].removesuffix(" ?") != "-" for row in rows)  # every configuration has an efficiency
     assert ("†" in report.stdout) == any(r["contention"]["flagged"] for r in read_records([str(results)]))

@@ -15,8 +15,13 @@ LABELS = ["1 worker", "256, not scaled", "256, linear"]
 
 
 def _record(losses: list, accuracy: float) -> dict:
-    return {"train_losses": losses, "steps_per_epoch": 5, "eval_accuracy": accuracy, "train_loss": losses[-1],
-            "history": {"step": list(range(1, len(losses) + 1)), "loss": losses}}
+    return {
+        "train_losses": losses,
+        "steps_per_epoch": 5,
+        "eval_accuracy": accuracy,
+        "train_loss": losses[-1],
+        "history": {"step": list(range(1, len(losses) + 1)), "loss": losses},
+    }
 
 
 RECORDS = [_record([1.0, 0.5], 0.98), _record([2.0, 0.6], 0.95), _record([100.0, 2.3], 0.1)]
@@ -40,8 +45,13 @@ def test_a_run_has_the_same_colour_in_every_figure_that_is_given_the_mapping():
 
 
 def _packing_record(world_size: int, throughput: float) -> dict:
-    return {"world_size": world_size, "throughput": throughput, "threads_per_rank": 2 // world_size, "device": "cpu",
-            "tags": {"ranks_per_device": str(world_size), "mps": "off"}}
+    return {
+        "world_size": world_size,
+        "throughput": throughput,
+        "threads_per_rank": 2 // world_size,
+        "device": "cpu",
+        "tags": {"ranks_per_device": str(world_size), "mps": "off"},
+    }
 
 
 def test_the_packing_figure_has_error_bars_and_titled_axes():

@@ -21,7 +21,8 @@ import os
 import re
 import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 PACKAGES = ("torch", "torchvision")
 OVERRIDES = {"torch": "TORCH_SPEC", "torchvision": "TORCHVISION_SPEC"}
@@ -30,7 +31,7 @@ EXIT_USAGE = 2
 _DEPENDENCY = re.compile(r'"\s*([A-Za-z0-9_.\-]+)\s*([<>=!~][^";#]*)?\s*"')
 
 
-def supported_ranges(pyproject_text: str) -> Dict[str, str]:
+def supported_ranges(pyproject_text: str) -> dict[str, str]:
     """The requirement strings of torch and torchvision in pyproject.toml's `dependencies`."""
     block = re.search(r"^dependencies\s*=\s*\[(.*?)^\]", pyproject_text, re.S | re.M)
     if block is None:
@@ -45,7 +46,7 @@ def supported_ranges(pyproject_text: str) -> Dict[str, str]:
     return found
 
 
-def requirements(ranges: Dict[str, str], environ: Dict[str, str]) -> List[str]:
+def requirements(ranges: dict[str, str], environ: dict[str, str]) -> list[str]:
     """What to ask pip for: each package's TORCH_SPEC/TORCHVISION_SPEC if set, else the kit's range."""
     return [environ.get(OVERRIDES[name]) or ranges[name] for name in PACKAGES]
 
@@ -72,15 +73,16 @@ def explain_failure(pip_output: str, requested: Sequence[str]) -> str:
     else:
         last = [line.strip() for line in pip_output.splitlines() if line.strip().startswith("ERROR")]
         why = last[-1] if last else "pip failed"
-    return (f"pip cannot install {' '.join(requested)} ({why}); set TORCH_SPEC and TORCHVISION_SPEC to a matching "
-            "pair your pip configuration allows (e.g. TORCH_SPEC='torch==2.14.1' TORCHVISION_SPEC='torchvision==0.29.1'), "
-            "or unset them so pip chooses within the kit's range; `pip config list` shows your site's constraints")
+    return (
+        f"pip cannot install {' '.join(requested)} ({why}); set TORCH_SPEC and TORCHVISION_SPEC to a matching "
+        "pair your pip configuration allows (e.g. TORCH_SPEC='torch==2.14.1' TORCHVISION_SPEC='torchvision==0.29.1'), "
+        "or unset them so pip chooses within the kit's range; `pip config list` shows your site's constraints"
+    )
 
 
 def install(requested: Sequence[str], log_path: str, extra_args: Optional[Sequence[str]] = None) -> int:
     """pip install `requested` into this interpreter; on failure print one line and return 2."""
-    command = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *(extra_args or []),
-               *requested]
+    command = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *(extra_args or []), *requested]
     with open(log_path, "w") as log:
         status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
     if status == 0:

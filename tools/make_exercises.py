@@ -18,7 +18,7 @@ import argparse
 import re
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Optional
 
 import jupytext
 import nbformat
@@ -34,16 +34,22 @@ NOTEBOOK_NOTE = """Running these cells runs one rank (a world of size 1): enough
 To run the script on 2 ranks, check it from a terminal: `harness check exercises/{name}.ipynb`
 reads the notebook. To launch it yourself, write it out as a script first:
 `jupytext --to py exercises/{name}.ipynb -o my_{name}.py`, then run that as the first cell says."""
-KERNEL = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-          "language_info": {"name": "python"}}
+KERNEL = {
+    "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+    "language_info": {"name": "python"},
+}
 
 
 def exercise_script(solution: Path) -> str:
     """The exercise of one solution file, its own path in the run commands changed to exercises/."""
     text = exercise_text(solution.read_text(), solution.name)
     own = f"solutions/{solution.name}"
-    return "\n".join(line if "diff " in line else line.replace(own, f"exercises/{solution.name}")
-                     for line in text.splitlines()) + "\n"
+    return (
+        "\n".join(
+            line if "diff " in line else line.replace(own, f"exercises/{solution.name}") for line in text.splitlines()
+        )
+        + "\n"
+    )
 
 
 def exercise_notebook(script: str, name: str) -> str:
@@ -59,7 +65,7 @@ def exercise_notebook(script: str, name: str) -> str:
     return nbformat.writes(notebook) + "\n"
 
 
-def generated(solutions: Path) -> Dict[str, str]:
+def generated(solutions: Path) -> dict[str, str]:
     """File name -> content of everything exercises/ must hold."""
     files = {}
     for solution in sorted(solutions.glob("[0-9][0-9]_*.py")):
@@ -69,17 +75,22 @@ def generated(solutions: Path) -> Dict[str, str]:
     return files
 
 
-def stale_files(expected: Dict[str, str], exercises: Path) -> List[str]:
+def stale_files(expected: dict[str, str], exercises: Path) -> list[str]:
     """The generated files in `exercises` to write (missing or different) or remove (no solution
     makes them any more); files not named like a step are not the generator's and never listed."""
-    present = {path.name for path in exercises.glob("*") if path.is_file() and GENERATED.match(path.name)} \
-        if exercises.is_dir() else set()
-    return sorted(name for name in set(expected) | present
-                  if name not in present or name not in expected
-                  or (exercises / name).read_text() != expected[name])
+    present = (
+        {path.name for path in exercises.glob("*") if path.is_file() and GENERATED.match(path.name)}
+        if exercises.is_dir()
+        else set()
+    )
+    return sorted(
+        name
+        for name in set(expected) | present
+        if name not in present or name not in expected or (exercises / name).read_text() != expected[name]
+    )
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--solutions", type=Path, default=REPO / "solutions")
     parser.add_argument("--exercises", type=Path, default=REPO / "exercises")
@@ -91,14 +102,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"make_exercises: error: {error}", file=sys.stderr)
         return 2
     if args.exercises.resolve().name == ATTENDEES:
-        print(f"make_exercises: error: {args.exercises} holds attendees' copies; give --exercises exercises/ "
-              "(the generated folder)", file=sys.stderr)
+        print(
+            f"make_exercises: error: {args.exercises} holds attendees' copies; give --exercises exercises/ "
+            "(the generated folder)",
+            file=sys.stderr,
+        )
         return 2
     stale = stale_files(expected, args.exercises)
     if args.check:
         if stale:
-            print(f"exercises differ from what {args.solutions} generate: {', '.join(stale)}; run `make exercises` "
-                  f"(if you edited one, move it to {ATTENDEES}/ first, where `harness exercise start NN` puts your copies)")
+            print(
+                f"exercises differ from what {args.solutions} generate: {', '.join(stale)}; run `make exercises` "
+                f"(if you edited one, move it to {ATTENDEES}/ first, where `harness exercise start NN` puts your copies)"
+            )
             return 1
         return 0
     args.exercises.mkdir(exist_ok=True)

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
 
 import nbformat
 from nbclient import NotebookClient
@@ -40,8 +39,12 @@ def execute_in_place(path: Path, cell_timeout: float) -> float:
     """Run `path` in a fresh kernel and write it back with its outputs; seconds taken.
     Raises nbclient's CellExecutionError (and the like) when a cell fails; the file is then left as it was."""
     notebook = nbformat.read(path, as_version=4)
-    client = NotebookClient(notebook, timeout=cell_timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent.resolve())}})
+    client = NotebookClient(
+        notebook,
+        timeout=cell_timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent.resolve())}},
+    )
     started = time.perf_counter()
     try:
         client.execute()
@@ -52,7 +55,7 @@ def execute_in_place(path: Path, cell_timeout: float) -> float:
     return seconds
 
 
-def main(argv: List[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="+", type=Path, help="notebooks to execute in place")
     parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds one cell may run")

@@ -10,7 +10,8 @@ version of a framework. Nothing outside this package imports a framework.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Type
+from collections.abc import Mapping
+from typing import Any, Optional
 
 from ..errors import unknown_choice
 from .base import Backend
@@ -22,11 +23,12 @@ from .options import BackendOptions, option
 from .single import SingleProcessBackend
 from .torch_distributed import process_group_backend
 
-BACKENDS: Dict[str, Type[Backend]] = {
-    cls.name: cls for cls in (SingleProcessBackend, DDPBackend, HorovodBackend, DeepSpeedBackend, FSDPBackend)}
+BACKENDS: dict[str, type[Backend]] = {
+    cls.name: cls for cls in (SingleProcessBackend, DDPBackend, HorovodBackend, DeepSpeedBackend, FSDPBackend)
+}
 
 
-def backend_class(name: str) -> Type[Backend]:
+def backend_class(name: str) -> type[Backend]:
     """The class registered as `name`; an unknown name lists the known ones."""
     if name not in BACKENDS:
         raise unknown_choice("backend", name, BACKENDS)

@@ -20,15 +20,22 @@ import abc
 import contextlib
 import importlib.util
 import os
-from typing import (TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Dict, Iterable, Mapping, Optional, Tuple,
-                    Type)
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    ClassVar,
+    Optional,
+)
 
 import torch
 from torch import nn
 
-from ..process.discovery import ClusterEnv
 from ..errors import UsageError, first_line
 from ..fileio import load_tensors
+from ..process.discovery import ClusterEnv
 from .options import BackendOptions
 from .precision import Precision
 
@@ -49,7 +56,7 @@ class Backend(abc.ABC):
     name: ClassVar[str]
     local_launcher: ClassVar[str]  # what `harness launch` uses on one machine
     # Every launcher it runs under on one machine (the README's backends-and-launchers table).
-    local_launchers: ClassVar[Tuple[str, ...]] = ("torchrun", "mpirun", "horovodrun", "deepspeed")
+    local_launchers: ClassVar[tuple[str, ...]] = ("torchrun", "mpirun", "horovodrun", "deepspeed")
     max_world_size: ClassVar[Optional[int]] = None  # the single-process baseline runs one rank only
     library: ClassVar[Optional[str]] = None  # importable module this backend needs
     install_hint: ClassVar[str] = ""
@@ -57,14 +64,14 @@ class Backend(abc.ABC):
     checkpoint_format: ClassVar[str] = "torch"
     # This backend's own options (harness.backends.options): a frozen dataclass whose fields are
     # `harness train` flags; a run's values come from TrainConfig.backend_options.
-    Options: ClassVar[Type[BackendOptions]] = BackendOptions
+    Options: ClassVar[type[BackendOptions]] = BackendOptions
     # Whether --channels-last may store the weights channels-last too. A backend whose collectives
     # need contiguous tensors keeps the weights contiguous and only the images go channels-last
     # (cuDNN still computes channels-last when either operand is).
     channels_last_weights: ClassVar[bool] = True
     # The accelerator kinds (harness.process.accelerator.KINDS) this backend runs on: placement refuses
     # the others, naming the backends that run there. Each backend module declares its own.
-    devices: ClassVar[Tuple[str, ...]] = ("cuda", "cpu")
+    devices: ClassVar[tuple[str, ...]] = ("cuda", "cpu")
     # Whether --compile may compile the model under this backend (see `compile`).
     compiles: ClassVar[bool] = True
 
@@ -89,26 +96,29 @@ class Backend(abc.ABC):
     def check_available(self) -> None:
         """Raise UsageError if the backend's library is missing or unusable."""
         if self.library and importlib.util.find_spec(self.library) is None:
-            raise UsageError(f"backend {self.name!r} needs {self.library}, which is not installed; {self.install_hint}")
+            raise UsageError(
+                f"backend {self.name!r} needs {self.library}, which is not installed; {self.install_hint}"
+            )
 
-    def build_info(self) -> Dict[str, bool]:
+    def build_info(self) -> dict[str, bool]:
         """What the installed library was built with, where that varies between installations
         (Horovod: its controllers and GPU operations); checked by `harness study --check` against
         what a site needs. Call after check_available."""
         return {}
 
     @abc.abstractmethod
-    def check_launch(self, config: "TrainConfig", cluster: ClusterEnv, device: torch.device) -> None:
+    def check_launch(self, config: TrainConfig, cluster: ClusterEnv, device: torch.device) -> None:
         """Raise UsageError if this backend cannot run the config under this launch on this device."""
 
     # -- set-up -----------------------------------------------------------------------------
     @abc.abstractmethod
-    def init(self, cluster: ClusterEnv, device: torch.device, config: "TrainConfig") -> None:
+    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
         """Join the job's communication (process group, MPI, ...), or use what the caller set up."""
 
     @abc.abstractmethod
-    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: "TrainConfig",
-             local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
+    def wrap(
+        self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig, local_batch: int
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Return (model to call in training, optimizer whose param_groups take the LR)."""
 
     def compile(self, model: nn.Module) -> nn.Module:
@@ -119,7 +129,7 @@ class Backend(abc.ABC):
         self.compiled = f"torch.compile({type(model).__name__})"
         return torch.compile(model)
 
-    def _local_setup(self, config: "TrainConfig") -> None:
+    def _local_setup(self, config: TrainConfig) -> None:
         """The settings every backend applies to its own step: clipping, precision, loss scaling."""
         self.grad_clip = config.grad_clip
         self.precision = Precision.of(config.precision)
@@ -139,7 +149,7 @@ class Backend(abc.ABC):
             setattr(owner, name, value)
 
     # -- one training step ----------------------------------------------------------------
-    def no_sync(self, sync: bool) -> ContextManager:
+    def no_sync(self, sync: bool) -> AbstractContextManager:
         """Context for one micro-batch's forward and backward; with sync=False its gradients stay
         local (gradient accumulation: only the step's last micro-batch communicates)."""
         return contextlib.nullcontext()
@@ -173,7 +183,7 @@ class Backend(abc.ABC):
                 self.skipped_steps += self.scaler.get_scale() < scale  # the scale backs off after an overflow
         self.optimizer.zero_grad()  # torch's sets gradients to None; Horovod's takes no arguments
 
-    def _applying_gradients(self) -> ContextManager:
+    def _applying_gradients(self) -> AbstractContextManager:
         """Context around the optimizer's step (Horovod's must not average the gradients again)."""
         return contextlib.nullcontext()
 
@@ -204,7 +214,7 @@ class Backend(abc.ABC):
         """A model each rank can run on its own, with no collective inside forward."""
         return self.module()
 
-    def full_state_dict(self) -> Dict[str, torch.Tensor]:
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights as plain CPU tensors (collective where weights are sharded)."""
         return {key: value.detach().cpu().clone() for key, value in self.module().state_dict().items()}
 
@@ -238,8 +248,10 @@ class Backend(abc.ABC):
             if self.scaler is not None:
                 self.scaler.load_state_dict(state["scaler"])
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise UsageError(f"checkpoint {directory} does not fit this model and optimizer ({first_line(exc)}); "
-                             "resume with the run's own settings, or use another --checkpoint-dir") from None
+            raise UsageError(
+                f"checkpoint {directory} does not fit this model and optimizer ({first_line(exc)}); "
+                "resume with the run's own settings, or use another --checkpoint-dir"
+            ) from None
 
     @classmethod
     def is_peer_failure(cls, error: BaseException) -> bool:
@@ -260,7 +272,7 @@ class Backend(abc.ABC):
         framework itself, before the framework reads it (`harness check` judges DeepSpeed's batch
         settings so). A framework without an engine config has nothing to watch."""
 
-    def math_settings(self, config: "TrainConfig") -> Dict[str, Any]:
+    def math_settings(self, config: TrainConfig) -> dict[str, Any]:
         """Every setting that changes the math, as applied; identical across backends by design."""
         return {
             "gradient_averaging": GRADIENT_AVERAGING,
@@ -271,11 +283,11 @@ class Backend(abc.ABC):
             "gradient_compression": None,
         }
 
-    def tuning(self) -> Dict[str, Any]:
+    def tuning(self) -> dict[str, Any]:
         """The framework's performance knobs as applied (they change speed, not the math)."""
         return {}
 
-    def versions(self) -> Dict[str, str]:
+    def versions(self) -> dict[str, str]:
         """Versions of the libraries this backend used."""
         return {}
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import datetime
 import importlib
 import inspect
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
+from collections.abc import Iterable
+from typing import Any, Callable, Optional
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
@@ -27,13 +28,16 @@ HOROVOD_VERSIONS = "Horovod 0.28.1"
 
 
 def _missing(what: str, works_with: str) -> UsageError:
-    return UsageError(f"{what} is missing from the installed version; the harness works with {works_with} "
-                      "(see harness/backends/compat.py)")
+    return UsageError(
+        f"{what} is missing from the installed version; the harness works with {works_with} "
+        "(see harness/backends/compat.py)"
+    )
 
 
 # -- torch ------------------------------------------------------------------------------------
 
-def ddp_without_buffer_sync() -> Dict[str, bool]:
+
+def ddp_without_buffer_sync() -> dict[str, bool]:
     """DistributedDataParallel's keyword that stops broadcasting buffers from rank 0 every step.
 
     Horovod and DeepSpeed do not broadcast buffers every step; the ddp backend does not either.
@@ -69,7 +73,7 @@ def process_group_created() -> None:
 GROUP_TIMEOUT_DEFAULTS = ("default_pg_timeout", "default_pg_nccl_timeout")
 
 
-def group_timeout_defaults(seconds: float) -> Dict[str, datetime.timedelta]:
+def group_timeout_defaults(seconds: float) -> dict[str, datetime.timedelta]:
     """torch.distributed.distributed_c10d's module-level defaults, set to `seconds`, by name.
 
     Groups made without a timeout get these: 30 min (gloo) or 10 min (NCCL). DeepSpeed 0.19 makes
@@ -83,7 +87,7 @@ def group_timeout_defaults(seconds: float) -> Dict[str, datetime.timedelta]:
     return {name: datetime.timedelta(seconds=seconds) for name in GROUP_TIMEOUT_DEFAULTS}
 
 
-def process_groups() -> FrozenSet[Any]:
+def process_groups() -> frozenset[Any]:
     """Every process group torch knows in this process, the world group included.
 
     torch keeps its registry private: `distributed_c10d._world.pg_map` (torch 1.13 to 2.15 at
@@ -92,8 +96,9 @@ def process_groups() -> FrozenSet[Any]:
     """
     registry = getattr(getattr(distributed_c10d, "_world", None), "pg_map", None)
     if registry is None:
-        raise _missing("torch.distributed.distributed_c10d._world.pg_map (torch's registry of process groups)",
-                       TORCH_VERSIONS)
+        raise _missing(
+            "torch.distributed.distributed_c10d._world.pg_map (torch's registry of process groups)", TORCH_VERSIONS
+        )
     return frozenset(registry)
 
 
@@ -107,7 +112,7 @@ def no_shm_allreduce() -> None:
     return None
 
 
-def deepspeed_shm_op_stand_in() -> Tuple[Any, Dict[str, Callable[[], None]]]:
+def deepspeed_shm_op_stand_in() -> tuple[Any, dict[str, Callable[[], None]]]:
     """(deepspeed.comm.torch, {attribute: stand-in}) that starts DeepSpeed's comm layer without its
     CPU shared-memory allreduce op; no attribute where the installed DeepSpeed has no such op.
 
@@ -154,7 +159,9 @@ def deepspeed_grad_scaler(engine: Any, optimizer: Any) -> Optional[Any]:
     (ZeRO 1-3), both undocumented; older versions have neither, and the deepspeed backend then
     refuses fp16 (check_loss_scaler) rather than scale otherwise than the other backends.
     """
-    return getattr(engine, "torch_autocast_z0_gradscaler", None) or getattr(optimizer, "torch_autocast_gradscaler", None)
+    return getattr(engine, "torch_autocast_z0_gradscaler", None) or getattr(
+        optimizer, "torch_autocast_gradscaler", None
+    )
 
 
 def destroy_deepspeed_groups(groups: Iterable[Any]) -> None:
@@ -177,7 +184,8 @@ def destroy_deepspeed_groups(groups: Iterable[Any]) -> None:
 
 # -- Horovod ----------------------------------------------------------------------------------
 
-def horovod_pending_handles(optimizer: Any) -> List[int]:
+
+def horovod_pending_handles(optimizer: Any) -> list[int]:
     """The handles of the gradient allreduces a Horovod DistributedOptimizer has started.
 
     Horovod 0.28.1 keeps them privately, as (handle, context) per parameter in `_handles`, and

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ContextManager, Dict, Tuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -40,15 +41,20 @@ class DDPBackend(TorchDistributedBackend):
 
     options: Options
 
-    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: "TrainConfig",
-             local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
+    def wrap(
+        self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig, local_batch: int
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
         device = next(model.parameters()).device
         # Gradients as views into DDP's allreduce buckets: the same values, without a copy of every
         # gradient into its bucket and back after each allreduce (two small kernels per parameter
         # per step, 322 for ResNet-50), and one gradient-sized buffer less.
         self.model = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type != "cpu" else None,
-            bucket_cap_mb=self.options.bucket_cap_mb, gradient_as_bucket_view=True, **compat.ddp_without_buffer_sync())
+            model,
+            device_ids=[device.index] if device.type != "cpu" else None,
+            bucket_cap_mb=self.options.bucket_cap_mb,
+            gradient_as_bucket_view=True,
+            **compat.ddp_without_buffer_sync(),
+        )
         self.optimizer = make_optimizer(self.model.parameters())
         self._local_setup(config)
         # At world size 1 the mean over ranks is the identity: no step reduces (Horovod skips it
@@ -56,13 +62,17 @@ class DDPBackend(TorchDistributedBackend):
         self.reduces = dist.get_world_size() > 1
         return self.model, self.optimizer
 
-    def no_sync(self, sync: bool) -> ContextManager:
+    def no_sync(self, sync: bool) -> AbstractContextManager:
         # DDP decides in forward whether backward will reduce, so the context spans both.
         return super().no_sync(sync) if sync and self.reduces else self.model.no_sync()
 
-    def tuning(self) -> Dict[str, Any]:
-        return {"bucket_cap_mb": self.options.bucket_cap_mb, "gradient_as_bucket_view": True,
-                "process_group": self.group_backend, "gradient_allreduce": self.reduces}
+    def tuning(self) -> dict[str, Any]:
+        return {
+            "bucket_cap_mb": self.options.bucket_cap_mb,
+            "gradient_as_bucket_view": True,
+            "process_group": self.group_backend,
+            "gradient_allreduce": self.reduces,
+        }
 
     def module(self) -> nn.Module:
         return self.model.module

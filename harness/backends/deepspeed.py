@@ -6,18 +6,18 @@ import os
 import pickle
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..process.discovery import ClusterEnv
 from ..errors import UsageError, first_line
+from ..process.discovery import ClusterEnv
 from . import compat
-from .precision import LOSS_SCALE, Precision
 from .base import OptimizerFactory
 from .options import BackendOptions, option
+from .precision import LOSS_SCALE, Precision
 from .torch_distributed import TorchDistributedBackend
 
 if TYPE_CHECKING:
@@ -29,13 +29,14 @@ FLOAT32_BYTES = 4  # the harness trains float32 weights (autocast for bf16/fp16)
 AUTOCAST_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def deepspeed_config(config: "TrainConfig", options: "DeepSpeedBackend.Options", local_batch: int,
-                     world_size: int) -> Dict[str, Any]:
+def deepspeed_config(
+    config: TrainConfig, options: DeepSpeedBackend.Options, local_batch: int, world_size: int
+) -> dict[str, Any]:
     """The DeepSpeed config the harness passes, with every math-changing default set explicitly."""
     precision = Precision.of(config.precision)
     buckets = {}
     if options.zero_bucket_mb is not None:  # else DeepSpeed's defaults: 5e8 elements each
-        elements = int(options.zero_bucket_mb * 2 ** 20) // FLOAT32_BYTES
+        elements = int(options.zero_bucket_mb * 2**20) // FLOAT32_BYTES
         buckets = {"reduce_bucket_size": elements, "allgather_bucket_size": elements}
     return {
         # DeepSpeed's batch is global; the harness's --batch-size is per worker and micro-batch.
@@ -52,8 +53,17 @@ def deepspeed_config(config: "TrainConfig", options: "DeepSpeedBackend.Options",
         # torch.autocast with float32 weights, as the other backends run it. An empty list of
         # "lower precision safe modules" keeps gradients in float32 when they are averaged
         # (DeepSpeed would otherwise send Linear and Conv gradients in the autocast dtype).
-        **({"torch_autocast": {"enabled": True, "dtype": AUTOCAST_DTYPES[precision.autocast_dtype],
-                               "lower_precision_safe_modules": []}} if precision.autocast_dtype else {}),
+        **(
+            {
+                "torch_autocast": {
+                    "enabled": True,
+                    "dtype": AUTOCAST_DTYPES[precision.autocast_dtype],
+                    "lower_precision_safe_modules": [],
+                }
+            }
+            if precision.autocast_dtype
+            else {}
+        ),
         "zero_optimization": {"stage": options.zero_stage, **buckets},
         # The harness passes a torch optimizer (DeepSpeed's own Adam JIT-compiles a C++ op on CPU).
         "zero_allow_untested_optimizer": True,
@@ -67,16 +77,24 @@ def deepspeed_config(config: "TrainConfig", options: "DeepSpeedBackend.Options",
     }
 
 
-def check_loss_scaler(scaler: Optional["torch.amp.GradScaler"]) -> None:
+def check_loss_scaler(scaler: Optional[torch.amp.GradScaler]) -> None:
     """Fail loudly if DeepSpeed's fp16 loss scaler is missing or scales otherwise than the harness's."""
     if scaler is None:
-        raise UsageError("this DeepSpeed has no torch_autocast loss scaler for --precision fp16; "
-                         "use --precision bf16, or DeepSpeed 0.18 or newer")
-    settings = {"init_scale": scaler.get_scale(), "growth_factor": scaler.get_growth_factor(),
-                "backoff_factor": scaler.get_backoff_factor(), "growth_interval": scaler.get_growth_interval()}
+        raise UsageError(
+            "this DeepSpeed has no torch_autocast loss scaler for --precision fp16; "
+            "use --precision bf16, or DeepSpeed 0.18 or newer"
+        )
+    settings = {
+        "init_scale": scaler.get_scale(),
+        "growth_factor": scaler.get_growth_factor(),
+        "backoff_factor": scaler.get_backoff_factor(),
+        "growth_interval": scaler.get_growth_interval(),
+    }
     if settings != LOSS_SCALE:
-        raise UsageError(f"DeepSpeed's fp16 loss scaler uses {settings}, the other backends {LOSS_SCALE}; "
-                         "the frameworks would not compare fairly: use --precision bf16 or fp32")
+        raise UsageError(
+            f"DeepSpeed's fp16 loss scaler uses {settings}, the other backends {LOSS_SCALE}; "
+            "the frameworks would not compare fairly: use --precision bf16 or fp32"
+        )
 
 
 class DeepSpeedBackend(TorchDistributedBackend):
@@ -103,26 +121,31 @@ class DeepSpeedBackend(TorchDistributedBackend):
 
         zero_stage: int = option(0, "--zero-stage", "deepspeed: ZeRO stage 0-3", resume_must_match=True)
         zero_bucket_mb: Optional[float] = option(
-            None, "--zero-bucket-mb", "deepspeed: MiB of float32 gradients per ZeRO reduce and all-gather bucket "
+            None,
+            "--zero-bucket-mb",
+            "deepspeed: MiB of float32 gradients per ZeRO reduce and all-gather bucket "
             "(DeepSpeed's reduce_bucket_size and allgather_bucket_size; default DeepSpeed's 5e8 elements, 1.9 GiB)",
-            type=float)
+            type=float,
+        )
 
         def validate(self) -> None:
             if self.zero_stage not in (0, 1, 2, 3):
                 raise UsageError(f"{self.flag('zero_stage')} must be 0, 1, 2 or 3, got {self.zero_stage}")
-            if self.zero_bucket_mb is not None and not self.zero_bucket_mb * 2 ** 20 >= FLOAT32_BYTES:
-                raise UsageError(f"{self.flag('zero_bucket_mb')} must hold at least one float32 "
-                                 f"({FLOAT32_BYTES} bytes), got {self.zero_bucket_mb}")
+            if self.zero_bucket_mb is not None and not self.zero_bucket_mb * 2**20 >= FLOAT32_BYTES:
+                raise UsageError(
+                    f"{self.flag('zero_bucket_mb')} must hold at least one float32 "
+                    f"({FLOAT32_BYTES} bytes), got {self.zero_bucket_mb}"
+                )
 
         @classmethod
-        def examples(cls) -> Tuple["DeepSpeedBackend.Options", ...]:
+        def examples(cls) -> tuple[DeepSpeedBackend.Options, ...]:
             # Each stage communicates and saves otherwise: ZeRO-2 writes the optimizer state
             # partitioned, one file per rank; ZeRO-3 gathers the weights inside forward too.
             return (cls(), cls(zero_stage=2), cls(zero_stage=3))
 
     options: Options
 
-    def init(self, cluster: ClusterEnv, device: torch.device, config: "TrainConfig") -> None:
+    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
         if device.type == "cpu":
             # Must be set before DeepSpeed is imported: it picks its accelerator at import time.
             self._set_environ(DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
@@ -133,8 +156,9 @@ class DeepSpeedBackend(TorchDistributedBackend):
         super().init(cluster, device, config)
         self._groups_before_run = compat.process_groups()
 
-    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: "TrainConfig",
-             local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
+    def wrap(
+        self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig, local_batch: int
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
         import deepspeed
 
         device = next(model.parameters()).device
@@ -142,9 +166,12 @@ class DeepSpeedBackend(TorchDistributedBackend):
         # rank's GPU is local_rank // K, where the loop has put the model already.
         placement = SimpleNamespace(device_rank=device.index) if device.type != "cpu" else None
         engine, optimizer, _, _ = deepspeed.initialize(
-            args=placement, model=model, optimizer=make_optimizer(model.parameters()),
+            args=placement,
+            model=model,
+            optimizer=make_optimizer(model.parameters()),
             config=deepspeed_config(config, self.options, local_batch, dist.get_world_size()),
-            dist_init_required=False)
+            dist_init_required=False,
+        )
         self.engine = self.model = engine
         self.optimizer = optimizer
         # At world size 1 the mean over ranks is the identity, yet ZeRO-0 would still flatten, scale
@@ -218,17 +245,20 @@ class DeepSpeedBackend(TorchDistributedBackend):
         parent, tag = os.path.split(os.path.abspath(directory))
         self.engine.checkpoint_engine = compat.weights_only_checkpoint_engine()
         try:
-            loaded, _ = self.engine.load_checkpoint(parent, tag=tag, load_optimizer_states=True,
-                                                    load_lr_scheduler_states=False)
+            loaded, _ = self.engine.load_checkpoint(
+                parent, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False
+            )
         except (pickle.UnpicklingError, RuntimeError, KeyError, ValueError, AssertionError, OSError) as exc:
             if self.is_peer_failure(exc):
                 raise
-            raise UsageError(f"DeepSpeed cannot load checkpoint {directory} ({first_line(exc)}); resume with the run's "
-                             "own settings, or use another --checkpoint-dir") from None
+            raise UsageError(
+                f"DeepSpeed cannot load checkpoint {directory} ({first_line(exc)}); resume with the run's "
+                "own settings, or use another --checkpoint-dir"
+            ) from None
         if loaded is None:
             raise UsageError(f"DeepSpeed found no checkpoint in {directory}; resume from another one")
 
-    def full_state_dict(self) -> Dict[str, torch.Tensor]:
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
         if self.options.zero_stage < 3:
             return super().full_state_dict()
         import deepspeed
@@ -244,13 +274,17 @@ class DeepSpeedBackend(TorchDistributedBackend):
         # each evaluates a plain copy instead.
         return self._plain_copy(make_model)
 
-    def tuning(self) -> Dict[str, Any]:
-        return {"zero_stage": self.options.zero_stage, "process_group": self.group_backend, "throughput_timer": False,
-                "gradient_allreduce": self.engine.enable_backward_allreduce,
-                "zero_reduce_bucket_elements": self.engine.zero_reduce_bucket_size(),
-                "zero_allgather_bucket_elements": self.engine.zero_allgather_bucket_size()}
+    def tuning(self) -> dict[str, Any]:
+        return {
+            "zero_stage": self.options.zero_stage,
+            "process_group": self.group_backend,
+            "throughput_timer": False,
+            "gradient_allreduce": self.engine.enable_backward_allreduce,
+            "zero_reduce_bucket_elements": self.engine.zero_reduce_bucket_size(),
+            "zero_allgather_bucket_elements": self.engine.zero_allgather_bucket_size(),
+        }
 
-    def versions(self) -> Dict[str, str]:
+    def versions(self) -> dict[str, str]:
         import deepspeed
 
         return {"deepspeed": deepspeed.__version__}

@@ -18,8 +18,9 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Tuple
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 DCP_DIRECTORY = "dcp"  # inside a harness checkpoint: torch.distributed.checkpoint's .metadata and one file per rank
 
 
-def fsdp_math(world_size: int) -> Dict[str, Any]:
+def fsdp_math(world_size: int) -> dict[str, Any]:
     """FSDP's settings that change the math, as the backend applies them.
 
     MixedPrecisionPolicy: no parameter or output cast (param_dtype float32 is the weights' own
@@ -46,9 +47,14 @@ def fsdp_math(world_size: int) -> Dict[str, Any]:
     FSDP would pick ReduceOp.AVG or a pre-multiplied sum by dtype and world size; forced to a sum
     followed by one division by the world size, the mean over ranks the other backends take.
     """
-    return {"param_dtype": "float32", "reduce_dtype": "float32", "output_dtype": None,
-            "cast_forward_inputs": False, "gradient_reduction": "sum, then divide by world size",
-            "gradient_divide_factor": float(world_size)}
+    return {
+        "param_dtype": "float32",
+        "reduce_dtype": "float32",
+        "output_dtype": None,
+        "cast_forward_inputs": False,
+        "gradient_reduction": "sum, then divide by world size",
+        "gradient_divide_factor": float(world_size),
+    }
 
 
 def _first_failure(error: BaseException) -> BaseException:
@@ -77,9 +83,12 @@ class FSDPBackend(TorchDistributedBackend):
         """FSDP's knob: whether a unit frees its gathered weights after forward (speed and memory
         only, not the math; one all-gather per unit and step less when kept)."""
 
-        keep_gathered: bool = option(False, "--fsdp-keep-gathered",
-                                     "fsdp: keep each unit's gathered weights from forward to backward "
-                                     "(reshard_after_forward=False: more memory, fewer all-gathers)")
+        keep_gathered: bool = option(
+            False,
+            "--fsdp-keep-gathered",
+            "fsdp: keep each unit's gathered weights from forward to backward "
+            "(reshard_after_forward=False: more memory, fewer all-gathers)",
+        )
 
         @property
         def reshard_after_forward(self) -> bool:
@@ -87,16 +96,19 @@ class FSDPBackend(TorchDistributedBackend):
 
     options: Options
 
-    def check_launch(self, config: "TrainConfig", cluster: ClusterEnv, device: torch.device) -> None:
+    def check_launch(self, config: TrainConfig, cluster: ClusterEnv, device: torch.device) -> None:
         super().check_launch(config, cluster, device)
         # Several ranks on one GPU would put FSDP2's all-gathers and reduce-scatters of CUDA tensors
         # on gloo (process_group_backend): untested, and DDP shares a GPU already.
         if device.type == "cuda" and config.procs_per_gpu > 1:
-            raise UsageError("backend 'fsdp' needs one rank per GPU (NCCL); use --procs-per-gpu 1, "
-                             "or --backend ddp to share a GPU between ranks")
+            raise UsageError(
+                "backend 'fsdp' needs one rank per GPU (NCCL); use --procs-per-gpu 1, "
+                "or --backend ddp to share a GPU between ranks"
+            )
 
-    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: "TrainConfig",
-             local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
+    def wrap(
+        self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig, local_batch: int
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -105,8 +117,9 @@ class FSDPBackend(TorchDistributedBackend):
         # An explicit mesh on the run's device type: FSDP's default mesh is CUDA whenever a GPU is
         # visible, even for a run on the CPU.
         mesh = init_device_mesh(device.type, (world_size,))
-        policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=None,
-                                      cast_forward_inputs=False)
+        policy = MixedPrecisionPolicy(
+            param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=None, cast_forward_inputs=False
+        )
         # FSDP2 warns when a unit returns a view (the workshop CNN's feature block ends in Flatten):
         # an in-place op on that view would skip the unit's backward hook. Here such a view feeds the
         # next unit's forward, never an in-place op, so the warning would only clutter every log.
@@ -138,20 +151,23 @@ class FSDPBackend(TorchDistributedBackend):
         self.compiled = f"torch.compile of the forward of {len(self.units)} FSDP units"
         return model
 
-    def no_sync(self, sync: bool) -> ContextManager:
+    def no_sync(self, sync: bool) -> AbstractContextManager:
         # Set before every micro-batch: a non-final one keeps its unsharded gradients local and
         # accumulates them; the final one reduce-scatters the sum, one communication per step.
         self.model.set_requires_gradient_sync(sync)
         return contextlib.nullcontext()
 
-    def math_settings(self, config: "TrainConfig") -> Dict[str, Any]:
+    def math_settings(self, config: TrainConfig) -> dict[str, Any]:
         return {**super().math_settings(config), "fsdp": fsdp_math(dist.get_world_size())}
 
-    def tuning(self) -> Dict[str, Any]:
-        return {"reshard_after_forward": self.options.reshard_after_forward, "fsdp_units": len(self.units) + 1,
-                "process_group": self.group_backend}
+    def tuning(self) -> dict[str, Any]:
+        return {
+            "reshard_after_forward": self.options.reshard_after_forward,
+            "fsdp_units": len(self.units) + 1,
+            "process_group": self.group_backend,
+        }
 
-    def full_state_dict(self) -> Dict[str, torch.Tensor]:
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         # Every rank gathers every weight (a collective on every rank, as the loop calls it).
@@ -179,23 +195,26 @@ class FSDPBackend(TorchDistributedBackend):
         state = self._checkpoint_state()
         try:
             dcp.load(state, checkpoint_id=os.path.join(directory, DCP_DIRECTORY))
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"])
+            set_state_dict(
+                self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            )
         except (dcp.CheckpointException, RuntimeError, KeyError, ValueError, OSError) as exc:
             cause = _first_failure(exc)
             if self.is_peer_failure(cause):
                 raise cause from exc
-            raise UsageError(f"FSDP cannot load checkpoint {directory} ({first_line(cause)}); resume with the "
-                             "run's own settings, or use another --checkpoint-dir") from None
+            raise UsageError(
+                f"FSDP cannot load checkpoint {directory} ({first_line(cause)}); resume with the "
+                "run's own settings, or use another --checkpoint-dir"
+            ) from None
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
 
-    def _checkpoint_state(self) -> Dict[str, Any]:
+    def _checkpoint_state(self) -> dict[str, Any]:
         """This rank's shards of model and optimizer state (and the fp16 scaler), keyed as DCP stores them."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
-        state: Dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
+        state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
         return state

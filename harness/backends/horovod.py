@@ -5,15 +5,16 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 from torch import nn
 
+from ..errors import UsageError, first_line
 from ..process.discovery import ClusterEnv
 from ..process.launchers import MPI_FAMILIES, families
-from ..errors import UsageError, first_line
 from . import compat
 from .base import Backend, OptimizerFactory
 from .options import BackendOptions, option
@@ -73,13 +74,23 @@ class HorovodBackend(Backend):
         fp16 compression changes the math (compressed gradients train other weights)."""
 
         fusion_threshold_mb: Optional[float] = option(
-            None, "--hvd-fusion-threshold-mb", "horovod: tensor-fusion buffer in MB (default: Horovod's, 128)",
-            type=float)
-        fp16_compression: bool = option(False, "--hvd-fp16-compression",
-                                        "horovod: send gradients as fp16 (changes the math)", resume_must_match=True)
+            None,
+            "--hvd-fusion-threshold-mb",
+            "horovod: tensor-fusion buffer in MB (default: Horovod's, 128)",
+            type=float,
+        )
+        fp16_compression: bool = option(
+            False,
+            "--hvd-fp16-compression",
+            "horovod: send gradients as fp16 (changes the math)",
+            resume_must_match=True,
+        )
         cycle_time_ms: Optional[float] = option(
-            None, "--hvd-cycle-time-ms", "horovod: background-thread cycle in ms (default: $HOROVOD_CYCLE_TIME, "
-            "else 5 on CPU, Horovod's 1 on GPU)", type=float)
+            None,
+            "--hvd-cycle-time-ms",
+            "horovod: background-thread cycle in ms (default: $HOROVOD_CYCLE_TIME, else 5 on CPU, Horovod's 1 on GPU)",
+            type=float,
+        )
 
         def validate(self) -> None:
             for name in ("fusion_threshold_mb", "cycle_time_ms"):
@@ -94,35 +105,50 @@ class HorovodBackend(Backend):
         try:
             import horovod.torch  # noqa: F401  (fails if built for another torch or without PyTorch)
         except (ImportError, OSError) as exc:
-            raise UsageError(f"horovod.torch cannot be loaded ({first_line(exc)}); rebuild it against this torch "
-                             "with `make setup` (tools/build_horovod.sh)") from exc
+            raise UsageError(
+                f"horovod.torch cannot be loaded ({first_line(exc)}); rebuild it against this torch "
+                "with `make setup` (tools/build_horovod.sh)"
+            ) from exc
 
-    def build_info(self) -> Dict[str, bool]:
+    def build_info(self) -> dict[str, bool]:
         import horovod.torch as hvd
 
-        return {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built()), "nccl": bool(hvd.nccl_built()),
-                "cuda": bool(hvd.cuda_built())}
+        return {
+            "mpi": bool(hvd.mpi_built()),
+            "gloo": bool(hvd.gloo_built()),
+            "nccl": bool(hvd.nccl_built()),
+            "cuda": bool(hvd.cuda_built()),
+        }
 
-    def check_launch(self, config: "TrainConfig", cluster: ClusterEnv, device: torch.device) -> None:
+    def check_launch(self, config: TrainConfig, cluster: ClusterEnv, device: torch.device) -> None:
         if cluster.launcher not in HOROVOD_LAUNCHERS:
-            raise UsageError(f"Horovod cannot join a job started by {cluster.launcher}; launch it with horovodrun, "
-                             "mpirun/mpiexec or srun (e.g. `harness launch --backend horovod`)")
+            raise UsageError(
+                f"Horovod cannot join a job started by {cluster.launcher}; launch it with horovodrun, "
+                "mpirun/mpiexec or srun (e.g. `harness launch --backend horovod`)"
+            )
         import horovod.torch as hvd
 
         if device.type == "cuda" and config.procs_per_gpu > 1 and hvd.nccl_built():
-            raise UsageError("this Horovod reduces GPU tensors with NCCL, which refuses two ranks on one GPU; "
-                             "for --procs-per-gpu > 1 use --backend ddp or deepspeed (gloo), or a Horovod built "
-                             "without HOROVOD_GPU_OPERATIONS=NCCL (it reduces through MPI)")
+            raise UsageError(
+                "this Horovod reduces GPU tensors with NCCL, which refuses two ranks on one GPU; "
+                "for --procs-per-gpu > 1 use --backend ddp or deepspeed (gloo), or a Horovod built "
+                "without HOROVOD_GPU_OPERATIONS=NCCL (it reduces through MPI)"
+            )
 
-    def init(self, cluster: ClusterEnv, device: torch.device, config: "TrainConfig") -> None:
+    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
         # Knobs are environment variables read by hvd.init(): a flag wins, then the user's variable,
         # then the default. Only values other than Horovod's own are exported, so that
         # HOROVOD_AUTOTUNE still tunes the ones nobody chose. Shutdown restores the variables, so
         # one run's values never become the next run's "user's variable".
-        self.fusion_threshold_mb = _setting(self.options.fusion_threshold_mb, "HOROVOD_FUSION_THRESHOLD", 2**20,
-                                            HOROVOD_DEFAULT_FUSION_MB)
-        self.cycle_time_ms = _setting(self.options.cycle_time_ms, "HOROVOD_CYCLE_TIME", 1,
-                                      CPU_CYCLE_TIME_MS if device.type == "cpu" else HOROVOD_DEFAULT_CYCLE_TIME_MS)
+        self.fusion_threshold_mb = _setting(
+            self.options.fusion_threshold_mb, "HOROVOD_FUSION_THRESHOLD", 2**20, HOROVOD_DEFAULT_FUSION_MB
+        )
+        self.cycle_time_ms = _setting(
+            self.options.cycle_time_ms,
+            "HOROVOD_CYCLE_TIME",
+            1,
+            CPU_CYCLE_TIME_MS if device.type == "cpu" else HOROVOD_DEFAULT_CYCLE_TIME_MS,
+        )
         if self.fusion_threshold_mb != HOROVOD_DEFAULT_FUSION_MB:
             self._set_environ(HOROVOD_FUSION_THRESHOLD=str(int(self.fusion_threshold_mb * 2**20)))
         if self.cycle_time_ms != HOROVOD_DEFAULT_CYCLE_TIME_MS:
@@ -143,11 +169,14 @@ class HorovodBackend(Backend):
         if self.owns_horovod:
             hvd.init()
         if (hvd.rank(), hvd.size()) != (cluster.rank, cluster.world_size):
-            raise UsageError(f"Horovod sees rank {hvd.rank()} of {hvd.size()} but the launcher says "
-                             f"{cluster.rank} of {cluster.world_size}; launch with one launcher only")
+            raise UsageError(
+                f"Horovod sees rank {hvd.rank()} of {hvd.size()} but the launcher says "
+                f"{cluster.rank} of {cluster.world_size}; launch with one launcher only"
+            )
 
-    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: "TrainConfig",
-             local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
+    def wrap(
+        self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig, local_batch: int
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
         hvd = self.hvd
         self.model = model
         optimizer = make_optimizer(model.parameters())
@@ -156,9 +185,13 @@ class HorovodBackend(Backend):
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         compression = hvd.Compression.fp16 if self.options.fp16_compression else hvd.Compression.none
         # Gradient accumulation: the hooks count backward passes and allreduce on the last one.
-        self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                                  compression=compression, op=hvd.Average,
-                                                  backward_passes_per_step=config.grad_accum)
+        self.optimizer = hvd.DistributedOptimizer(
+            optimizer,
+            named_parameters=model.named_parameters(),
+            compression=compression,
+            op=hvd.Average,
+            backward_passes_per_step=config.grad_accum,
+        )
         self._local_setup(config)
         self.gradients_synced = False
         return self.model, self.optimizer
@@ -185,7 +218,7 @@ class HorovodBackend(Backend):
         super().step()  # unscale (fp16) and clip the averaged gradients, then step
         self.gradients_synced = False
 
-    def _applying_gradients(self) -> ContextManager:
+    def _applying_gradients(self) -> AbstractContextManager:
         # synchronize() again would allreduce the already averaged gradients a second time.
         return self.optimizer.skip_synchronize()
 
@@ -199,6 +232,7 @@ class HorovodBackend(Backend):
         def wait() -> torch.Tensor:
             self._wait(handle)
             return self.hvd.synchronize(handle)
+
         return wait
 
     def barrier(self) -> None:
@@ -217,17 +251,20 @@ class HorovodBackend(Backend):
         # hvd.init() reads it; horovodrun's own --gloo-timeout-seconds would otherwise stand.
         os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = _whole_seconds(seconds)
 
-    def math_settings(self, config: "TrainConfig") -> Dict[str, Any]:
+    def math_settings(self, config: TrainConfig) -> dict[str, Any]:
         settings = super().math_settings(config)
         if self.options.fp16_compression:
             settings["gradient_compression"] = "fp16"
         return settings
 
-    def tuning(self) -> Dict[str, Any]:
-        return {"fusion_threshold_mb": self.fusion_threshold_mb, "cycle_time_ms": self.cycle_time_ms,
-                "fp16_compression": self.options.fp16_compression}
+    def tuning(self) -> dict[str, Any]:
+        return {
+            "fusion_threshold_mb": self.fusion_threshold_mb,
+            "cycle_time_ms": self.cycle_time_ms,
+            "fp16_compression": self.options.fp16_compression,
+        }
 
-    def versions(self) -> Dict[str, str]:
+    def versions(self) -> dict[str, str]:
         import horovod
 
         return {"horovod": horovod.__version__}

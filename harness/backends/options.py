@@ -11,16 +11,16 @@ and validates them (`Backend.parse_options`) and records what it applied under `
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
+from typing import Any, Optional, TypeVar
 
 from ..errors import UsageError
 
 OptionsT = TypeVar("OptionsT", bound="BackendOptions")
 
 
-def option(default: Any, flag: str, help: str, *, type: Optional[Type] = None,
-           resume_must_match: bool = False) -> Any:
+def option(default: Any, flag: str, help: str, *, type: Optional[type] = None, resume_must_match: bool = False) -> Any:
     """A field of a backend's Options: its default, `harness train` flag and help text.
 
     `type` converts the flag's value where the default does not tell it (an Optional's None). A
@@ -28,8 +28,9 @@ def option(default: Any, flag: str, help: str, *, type: Optional[Type] = None,
     `resume_must_match`: the value changes what the backend saves or trains, so a checkpoint
     resumes only with the value it was written with.
     """
-    return field(default=default, metadata={"help": help, "flag": flag, "type": type,
-                                            "resume_must_match": resume_must_match})
+    return field(
+        default=default, metadata={"help": help, "flag": flag, "type": type, "resume_must_match": resume_must_match}
+    )
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class BackendOptions:
         """Raise UsageError, naming the flag, for a value that is malformed on its own."""
 
     @classmethod
-    def parse(cls: Type[OptionsT], backend: str, values: Mapping[str, Any]) -> OptionsT:
+    def parse(cls: type[OptionsT], backend: str, values: Mapping[str, Any]) -> OptionsT:
         """Backend `backend`'s options with these values by field name, validated; an unknown name
         raises UsageError listing the backend's options."""
         if not isinstance(values, Mapping):
@@ -65,29 +66,32 @@ class BackendOptions:
         return {spec.name: spec.metadata["flag"] for spec in dataclasses.fields(cls)}[name]
 
     @classmethod
-    def resume_must_match(cls) -> Tuple[str, ...]:
+    def resume_must_match(cls) -> tuple[str, ...]:
         """Fields whose value changes what the backend saves or trains (see `option`)."""
         return tuple(spec.name for spec in dataclasses.fields(cls) if spec.metadata["resume_must_match"])
 
     @classmethod
-    def examples(cls: Type[OptionsT]) -> Tuple[OptionsT, ...]:
+    def examples(cls: type[OptionsT]) -> tuple[OptionsT, ...]:
         """The option sets the contract tests run this backend with (equivalence with one process,
         exact resume, ...): the defaults first, then each set that changes what is communicated or
         saved."""
         return (cls(),)
 
-    def as_dict(self) -> Dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """Every field's value by name, as TrainConfig.backend_options holds them."""
         return dataclasses.asdict(self)
 
-    def changed(self) -> Dict[str, Any]:
+    def changed(self) -> dict[str, Any]:
         """The fields whose value is not the default, by name."""
-        return {spec.name: getattr(self, spec.name) for spec in dataclasses.fields(self)
-                if getattr(self, spec.name) != spec.default}
+        return {
+            spec.name: getattr(self, spec.name)
+            for spec in dataclasses.fields(self)
+            if getattr(self, spec.name) != spec.default
+        }
 
-    def to_flags(self) -> List[str]:
+    def to_flags(self) -> list[str]:
         """The `harness train` flags that select these options (defaults are left out)."""
-        flags: List[str] = []
+        flags: list[str] = []
         for name, value in self.changed().items():
             flags += [self.flag(name)] if value is True else [self.flag(name), str(value)]
         return flags

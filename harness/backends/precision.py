@@ -13,15 +13,16 @@
 from __future__ import annotations
 
 import contextlib
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, ContextManager, Dict, Optional
+from typing import Any, Optional
 
 import torch
 
 from ..errors import unknown_choice
 
 # torch.amp.GradScaler's defaults, set explicitly so that every backend scales alike.
-LOSS_SCALE = {"init_scale": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
+LOSS_SCALE = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 
 
 @dataclass(frozen=True)
@@ -33,29 +34,32 @@ class Precision:
     loss_scaling: bool
 
     @classmethod
-    def of(cls, name: str) -> "Precision":
+    def of(cls, name: str) -> Precision:
         """The Precision of a `--precision` value."""
         if name not in PRECISION_TABLE:
             raise unknown_choice("precision", name, PRECISION_TABLE)
         return PRECISION_TABLE[name]
 
-    def autocast(self, device: torch.device) -> ContextManager:
+    def autocast(self, device: torch.device) -> AbstractContextManager:
         """Context for forward and loss: autocast in the reduced dtype, or nothing."""
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
 
-    def grad_scaler(self, device: torch.device) -> Optional["torch.amp.GradScaler"]:
+    def grad_scaler(self, device: torch.device) -> Optional[torch.amp.GradScaler]:
         """A dynamic loss scaler with the shared settings (fp16), else None."""
         if not self.loss_scaling:
             return None
         return torch.amp.GradScaler(device.type, **LOSS_SCALE)
 
-    def record(self) -> Dict[str, Any]:
+    def record(self) -> dict[str, Any]:
         """The settings as the results record's `math` section states them."""
-        return {"precision": self.name, "weights_dtype": "float32",  # and gradients, optimizer state
-                "autocast_dtype": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
-                "loss_scaling": {"mode": "dynamic", **LOSS_SCALE} if self.loss_scaling else None}
+        return {
+            "precision": self.name,
+            "weights_dtype": "float32",  # and gradients, optimizer state
+            "autocast_dtype": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
+            "loss_scaling": {"mode": "dynamic", **LOSS_SCALE} if self.loss_scaling else None,
+        }
 
 
 PRECISION_TABLE = {

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Tuple
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
 
-from ..process.discovery import ClusterEnv
 from ..errors import UsageError
+from ..process.discovery import ClusterEnv
 from .base import Backend, OptimizerFactory
 
 if TYPE_CHECKING:
@@ -24,16 +24,19 @@ class SingleProcessBackend(Backend):
     max_world_size = 1
     devices = ("cuda", "rocm", "xpu", "cpu")  # no communication: wherever torch runs
 
-    def check_launch(self, config: "TrainConfig", cluster: ClusterEnv, device: torch.device) -> None:
+    def check_launch(self, config: TrainConfig, cluster: ClusterEnv, device: torch.device) -> None:
         if cluster.world_size != 1:
-            raise UsageError(f"backend 'none' runs one process but the launcher started {cluster.world_size}; "
-                             "use --backend ddp, horovod, deepspeed or fsdp, or launch one process")
+            raise UsageError(
+                f"backend 'none' runs one process but the launcher started {cluster.world_size}; "
+                "use --backend ddp, horovod, deepspeed or fsdp, or launch one process"
+            )
 
-    def init(self, cluster: ClusterEnv, device: torch.device, config: "TrainConfig") -> None:
+    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
         """Nothing to join."""
 
-    def wrap(self, model: nn.Module, make_optimizer: OptimizerFactory, config: "TrainConfig",
-             local_batch: int) -> Tuple[nn.Module, torch.optim.Optimizer]:
+    def wrap(
+        self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig, local_batch: int
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
         self.model = model
         self.optimizer = make_optimizer(model.parameters())
         self._local_setup(config)

@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
+from ..errors import UsageError
 from ..process.accelerator import ONECCL_MODULE, communicator
 from ..process.discovery import ClusterEnv
-from ..errors import UsageError
 from . import compat
 from .base import Backend
 
@@ -22,8 +22,13 @@ if TYPE_CHECKING:
 # Substrings of the errors gloo raises when a peer is gone: "Connection closed by peer", "Read error
 # ...: Connection reset by peer", "Timed out waiting 20000ms for recv operation to complete", and
 # "Application timeout caused pair closure" (a later collective on a connection that timed out).
-GLOO_FAILURE_MARKERS = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "Timed out waiting",
-                        "Application timeout caused pair closure")
+GLOO_FAILURE_MARKERS = (
+    "gloo/transport",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Timed out waiting",
+    "Application timeout caused pair closure",
+)
 
 
 def process_group_backend(device: torch.device, procs_per_gpu: int) -> str:
@@ -34,8 +39,10 @@ def process_group_backend(device: torch.device, procs_per_gpu: int) -> str:
     if procs_per_gpu == 1 or device.type == "cpu":
         return communicator(device.type)
     if device.type != "cuda":
-        raise UsageError(f"--procs-per-gpu {procs_per_gpu} shares a device through gloo, which cannot reduce "
-                         f"{device.type} tensors; use --procs-per-gpu 1")
+        raise UsageError(
+            f"--procs-per-gpu {procs_per_gpu} shares a device through gloo, which cannot reduce "
+            f"{device.type} tensors; use --procs-per-gpu 1"
+        )
     return "gloo"
 
 
@@ -44,17 +51,22 @@ class TorchDistributedBackend(Backend):
 
     local_launcher = "torchrun"
 
-    def check_launch(self, config: "TrainConfig", cluster: ClusterEnv, device: torch.device) -> None:
+    def check_launch(self, config: TrainConfig, cluster: ClusterEnv, device: torch.device) -> None:
         """Any launcher works: rank and size come from harness.process.discovery."""
 
-    def init(self, cluster: ClusterEnv, device: torch.device, config: "TrainConfig") -> None:
+    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
         self.owns_process_group = not dist.is_initialized()
         port = compat.rendezvous_port(cluster.master_port) if self.owns_process_group else cluster.master_port
         # Export the discovered values under torchrun's names: libraries (DeepSpeed among them)
         # read these, whichever launcher actually started the process. Restored at shutdown.
-        self._set_environ(RANK=str(cluster.rank), WORLD_SIZE=str(cluster.world_size),
-                          LOCAL_RANK=str(cluster.local_rank), LOCAL_WORLD_SIZE=str(cluster.local_world_size),
-                          MASTER_ADDR=cluster.master_addr, MASTER_PORT=str(port))
+        self._set_environ(
+            RANK=str(cluster.rank),
+            WORLD_SIZE=str(cluster.world_size),
+            LOCAL_RANK=str(cluster.local_rank),
+            LOCAL_WORLD_SIZE=str(cluster.local_world_size),
+            MASTER_ADDR=cluster.master_addr,
+            MASTER_PORT=str(port),
+        )
         # The timeout bounds every collective: a dead peer fails the job instead of hanging it. It is
         # also the default of groups made later without one (compat.group_timeout_defaults says why).
         timeout = datetime.timedelta(seconds=config.timeout)
@@ -62,15 +74,18 @@ class TorchDistributedBackend(Backend):
         self.group_backend = process_group_backend(device, config.procs_per_gpu)
         if not self.owns_process_group:  # the caller set one up (a notebook, a job script): use it as it is
             if (dist.get_rank(), dist.get_world_size()) != (cluster.rank, cluster.world_size):
-                raise UsageError(f"the process group already initialised here is rank {dist.get_rank()} of "
-                                 f"{dist.get_world_size()}, but the launcher says {cluster.rank} of "
-                                 f"{cluster.world_size}; destroy it or launch to match")
+                raise UsageError(
+                    f"the process group already initialised here is rank {dist.get_rank()} of "
+                    f"{dist.get_world_size()}, but the launcher says {cluster.rank} of "
+                    f"{cluster.world_size}; destroy it or launch to match"
+                )
             self.group_backend = dist.get_backend()
             return
         if self.group_backend == "ccl":
             importlib.import_module(ONECCL_MODULE)  # registers "ccl" with torch.distributed
-        dist.init_process_group(self.group_backend, init_method="env://", rank=cluster.rank,
-                                world_size=cluster.world_size, timeout=timeout)
+        dist.init_process_group(
+            self.group_backend, init_method="env://", rank=cluster.rank, world_size=cluster.world_size, timeout=timeout
+        )
         compat.process_group_created()
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -83,6 +98,7 @@ class TorchDistributedBackend(Backend):
         def wait() -> torch.Tensor:
             work.wait()
             return tensor
+
         return wait
 
     def barrier(self) -> None:
@@ -93,7 +109,8 @@ class TorchDistributedBackend(Backend):
         # NCCL and the rendezvous store raise DistError subclasses; gloo raises a plain RuntimeError
         # whose message comes from its TCP transport (a reset connection, or --timeout running out).
         return isinstance(error, dist.DistError) or (
-            isinstance(error, RuntimeError) and any(marker in str(error) for marker in GLOO_FAILURE_MARKERS))
+            isinstance(error, RuntimeError) and any(marker in str(error) for marker in GLOO_FAILURE_MARKERS)
+        )
 
     @classmethod
     def limit_collective_waits(cls, seconds: float) -> None:

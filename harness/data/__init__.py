@@ -10,7 +10,7 @@ download` where there is a downloader, converted once to memory-mapped uint8 arr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple
+from typing import Callable
 
 from ..errors import UsageError
 from .arrays import ImageArrays, Normaliser
@@ -34,11 +34,12 @@ def _prepared(spec: DiskDataset) -> Callable[[str, DataOptions], ImageArrays]:
     def load(split: str, options: DataOptions) -> ImageArrays:
         directory, _ = ensure_prepared(spec, options.data_dir, options.image_size, options.prepare_timeout)
         return open_prepared(directory, split, spec, options.data_dir, options.image_size)
+
     return load
 
 
 # name -> loader(split, options) for split in {"train", "test"}
-DATASETS: Dict[str, Callable[[str, DataOptions], ImageArrays]] = {
+DATASETS: dict[str, Callable[[str, DataOptions], ImageArrays]] = {
     "digits": lambda split, options: load_digits(split),
     "synthetic": lambda split, options: load_synthetic(split, options.model),
     **{name: _prepared(spec) for name, spec in DISK_DATASETS.items()},
@@ -55,14 +56,27 @@ def load_split(name: str, split: str, options: DataOptions) -> ImageArrays:
     return DATASETS[name](split, options)
 
 
-def prepare_dataset(name: str, data_dir: str, image_size: int, timeout: float) -> Tuple[str, bool]:
+def prepare_dataset(name: str, data_dir: str, image_size: int, timeout: float) -> tuple[str, bool]:
     """`harness data prepare`: (directory of the prepared arrays, whether this call wrote them)."""
     if name not in DISK_DATASETS:
         known = ", ".join(DISK_DATASETS)
-        raise UsageError(f"{name!r} is not a dataset read from --data-dir; choose one of {known}"
-                         if name not in DATASETS else f"{name} needs no preparing; choose one of {known}")
+        raise UsageError(
+            f"{name!r} is not a dataset read from --data-dir; choose one of {known}"
+            if name not in DATASETS
+            else f"{name} needs no preparing; choose one of {known}"
+        )
     return ensure_prepared(DISK_DATASETS[name], data_dir, image_size, timeout)
 
 
-__all__ = ["DATASETS", "DataOptions", "ImageArrays", "Normaliser", "epoch_permutation", "eval_range", "load_split",
-           "prepare_dataset", "rank_slice", "steps_per_epoch"]
+__all__ = [
+    "DATASETS",
+    "DataOptions",
+    "ImageArrays",
+    "Normaliser",
+    "epoch_permutation",
+    "eval_range",
+    "load_split",
+    "prepare_dataset",
+    "rank_slice",
+    "steps_per_epoch",
+]

@@ -6,8 +6,9 @@ index into the array and one vectorised normalisation on the device, never a per
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,32 +33,33 @@ class ImageArrays:
         return self.length
 
     @property
-    def shape(self) -> Tuple[int, int, int]:
+    def shape(self) -> tuple[int, int, int]:
         """(channels, height, width) of one image."""
         return tuple(self.images.shape[1:])  # type: ignore[return-value]
 
-    def fetch(self, indices: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
+    def fetch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """uint8 images and int64 labels of `indices`, as CPU tensors (a worker process may call this)."""
         rows = np.sort(indices) if isinstance(self.images, np.memmap) else indices
         if self.length != len(self.images):
             rows = rows % len(self.images)
         return torch.from_numpy(np.ascontiguousarray(self.images[rows])), torch.from_numpy(self.labels[rows])
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> dict[str, Any]:
         # Loader workers started by spawn or forkserver (the default from Python 3.14) get the dataset
         # pickled: a memory-mapped array travels as its file and reopens there, not as a full copy.
         state = dict(self.__dict__)
         if isinstance(self.images, np.memmap) and self.images.filename:
-            state["images"] = _MappedFile(str(self.images.filename), self.images.offset, self.images.dtype.str,
-                                          tuple(self.images.shape))
+            state["images"] = _MappedFile(
+                str(self.images.filename), self.images.offset, self.images.dtype.str, tuple(self.images.shape)
+            )
         return state
 
-    def __setstate__(self, state: Dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         if isinstance(state["images"], _MappedFile):
             state["images"] = state["images"].open()
         self.__dict__.update(state)
 
-    def normaliser(self, device: torch.device) -> "Normaliser":
+    def normaliser(self, device: torch.device) -> Normaliser:
         """The uint8 -> float transform of this dataset, placed on `device`."""
         return Normaliser(self.mean, self.std, device)
 
@@ -67,7 +69,7 @@ class _MappedFile:
     path: str
     offset: int
     dtype: str
-    shape: Tuple[int, ...]
+    shape: tuple[int, ...]
 
     def open(self) -> np.memmap:
         return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import importlib.util
 from pathlib import Path
-from typing import Dict, Tuple
 
 import numpy as np
 import torch
@@ -30,7 +29,7 @@ def _read_digits_csv() -> np.ndarray:
         return np.loadtxt(text, delimiter=",", dtype=np.float32)
 
 
-_DIGITS_CACHE: Dict[str, ImageArrays] = {}
+_DIGITS_CACHE: dict[str, ImageArrays] = {}
 
 
 def load_digits(split: str) -> ImageArrays:
@@ -50,7 +49,7 @@ def load_digits(split: str) -> ImageArrays:
     return _DIGITS_CACHE[split]
 
 
-def synthetic_shape(model: str) -> Tuple[Tuple[int, int, int], int]:
+def synthetic_shape(model: str) -> tuple[tuple[int, int, int], int]:
     """Input shape and classes synthetic data takes for `model`: MNIST-like or ImageNet-like."""
     return ((1, 28, 28), 10) if model == "cnn" else ((3, 224, 224), 1000)
 
@@ -62,5 +61,4 @@ def load_synthetic(split: str, model: str) -> ImageArrays:
     images = rng.integers(0, 256, size=(SYNTHETIC_POOL, *shape), dtype=np.uint8)
     labels = rng.integers(0, classes, size=SYNTHETIC_POOL, dtype=np.int64)
     channels = shape[0]
-    return ImageArrays(images, labels, classes, (0.5,) * channels, (0.29,) * channels,
-                       length=SYNTHETIC_LENGTH[split])
+    return ImageArrays(images, labels, classes, (0.5,) * channels, (0.29,) * channels, length=SYNTHETIC_LENGTH[split])

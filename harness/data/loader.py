@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Sequence, Tuple
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -21,12 +21,17 @@ class _IndexBatches(Dataset):
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __getitem__(self, i: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.arrays.fetch(self.batches[i])
 
 
-def iterate_batches(arrays: ImageArrays, batches: Sequence[np.ndarray], num_workers: int = 0,
-                    pin_memory: bool = False, prefetch_factor: int = 4) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+def iterate_batches(
+    arrays: ImageArrays,
+    batches: Sequence[np.ndarray],
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    prefetch_factor: int = 4,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield (uint8 images, labels) for `batches` in order.
 
     With num_workers > 0, worker processes fetch batches in turn and keep `prefetch_factor` batches
@@ -43,14 +48,22 @@ def iterate_batches(arrays: ImageArrays, batches: Sequence[np.ndarray], num_work
     # shift the dropout masks, and the run would depend on --num-workers.
     # Workers ignore preemption signals: Slurm and PBS signal every process of the job, and the
     # training process must outlive its workers' deaths to finish the step and checkpoint.
-    loader = DataLoader(_IndexBatches(arrays, batches), batch_size=None, shuffle=False, num_workers=num_workers,
-                        pin_memory=pin_memory, prefetch_factor=prefetch_factor, generator=torch.Generator(),
-                        worker_init_fn=ignore_preemption_signals)
+    loader = DataLoader(
+        _IndexBatches(arrays, batches),
+        batch_size=None,
+        shuffle=False,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        prefetch_factor=prefetch_factor,
+        generator=torch.Generator(),
+        worker_init_fn=ignore_preemption_signals,
+    )
     yield from loader
 
 
-def to_device_ahead(batches: Iterable[Tuple[torch.Tensor, torch.Tensor]],
-                    device: torch.device) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+def to_device_ahead(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]], device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield `batches` on `device`. On a GPU the next batch is copied on a side stream while the
     current one computes, so the host-to-device copy (38 MB of uint8 per ResNet-50 batch of 256)
     overlaps the step instead of delaying it; the compute stream waits for its batch's copy only.
@@ -64,7 +77,7 @@ def to_device_ahead(batches: Iterable[Tuple[torch.Tensor, torch.Tensor]],
         copies = torch.cuda.Stream(device)
         compute = torch.cuda.current_stream(device)
 
-        def start(batch: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        def start(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
             with torch.cuda.stream(copies):
                 return tuple(tensor.to(device, non_blocking=True) for tensor in batch)  # type: ignore
 
@@ -81,8 +94,9 @@ def to_device_ahead(batches: Iterable[Tuple[torch.Tensor, torch.Tensor]],
             close()
 
 
-def _handed_over(batch: Tuple[torch.Tensor, torch.Tensor], copies: "torch.cuda.Stream",
-                 compute: "torch.cuda.Stream") -> Tuple[torch.Tensor, torch.Tensor]:
+def _handed_over(
+    batch: tuple[torch.Tensor, torch.Tensor], copies: torch.cuda.Stream, compute: torch.cuda.Stream
+) -> tuple[torch.Tensor, torch.Tensor]:
     compute.wait_stream(copies)  # the compute stream waits for this batch's copy, the host does not
     for tensor in batch:
         tensor.record_stream(compute)  # its memory is not reused before the compute stream is done with it

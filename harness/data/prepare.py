@@ -31,7 +31,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Dict, Iterator, List, Tuple
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -55,7 +55,7 @@ def prepare_hint(spec: DiskDataset, data_dir: str, image_size: int) -> str:
     return f"`harness data prepare {spec.name} --data-dir {data_dir}{size}`"
 
 
-def ensure_prepared(spec: DiskDataset, data_dir: str, image_size: int, timeout: float) -> Tuple[str, bool]:
+def ensure_prepared(spec: DiskDataset, data_dir: str, image_size: int, timeout: float) -> tuple[str, bool]:
     """(directory of the prepared arrays, whether this call prepared them); prepares at most once.
 
     Safe to call from every rank at once (see the module docstring); waits at most `timeout`
@@ -69,12 +69,12 @@ def ensure_prepared(spec: DiskDataset, data_dir: str, image_size: int, timeout: 
         os.makedirs(root, exist_ok=True)
     except OSError as exc:
         raise _unwritable(root, exc, spec, image_size) from exc
-    with _exclusive(os.path.join(root, f".{spec.prepared_name(image_size)}.lock"), timeout, spec, data_dir,
-                    image_size):
+    with _exclusive(
+        os.path.join(root, f".{spec.prepared_name(image_size)}.lock"), timeout, spec, data_dir, image_size
+    ):
         if _is_complete(target, spec, data_dir, image_size):  # another process finished while we waited
             return target, False
-        print(f"harness: preparing {spec.name} from {data_dir} into {target} (once; other processes wait)",
-              flush=True)
+        print(f"harness: preparing {spec.name} from {data_dir} into {target} (once; other processes wait)", flush=True)
         _write_atomically(spec, data_dir, image_size, target)
     return target, True
 
@@ -87,16 +87,21 @@ def open_prepared(directory: str, split: str, spec: DiskDataset, data_dir: str, 
         labels = np.load(os.path.join(directory, f"{split}_labels.npy"))
         count = meta["splits"][split]
         if images.dtype != np.uint8 or images.shape != (count, *meta["shape"]) or labels.shape != (count,):
-            raise ValueError(f"{split} arrays have shapes {images.shape} and {labels.shape}, "
-                             f"meta.json says {count} x {meta['shape']}")
+            raise ValueError(
+                f"{split} arrays have shapes {images.shape} and {labels.shape}, "
+                f"meta.json says {count} x {meta['shape']}"
+            )
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"prepared data in {directory} is damaged ({exc}); delete that directory and run "
-                         f"{prepare_hint(spec, data_dir, image_size)}") from exc
-    return ImageArrays(images, labels.astype(np.int64, copy=False), meta["num_classes"], tuple(meta["mean"]),
-                       tuple(meta["std"]))
+        raise UsageError(
+            f"prepared data in {directory} is damaged ({exc}); delete that directory and run "
+            f"{prepare_hint(spec, data_dir, image_size)}"
+        ) from exc
+    return ImageArrays(
+        images, labels.astype(np.int64, copy=False), meta["num_classes"], tuple(meta["mean"]), tuple(meta["std"])
+    )
 
 
-def _read_meta(directory: str) -> Dict:
+def _read_meta(directory: str) -> dict:
     with open(os.path.join(directory, "meta.json")) as handle:
         return json.load(handle)
 
@@ -108,17 +113,23 @@ def _is_complete(target: str, spec: DiskDataset, data_dir: str, image_size: int)
     try:
         version = _read_meta(target).get("format")
     except (OSError, ValueError) as exc:
-        raise UsageError(f"prepared data in {target} is damaged ({exc}); delete that directory and run "
-                         f"{prepare_hint(spec, data_dir, image_size)}") from exc
+        raise UsageError(
+            f"prepared data in {target} is damaged ({exc}); delete that directory and run "
+            f"{prepare_hint(spec, data_dir, image_size)}"
+        ) from exc
     if version != PREPARED_FORMAT:
-        raise UsageError(f"{target} was prepared in format {version}, this harness reads format {PREPARED_FORMAT}; "
-                         f"delete that directory and run {prepare_hint(spec, data_dir, image_size)}")
+        raise UsageError(
+            f"{target} was prepared in format {version}, this harness reads format {PREPARED_FORMAT}; "
+            f"delete that directory and run {prepare_hint(spec, data_dir, image_size)}"
+        )
     return True
 
 
 def _unwritable(path: str, exc: OSError, spec: DiskDataset, image_size: int) -> UsageError:
-    return UsageError(f"cannot write prepared data under {path} ({exc.strerror or exc}); use a writable --data-dir "
-                      f"(copy the raw files) or run {prepare_hint(spec, '<writable dir>', image_size)} elsewhere")
+    return UsageError(
+        f"cannot write prepared data under {path} ({exc.strerror or exc}); use a writable --data-dir "
+        f"(copy the raw files) or run {prepare_hint(spec, '<writable dir>', image_size)} elsewhere"
+    )
 
 
 @contextlib.contextmanager
@@ -132,9 +143,11 @@ def _exclusive(lock_path: str, timeout: float, spec: DiskDataset, data_dir: str,
             raise _unwritable(os.path.dirname(lock_path), exc, spec, image_size) from exc
         try:
             if not _lock(fd, deadline):
-                raise UsageError(f"waited {timeout:.0f} s for another process preparing {spec.name} (it holds "
-                                 f"{lock_path}); raise --timeout or run {prepare_hint(spec, data_dir, image_size)} "
-                                 "before the job")
+                raise UsageError(
+                    f"waited {timeout:.0f} s for another process preparing {spec.name} (it holds "
+                    f"{lock_path}); raise --timeout or run {prepare_hint(spec, data_dir, image_size)} "
+                    "before the job"
+                )
             # The previous holder unlinks the path when done: a lock on that old inode excludes no one.
             if _same_file(fd, lock_path):
                 try:
@@ -180,8 +193,12 @@ def _write_atomically(spec: DiskDataset, data_dir: str, image_size: int, target:
         splits, classes = spec.read(data_dir, image_size)
         try:
             meta = _write_splits(spec.name, splits, classes, scratch)
-            meta.update(format=PREPARED_FORMAT, dataset=spec.name, source=os.path.abspath(data_dir),
-                        image_size=image_size if spec.resized else None)
+            meta.update(
+                format=PREPARED_FORMAT,
+                dataset=spec.name,
+                source=os.path.abspath(data_dir),
+                image_size=image_size if spec.resized else None,
+            )
             with open(os.path.join(scratch, "meta.json"), "w") as handle:
                 json.dump(meta, handle, indent=1)
             os.chmod(scratch, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the data from the job's other users
@@ -203,25 +220,32 @@ def _umask() -> int:
     return mask
 
 
-def _write_splits(name: str, splits: Dict[str, SplitSource], classes: List[str], directory: str) -> Dict:
-    sizes: Dict[str, int] = {}
-    mean: List[float] = []
-    std: List[float] = []
+def _write_splits(name: str, splits: dict[str, SplitSource], classes: list[str], directory: str) -> dict:
+    sizes: dict[str, int] = {}
+    mean: list[float] = []
+    std: list[float] = []
     for split in SPLITS:
         source = splits[split]
         if split != "train" and source.shape != splits["train"].shape:
-            raise UsageError(f"{name}: {split} images are {source.shape}, training images {splits['train'].shape}; "
-                             "the files are corrupt or from different datasets, fetch them again")
+            raise UsageError(
+                f"{name}: {split} images are {source.shape}, training images {splits['train'].shape}; "
+                "the files are corrupt or from different datasets, fetch them again"
+            )
         if source.labels.size and (source.labels.min() < 0 or source.labels.max() >= len(classes)):
-            raise UsageError(f"{name}: {split} labels fall outside 0-{len(classes) - 1}; the files are corrupt, "
-                             "fetch them again")
-        images = np.lib.format.open_memmap(os.path.join(directory, f"{split}_images.npy"), mode="w+",
-                                           dtype=np.uint8, shape=(source.count, *source.shape))
+            raise UsageError(
+                f"{name}: {split} labels fall outside 0-{len(classes) - 1}; the files are corrupt, fetch them again"
+            )
+        images = np.lib.format.open_memmap(
+            os.path.join(directory, f"{split}_images.npy"),
+            mode="w+",
+            dtype=np.uint8,
+            shape=(source.count, *source.shape),
+        )
         channels = source.shape[0]
         sums = np.zeros((2, channels), dtype=np.float64)  # per-channel sum and sum of squares
         written = 0
         for chunk in source.chunks:
-            images[written:written + len(chunk)] = chunk
+            images[written : written + len(chunk)] = chunk
             written += len(chunk)
             flat = chunk.reshape(len(chunk), channels, -1).astype(np.float64)
             sums += (flat.sum(axis=(0, 2)), np.square(flat).sum(axis=(0, 2)))
@@ -232,7 +256,6 @@ def _write_splits(name: str, splits: Dict[str, SplitSource], classes: List[str],
         if split == "train":  # normalisation statistics come from the training images only
             pixels = max(1, source.count * int(np.prod(source.shape[1:])))
             mean = (sums[0] / pixels / 255).tolist()
-            std = np.sqrt(np.maximum(sums[1] / pixels / 255 ** 2 - np.square(sums[0] / pixels / 255), 1e-12)).tolist()
+            std = np.sqrt(np.maximum(sums[1] / pixels / 255**2 - np.square(sums[0] / pixels / 255), 1e-12)).tolist()
             shape = list(source.shape)
-    return {"num_classes": len(classes), "classes": classes, "shape": shape, "splits": sizes, "mean": mean,
-            "std": std}
+    return {"num_classes": len(classes), "classes": classes, "shape": shape, "splits": sizes, "mean": mean, "std": std}

@@ -11,7 +11,8 @@ import gzip
 import io
 import os
 import pickle
-from typing import List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -38,6 +39,7 @@ def _corrupt(name: str, path: str, what: str, data_dir: str) -> UsageError:
 
 # -- IDX (MNIST, Fashion-MNIST) ---------------------------------------------------------------
 
+
 def find_idx(raw_dir: str, stem: str) -> Optional[str]:
     """The IDX file `stem` in raw_dir, extracted or still gzipped (torchvision keeps both)."""
     for candidate in (stem, stem + ".gz"):
@@ -62,8 +64,9 @@ def read_idx(path: str, name: str, data_dir: str) -> np.ndarray:
         raise _corrupt(name, path, "not an IDX file (bad magic number)", data_dir)
     type_code, ndim = payload[2], payload[3]
     if type_code != IDX_UBYTE or ndim == 0:
-        raise _corrupt(name, path, f"an IDX file of type 0x{type_code:02x} with {ndim} dimensions, "
-                       "not unsigned bytes", data_dir)
+        raise _corrupt(
+            name, path, f"an IDX file of type 0x{type_code:02x} with {ndim} dimensions, not unsigned bytes", data_dir
+        )
     header = 4 + 4 * ndim
     if len(payload) < header:
         raise _corrupt(name, path, "truncated (incomplete header)", data_dir)
@@ -71,12 +74,11 @@ def read_idx(path: str, name: str, data_dir: str) -> np.ndarray:
     expected = header + int(np.prod(shape))
     if len(payload) != expected:
         state = "truncated" if len(payload) < expected else "longer than its header says"
-        raise _corrupt(name, path, f"{state} ({len(payload)} bytes, expected {expected} for shape {shape})",
-                       data_dir)
+        raise _corrupt(name, path, f"{state} ({len(payload)} bytes, expected {expected} for shape {shape})", data_dir)
     return np.frombuffer(payload, dtype=np.uint8, offset=header).reshape(shape)
 
 
-def read_idx_split(name: str, raw_dir: str, split: str, data_dir: str) -> Tuple[np.ndarray, np.ndarray]:
+def read_idx_split(name: str, raw_dir: str, split: str, data_dir: str) -> tuple[np.ndarray, np.ndarray]:
     """(images uint8 [N, 1, H, W], labels int64 [N]) of torchvision's MNIST raw files for `split`."""
     prefix = "train" if split == "train" else "t10k"
     arrays = []
@@ -96,11 +98,17 @@ def read_idx_split(name: str, raw_dir: str, split: str, data_dir: str) -> Tuple[
 
 # -- CIFAR-10 python pickles -----------------------------------------------------------------
 
+
 class _ArrayUnpickler(pickle.Unpickler):
     """Unpickles plain containers and numpy arrays only: a data file must not run arbitrary code."""
 
-    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+    }
 
     def find_class(self, module: str, name: str):  # type: ignore[override]
         if (module, name) not in self.ALLOWED:
@@ -112,7 +120,7 @@ def _text_keys(entry: dict) -> dict:
     return {(key.decode("latin1") if isinstance(key, bytes) else key): value for key, value in entry.items()}
 
 
-def read_cifar_batch(path: str, name: str, data_dir: str) -> Tuple[np.ndarray, np.ndarray]:
+def read_cifar_batch(path: str, name: str, data_dir: str) -> tuple[np.ndarray, np.ndarray]:
     """(images uint8 [N, 3, 32, 32], labels int64 [N]) of one CIFAR-10 python batch file."""
     if not os.path.exists(path):
         raise missing_file_error(name, path, data_dir)
@@ -125,8 +133,12 @@ def read_cifar_batch(path: str, name: str, data_dir: str) -> Tuple[np.ndarray, n
     except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, KeyError, IndexError) as exc:
         raise _corrupt(name, path, f"not a CIFAR python batch ({type(exc).__name__}: {exc})", data_dir) from exc
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or labels.shape != (len(data),):
-        raise _corrupt(name, path, f"a batch of shape {data.shape} with {labels.size} labels, "
-                       "not [N, 3072] with N labels", data_dir)
+        raise _corrupt(
+            name,
+            path,
+            f"a batch of shape {data.shape} with {labels.size} labels, not [N, 3072] with N labels",
+            data_dir,
+        )
     return data.reshape(-1, 3, 32, 32), labels
 
 
@@ -134,37 +146,46 @@ CIFAR10_FOLDER = "cifar-10-batches-py"
 CIFAR10_FILES = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
 
 
-def read_cifar10_split(data_dir: str, split: str) -> Tuple[np.ndarray, np.ndarray]:
+def read_cifar10_split(data_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     """A CIFAR-10 split from torchvision's `cifar-10-batches-py` folder."""
-    parts = [read_cifar_batch(os.path.join(data_dir, CIFAR10_FOLDER, file), "cifar10", data_dir)
-             for file in CIFAR10_FILES[split]]
+    parts = [
+        read_cifar_batch(os.path.join(data_dir, CIFAR10_FOLDER, file), "cifar10", data_dir)
+        for file in CIFAR10_FILES[split]
+    ]
     labels = np.concatenate([labels for _, labels in parts])
     if labels.size and (labels.min() < 0 or labels.max() >= 10):
-        raise UsageError(f"cifar10: labels under {os.path.join(data_dir, CIFAR10_FOLDER)} fall outside 0-9; "
-                         f"fetch the set again with {download_hint('cifar10', data_dir)}")
+        raise UsageError(
+            f"cifar10: labels under {os.path.join(data_dir, CIFAR10_FOLDER)} fall outside 0-9; "
+            f"fetch the set again with {download_hint('cifar10', data_dir)}"
+        )
     return np.concatenate([images for images, _ in parts]), labels
 
 
 # -- ImageNet-style tree: ROOT/<split>/<class>/<image> ----------------------------------------
 
-def scan_image_tree(root: str, classes: Optional[Sequence[str]] = None) -> Tuple[List[str], np.ndarray, List[str]]:
+
+def scan_image_tree(root: str, classes: Optional[Sequence[str]] = None) -> tuple[list[str], np.ndarray, list[str]]:
     """(image paths, labels, class names) of a class-per-directory tree, in sorted order.
 
     `classes` fixes the label of each class name (the training split's); a class directory that is
     not among them is an error, since the model has no output for it.
     """
     if not os.path.isdir(root):
-        raise UsageError(f"imagefolder: expected a directory {root} holding one sub-directory per class; "
-                         "create it (imagefolder has no download)")
+        raise UsageError(
+            f"imagefolder: expected a directory {root} holding one sub-directory per class; "
+            "create it (imagefolder has no download)"
+        )
     found = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
     names = list(classes) if classes is not None else found
     unknown = sorted(set(found) - set(names))
     if unknown:
-        raise UsageError(f"imagefolder: {root} has classes {unknown[:5]} that the training split lacks; "
-                         "give both splits the same class directories")
+        raise UsageError(
+            f"imagefolder: {root} has classes {unknown[:5]} that the training split lacks; "
+            "give both splits the same class directories"
+        )
     label_of = {name: label for label, name in enumerate(names)}
-    paths: List[str] = []
-    labels: List[int] = []
+    paths: list[str] = []
+    labels: list[int] = []
     for name in found:
         for directory, subdirs, files in os.walk(os.path.join(root, name)):
             subdirs.sort()
@@ -173,8 +194,10 @@ def scan_image_tree(root: str, classes: Optional[Sequence[str]] = None) -> Tuple
                     paths.append(os.path.join(directory, file))
                     labels.append(label_of[name])
     if not paths:
-        raise UsageError(f"imagefolder: no images under {root}; expected {root}/<class>/<image> "
-                         f"with suffix {', '.join(IMAGE_SUFFIXES[:3])}, ...")
+        raise UsageError(
+            f"imagefolder: no images under {root}; expected {root}/<class>/<image> "
+            f"with suffix {', '.join(IMAGE_SUFFIXES[:3])}, ..."
+        )
     return paths, np.asarray(labels, dtype=np.int64), names
 
 
@@ -187,8 +210,9 @@ def decode_image(path: str, size: int) -> np.ndarray:
             image = image.convert("RGB")
             width, height = image.size
             scale = size / min(width, height)
-            resized = image.resize((max(size, round(width * scale)), max(size, round(height * scale))),
-                                   Image.Resampling.BILINEAR)
+            resized = image.resize(
+                (max(size, round(width * scale)), max(size, round(height * scale))), Image.Resampling.BILINEAR
+            )
             left, top = (resized.width - size) // 2, (resized.height - size) // 2
             pixels = np.asarray(resized.crop((left, top, left + size, top + size)), dtype=np.uint8)
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:

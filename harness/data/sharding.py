@@ -17,7 +17,7 @@ with no padding, so every sample is scored exactly once.
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -35,15 +35,18 @@ def steps_per_epoch(num_samples: int, world_size: int, local_batch: int) -> int:
 def rank_slice(order: np.ndarray, step: int, world_size: int, rank: int, local_batch: int) -> np.ndarray:
     """This rank's part of global batch `step` (counted within the epoch) of the epoch order `order`."""
     start = (step * world_size + rank) * local_batch
-    return order[start:start + local_batch]
+    return order[start : start + local_batch]
 
 
-def train_batches(num_samples: int, world_size: int, rank: int, local_batch: int, seed: int,
-                  epoch: int) -> List[np.ndarray]:
+def train_batches(
+    num_samples: int, world_size: int, rank: int, local_batch: int, seed: int, epoch: int
+) -> list[np.ndarray]:
     """This rank's index batches for `epoch`, in step order."""
     order = epoch_permutation(num_samples, seed, epoch)
-    return [rank_slice(order, step, world_size, rank, local_batch)
-            for step in range(steps_per_epoch(num_samples, world_size, local_batch))]
+    return [
+        rank_slice(order, step, world_size, rank, local_batch)
+        for step in range(steps_per_epoch(num_samples, world_size, local_batch))
+    ]
 
 
 class RankSchedule(Sequence[np.ndarray]):
@@ -54,13 +57,21 @@ class RankSchedule(Sequence[np.ndarray]):
     so its worker processes start once, not per epoch; a resumed run starts at its checkpoint's step.
     """
 
-    def __init__(self, num_samples: int, world_size: int, rank: int, local_batch: int, seed: int,
-                 total_steps: int, first_step: int = 0) -> None:
+    def __init__(
+        self,
+        num_samples: int,
+        world_size: int,
+        rank: int,
+        local_batch: int,
+        seed: int,
+        total_steps: int,
+        first_step: int = 0,
+    ) -> None:
         self.num_samples, self.world_size, self.rank = num_samples, world_size, rank
         self.local_batch, self.seed, self.total_steps = local_batch, seed, total_steps
         self.first_step = first_step
         self.epoch_steps = steps_per_epoch(num_samples, world_size, local_batch)
-        self._order: Tuple[int, np.ndarray] = (-1, np.empty(0, dtype=np.int64))  # (epoch, permutation) cache
+        self._order: tuple[int, np.ndarray] = (-1, np.empty(0, dtype=np.int64))  # (epoch, permutation) cache
 
     def __len__(self) -> int:
         return self.total_steps - self.first_step

@@ -34,9 +34,10 @@ class RandomCropFlip:
     def draws(self, epoch: int, step: int) -> np.ndarray:
         """This rank's [local_batch, 3] draws: vertical offset, horizontal offset, flip (0 or 1)."""
         rng = np.random.default_rng([self.seed, epoch, step])
-        global_draws = rng.integers(0, [2 * self.padding + 1, 2 * self.padding + 1, 2],
-                                    size=(self.world_size * self.local_batch, 3))
-        return global_draws[self.rank * self.local_batch:(self.rank + 1) * self.local_batch]
+        global_draws = rng.integers(
+            0, [2 * self.padding + 1, 2 * self.padding + 1, 2], size=(self.world_size * self.local_batch, 3)
+        )
+        return global_draws[self.rank * self.local_batch : (self.rank + 1) * self.local_batch]
 
     def __call__(self, images: torch.Tensor, epoch: int, step: int) -> torch.Tensor:
         batch, channels, height, width = images.shape
@@ -50,9 +51,12 @@ class RandomCropFlip:
         columns = torch.arange(width, device=images.device).expand(batch, width)
         columns = left + torch.where(flip, width - 1 - columns, columns)  # a flip reads the crop right to left
         # One gather does crop and flip for the whole batch: out[b, c, i, j] = padded[b, c, rows[b, i], cols[b, j]].
-        return padded[torch.arange(batch, device=images.device)[:, None, None, None],
-                      torch.arange(channels, device=images.device)[None, :, None, None],
-                      rows[:, None, :, None], columns[:, None, None, :]]
+        return padded[
+            torch.arange(batch, device=images.device)[:, None, None, None],
+            torch.arange(channels, device=images.device)[None, :, None, None],
+            rows[:, None, :, None],
+            columns[:, None, None, :],
+        ]
 
 
 class TrainTransform:
@@ -69,8 +73,16 @@ class TrainTransform:
         return images.contiguous(memory_format=torch.channels_last) if self.channels_last else images
 
 
-def train_transform(data: ImageArrays, device: torch.device, augment: bool, seed: int, rank: int, world_size: int,
-                    local_batch: int, channels_last: bool = False) -> TrainTransform:
+def train_transform(
+    data: ImageArrays,
+    device: torch.device,
+    augment: bool,
+    seed: int,
+    rank: int,
+    world_size: int,
+    local_batch: int,
+    channels_last: bool = False,
+) -> TrainTransform:
     """The transform the training loop applies to each batch of `data` on `device`."""
     crop_flip = RandomCropFlip(seed, rank, world_size, local_batch) if augment else None
     return TrainTransform(data.normaliser(device), crop_flip, channels_last)

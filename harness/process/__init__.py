@@ -19,12 +19,24 @@ Nothing here knows a training framework: the layers above ask this one.
 
 from ..lazy import lazy_exports
 
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "ClusterEnv": "discovery", "detect_cluster": "discovery", "select_device": "accelerator",
-    "Accelerator": "accelerator", "detect_accelerator": "accelerator",
-    "default_threads": "discovery", "cpu_cores": "discovery",
-    "Launcher": "launchers", "LAUNCHERS": "launchers", "LOCAL_LAUNCHERS": "launchers", "MPI_FAMILIES": "launchers",
-    "launcher_command": "launchers", "launch_environment": "launchers", "free_port": "launchers",
-    "preserved_process_state": "state",
-})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "ClusterEnv": "discovery",
+        "detect_cluster": "discovery",
+        "select_device": "accelerator",
+        "Accelerator": "accelerator",
+        "detect_accelerator": "accelerator",
+        "default_threads": "discovery",
+        "cpu_cores": "discovery",
+        "Launcher": "launchers",
+        "LAUNCHERS": "launchers",
+        "LOCAL_LAUNCHERS": "launchers",
+        "MPI_FAMILIES": "launchers",
+        "launcher_command": "launchers",
+        "launch_environment": "launchers",
+        "free_port": "launchers",
+        "preserved_process_state": "state",
+    },
+)
 __all__ = __dir__()

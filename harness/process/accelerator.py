@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..errors import UsageError
 
@@ -29,9 +29,13 @@ if TYPE_CHECKING:
     from .discovery import ClusterEnv
 
 KINDS = ("cuda", "rocm", "xpu", "cpu")
-DEVICE_TYPES: Dict[str, str] = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "cpu": "cpu"}
-VISIBILITY_VARIABLES: Dict[str, Optional[str]] = {
-    "cuda": "CUDA_VISIBLE_DEVICES", "rocm": "ROCR_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK", "cpu": None}
+DEVICE_TYPES: dict[str, str] = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "cpu": "cpu"}
+VISIBILITY_VARIABLES: dict[str, Optional[str]] = {
+    "cuda": "CUDA_VISIBLE_DEVICES",
+    "rocm": "ROCR_VISIBLE_DEVICES",
+    "xpu": "ZE_AFFINITY_MASK",
+    "cpu": None,
+}
 ONECCL_MODULE = "oneccl_bindings_for_pytorch"  # registers the "ccl" process group when imported
 
 
@@ -57,7 +61,7 @@ class Accelerator:
         """The torch.distributed backend for one rank per device."""
         return communicator(self.device_type)
 
-    def device(self, local_rank: int, procs_per_device: int = 1) -> "torch.device":
+    def device(self, local_rank: int, procs_per_device: int = 1) -> torch.device:
         """Device `local_rank // procs_per_device`, modulo the devices this process sees, so that a
         per-rank visibility variable (one device each, index 0) works too."""
         import torch
@@ -91,18 +95,20 @@ def communicator(device_type: str) -> str:
         return "xccl"
     if importlib.util.find_spec(ONECCL_MODULE) is not None:
         return "ccl"
-    raise UsageError(f"ranks on {device_type} devices need a torch built with XCCL (torch >= 2.8 XPU wheels) or "
-                     f"{ONECCL_MODULE}; install one, or use --device cpu")
+    raise UsageError(
+        f"ranks on {device_type} devices need a torch built with XCCL (torch >= 2.8 XPU wheels) or "
+        f"{ONECCL_MODULE}; install one, or use --device cpu"
+    )
 
 
-def kind_of(device: "torch.device") -> str:
+def kind_of(device: torch.device) -> str:
     """The accelerator kind of a device the harness placed (rocm for a "cuda" device of a ROCm torch)."""
     import torch
 
     return "rocm" if device.type == "cuda" and torch.version.hip else device.type
 
 
-def select_device(requested: str, cluster: "ClusterEnv", procs_per_gpu: int = 1) -> "torch.device":
+def select_device(requested: str, cluster: ClusterEnv, procs_per_gpu: int = 1) -> torch.device:
     """This rank's device for --device `requested` (auto, cpu, cuda or xpu): device `local_rank //
     procs_per_gpu` of the node's accelerator (Accelerator.device) when there is one or it was asked
     for, else the CPU; made the process's current device."""
@@ -111,8 +117,10 @@ def select_device(requested: str, cluster: "ClusterEnv", procs_per_gpu: int = 1)
     accelerator = detect_accelerator()
     if requested == "cpu" or (requested == "auto" and accelerator.kind == "cpu"):
         if procs_per_gpu > 1:
-            raise UsageError(f"--procs-per-gpu {procs_per_gpu} places ranks on GPUs, but this run is on the CPU; "
-                             "on CPUs start more ranks with fewer --threads each (ranks x threads = cores)")
+            raise UsageError(
+                f"--procs-per-gpu {procs_per_gpu} places ranks on GPUs, but this run is on the CPU; "
+                "on CPUs start more ranks with fewer --threads each (ranks x threads = cores)"
+            )
         return torch.device("cpu")
     if requested not in ("auto", accelerator.device_type):
         found = f"this node has {accelerator.kind}" if accelerator.count else "no accelerator is available"
@@ -120,9 +128,11 @@ def select_device(requested: str, cluster: "ClusterEnv", procs_per_gpu: int = 1)
     gpus = accelerator.count
     if gpus > 1 and cluster.local_world_size > gpus * procs_per_gpu:
         needed = -(-cluster.local_world_size // procs_per_gpu)
-        raise UsageError(f"{cluster.local_world_size} ranks on this node need {needed} GPUs at --procs-per-gpu "
-                         f"{procs_per_gpu}, but {gpus} are visible; launch fewer ranks per node or raise "
-                         "--procs-per-gpu")
+        raise UsageError(
+            f"{cluster.local_world_size} ranks on this node need {needed} GPUs at --procs-per-gpu "
+            f"{procs_per_gpu}, but {gpus} are visible; launch fewer ranks per node or raise "
+            "--procs-per-gpu"
+        )
     device = accelerator.device(cluster.local_rank, procs_per_gpu)
     torch.accelerator.set_device_index(device)
     return device

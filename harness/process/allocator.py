@@ -56,7 +56,9 @@ def reuse_freed_memory(mode: str) -> str:
         return f"system (user's {', '.join(user_settings)})"
     libc = ctypes.CDLL(None)
     # Setting either threshold also stops glibc from moving them itself.
-    if not (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)):
+    if not (
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+    ):
         return "system (mallopt refused)"
     _applied_in_this_process = True
     return "reuse"

@@ -15,8 +15,9 @@ import subprocess
 import time
 import urllib.request
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Optional
 
 from ..errors import UsageError
 from .launchers import MPI_FAMILIES
@@ -24,7 +25,7 @@ from .launchers import MPI_FAMILIES
 # (variable, launcher that sets it), in priority order per quantity. The launcher named here is the
 # family a rank reports as ClusterEnv.launcher; harness.process.launchers says which launcher
 # programs start ranks of each family.
-RANK_VARIABLES: Tuple[Tuple[str, str], ...] = (
+RANK_VARIABLES: tuple[tuple[str, str], ...] = (
     ("RANK", "torchrun"),
     ("HOROVOD_RANK", "horovodrun"),
     ("OMPI_COMM_WORLD_RANK", "openmpi"),
@@ -32,22 +33,39 @@ RANK_VARIABLES: Tuple[Tuple[str, str], ...] = (
     ("PALS_RANKID", "pals"),
     ("SLURM_PROCID", "slurm"),
 )
-WORLD_SIZE_VARIABLES: Tuple[str, ...] = (
-    "WORLD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
+WORLD_SIZE_VARIABLES: tuple[str, ...] = (
+    "WORLD_SIZE",
+    "HOROVOD_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_NTASKS",
 )
-LOCAL_RANK_VARIABLES: Tuple[str, ...] = (
-    "LOCAL_RANK", "HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_LOCAL_RANK",
-    "PALS_LOCAL_RANKID", "MPI_LOCALRANKID", "SLURM_LOCALID",
+LOCAL_RANK_VARIABLES: tuple[str, ...] = (
+    "LOCAL_RANK",
+    "HOROVOD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "PMI_LOCAL_RANK",
+    "PALS_LOCAL_RANKID",
+    "MPI_LOCALRANKID",
+    "SLURM_LOCALID",
 )
-LOCAL_WORLD_SIZE_VARIABLES: Tuple[str, ...] = (
-    "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE",
-    "PALS_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
+LOCAL_WORLD_SIZE_VARIABLES: tuple[str, ...] = (
+    "LOCAL_WORLD_SIZE",
+    "LOCAL_SIZE",
+    "HOROVOD_LOCAL_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "PMI_LOCAL_SIZE",
+    "PALS_LOCAL_SIZE",
+    "MPI_LOCALNRANKS",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_NTASKS_PER_NODE",
     "SLURM_TASKS_PER_NODE",
 )
 # Slurm's SLURM_* task variables are also set in a job's batch shell (SLURM_PROCID=0, SLURM_NTASKS=N)
 # and inherited by whatever it starts without srun (a Jupyter kernel on a compute node, a sweep's
 # driver). Only a task of an srun step is one of N ranks; srun sets these for its tasks alone.
-SLURM_STEP_VARIABLES: Tuple[str, ...] = ("SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS")
+SLURM_STEP_VARIABLES: tuple[str, ...] = ("SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS")
 # Per-node task counts, as Slurm writes them: "4(x2),3" is 4 on each of two nodes, then 3 on one.
 _SLURM_TASK_GROUP = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 DEFAULT_MASTER_PORT = 29500
@@ -79,7 +97,7 @@ class ClusterEnv:
         return self.rank == 0
 
 
-def _first(environ: Mapping[str, str], names: Sequence[str]) -> Optional[Tuple[str, str]]:
+def _first(environ: Mapping[str, str], names: Sequence[str]) -> Optional[tuple[str, str]]:
     for name in names:
         value = environ.get(name)
         if value not in (None, ""):
@@ -96,12 +114,14 @@ def _as_int(name: str, value: str) -> int:
 
 def _slurm_tasks_on_node(name: str, value: str, node_id: int) -> int:
     """This node's entry of a Slurm per-node task count such as '4(x2),3' (node ids count from 0)."""
-    counts: List[int] = []
+    counts: list[int] = []
     for group in value.split(","):
         match = _SLURM_TASK_GROUP.match(group.strip())
         if not match:
-            raise UsageError(f"environment variable {name}={value!r} is not a Slurm task count such as '4(x2),3'; "
-                             "unset it or fix the launcher")
+            raise UsageError(
+                f"environment variable {name}={value!r} is not a Slurm task count such as '4(x2),3'; "
+                "unset it or fix the launcher"
+            )
         counts += [int(match.group(1))] * int(match.group(2) or 1)
     return counts[min(node_id, len(counts) - 1)]
 
@@ -113,8 +133,9 @@ def _is_slurm_step_task(environ: Mapping[str, str]) -> bool:
 def _slurm_first_host(nodelist: str) -> str:
     """First hostname of a Slurm node list such as 'nid[001-004,010],login1'."""
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                             timeout=20, check=True).stdout.split()
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=20, check=True
+        ).stdout.split()
         if out:
             return out[0]
     except (OSError, subprocess.SubprocessError):
@@ -131,8 +152,10 @@ def _mpi_rank0_hostname() -> str:
     try:
         from mpi4py import MPI
     except ImportError as exc:
-        raise UsageError("MASTER_ADDR is not set and mpi4py is not installed to find rank 0's host; "
-                         "export MASTER_ADDR=<rank 0 hostname> or pip install mpi4py") from exc
+        raise UsageError(
+            "MASTER_ADDR is not set and mpi4py is not installed to find rank 0's host; "
+            "export MASTER_ADDR=<rank 0 hostname> or pip install mpi4py"
+        ) from exc
     return MPI.COMM_WORLD.bcast(socket.gethostname(), root=0)
 
 
@@ -140,8 +163,10 @@ def _horovodrun_rank0_hostname(environ: Mapping[str, str], rank: int) -> str:
     """Rank 0's hostname through horovodrun's rendezvous server, an HTTP key-value store that every
     rank of a horovodrun job reaches (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT): rank 0 puts it, the others
     wait for it. horovodrun exports no variable naming rank 0's host (its driver may run elsewhere)."""
-    url = (f"http://{environ['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{environ.get('HOROVOD_GLOO_RENDEZVOUS_PORT', '')}"
-           f"/{HOROVODRUN_SCOPE}/rank0_hostname")
+    url = (
+        f"http://{environ['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{environ.get('HOROVOD_GLOO_RENDEZVOUS_PORT', '')}"
+        f"/{HOROVODRUN_SCOPE}/rank0_hostname"
+    )
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the job's own network: no proxy
     if rank == 0:
         hostname = socket.gethostname()
@@ -149,8 +174,9 @@ def _horovodrun_rank0_hostname(environ: Mapping[str, str], rank: int) -> str:
         try:
             opener.open(request, timeout=HOROVODRUN_REQUEST_TIMEOUT_S).close()
         except OSError as exc:
-            raise UsageError(f"cannot reach horovodrun's rendezvous server at {url} ({exc}); "
-                             "export MASTER_ADDR=<rank 0 hostname>") from None
+            raise UsageError(
+                f"cannot reach horovodrun's rendezvous server at {url} ({exc}); export MASTER_ADDR=<rank 0 hostname>"
+            ) from None
         return hostname
     deadline = time.monotonic() + HOROVODRUN_EXCHANGE_TIMEOUT_S
     while True:
@@ -159,9 +185,11 @@ def _horovodrun_rank0_hostname(environ: Mapping[str, str], rank: int) -> str:
                 return response.read().decode()
         except OSError as exc:  # 404 until rank 0 has put it; HTTPError and URLError are OSErrors
             if time.monotonic() > deadline:
-                raise UsageError(f"rank 0 did not publish its hostname at {url} within "
-                                 f"{HOROVODRUN_EXCHANGE_TIMEOUT_S:.0f} s ({exc}); "
-                                 "export MASTER_ADDR=<rank 0 hostname>") from None
+                raise UsageError(
+                    f"rank 0 did not publish its hostname at {url} within "
+                    f"{HOROVODRUN_EXCHANGE_TIMEOUT_S:.0f} s ({exc}); "
+                    "export MASTER_ADDR=<rank 0 hostname>"
+                ) from None
             time.sleep(0.2)
 
 
@@ -172,8 +200,14 @@ def _on_rendezvous_network(host: str, environ: Mapping[str, str]) -> str:
     return f"{host.split('.')[0]}.{domain}" if domain else host
 
 
-def _master_addr(environ: Mapping[str, str], launcher: str, world_size: int, local_world_size: int,
-                 mpi_hostname: Callable[[], str], rank: int = 0) -> str:
+def _master_addr(
+    environ: Mapping[str, str],
+    launcher: str,
+    world_size: int,
+    local_world_size: int,
+    mpi_hostname: Callable[[], str],
+    rank: int = 0,
+) -> str:
     if environ.get("MASTER_ADDR"):
         return environ["MASTER_ADDR"]
     if world_size == local_world_size:  # every rank is on this node
@@ -201,8 +235,9 @@ def _master_port(environ: Mapping[str, str]) -> int:
     return DEFAULT_MASTER_PORT
 
 
-def detect_cluster(environ: Optional[Mapping[str, str]] = None,
-                   mpi_hostname: Callable[[], str] = _mpi_rank0_hostname) -> ClusterEnv:
+def detect_cluster(
+    environ: Optional[Mapping[str, str]] = None, mpi_hostname: Callable[[], str] = _mpi_rank0_hostname
+) -> ClusterEnv:
     """Read rank, sizes and rendezvous address from whichever launcher started this process.
 
     A process started without a launcher is rank 0 of 1. Inconsistent values (a rank outside the
@@ -222,8 +257,10 @@ def detect_cluster(environ: Optional[Mapping[str, str]] = None,
     rank = _as_int(rank_name, environ[rank_name])
     size_var = _first(environ, WORLD_SIZE_VARIABLES)
     if size_var is None:
-        raise UsageError(f"{rank_name} is set but no world size variable is ({', '.join(WORLD_SIZE_VARIABLES)}); "
-                         "start the job with torchrun, mpirun, srun, horovodrun or deepspeed")
+        raise UsageError(
+            f"{rank_name} is set but no world size variable is ({', '.join(WORLD_SIZE_VARIABLES)}); "
+            "start the job with torchrun, mpirun, srun, horovodrun or deepspeed"
+        )
     world_size = _as_int(*size_var)
     local_var = _first(environ, LOCAL_RANK_VARIABLES)
     local_rank = _as_int(*local_var) if local_var else (rank if world_size == 1 else 0)
@@ -236,12 +273,16 @@ def detect_cluster(environ: Optional[Mapping[str, str]] = None,
     else:
         local_world_size = _as_int(*local_size_var)
     if not 0 <= rank < world_size:
-        raise UsageError(f"{rank_name}={rank} is outside the world of size {world_size} ({size_var[0]}); "
-                         "check the launcher's variables")
+        raise UsageError(
+            f"{rank_name}={rank} is outside the world of size {world_size} ({size_var[0]}); "
+            "check the launcher's variables"
+        )
     if not (0 <= local_rank < local_world_size <= world_size):
-        raise UsageError(f"local rank {local_rank} of {local_world_size} per node does not fit a world of "
-                         f"{world_size} (from {local_var and local_var[0]}, {local_size_var and local_size_var[0]}); "
-                         "check the launcher's variables")
+        raise UsageError(
+            f"local rank {local_rank} of {local_world_size} per node does not fit a world of "
+            f"{world_size} (from {local_var and local_var[0]}, {local_size_var and local_size_var[0]}); "
+            "check the launcher's variables"
+        )
     master_addr = _master_addr(environ, launcher, world_size, local_world_size, mpi_hostname, rank)
     return ClusterEnv(rank, world_size, local_rank, local_world_size, master_addr, _master_port(environ), launcher)
 

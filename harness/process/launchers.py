@@ -16,13 +16,14 @@ import os
 import shutil
 import socket
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Callable, Optional
 
 from ..errors import UsageError, unknown_choice
 
 # (the launcher's program, N processes, the Python program and its arguments, rendezvous port) -> command
-LocalCommand = Callable[[str, int, Sequence[str], int], List[str]]
+LocalCommand = Callable[[str, int, Sequence[str], int], list[str]]
 
 
 @dataclass(frozen=True)
@@ -31,66 +32,116 @@ class Launcher:
 
     name: str  # as --launcher and the job scripts name it
     executable: Optional[str]  # its program, beside this Python or on PATH (None: this Python itself)
-    families: Tuple[str, ...]  # the ClusterEnv.launcher values of the ranks it starts
+    families: tuple[str, ...]  # the ClusterEnv.launcher values of the ranks it starts
     mpi: bool = False  # its ranks are MPI processes, so MPI itself can tell them rank 0's host
     local: Optional[LocalCommand] = None  # the command for N processes on this machine (local launchers)
     max_processes: Optional[int] = None  # the most processes it starts (None: any number)
     scheduler: Optional[str] = None  # the batch system in whose allocations it starts the ranks (site launchers)
     site: Optional[str] = None  # its words for one run across the allocation: {ranks} total, {ppn} per node, {nodes}
 
-    def command(self, num_processes: int, program: Sequence[str], port: Optional[int] = None) -> List[str]:
+    def command(self, num_processes: int, program: Sequence[str], port: Optional[int] = None) -> list[str]:
         """This launcher starting `num_processes` copies of `python PROGRAM` (a script and its
         arguments, or -m MODULE ...) on this machine, with rendezvous `port` where it takes one."""
         if self.local is None:
-            raise UsageError(f"{self.name} starts ranks across a {self.scheduler} allocation only; "
-                             f"on one machine use one of {', '.join(LOCAL_LAUNCHERS)}")
+            raise UsageError(
+                f"{self.name} starts ranks across a {self.scheduler} allocation only; "
+                f"on one machine use one of {', '.join(LOCAL_LAUNCHERS)}"
+            )
         executable = sys.executable if self.executable is None else _tool(self.executable)
         return self.local(executable, num_processes, program, port or free_port())
 
 
-def _python(python: str, num_processes: int, program: Sequence[str], port: int) -> List[str]:
+def _python(python: str, num_processes: int, program: Sequence[str], port: int) -> list[str]:
     return [python, *program]
 
 
-def _torchrun(python: str, num_processes: int, program: Sequence[str], port: int) -> List[str]:
-    return [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(num_processes),
-            "--master-addr", "127.0.0.1", "--master-port", str(port), *program]
+def _torchrun(python: str, num_processes: int, program: Sequence[str], port: int) -> list[str]:
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(num_processes),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        *program,
+    ]
 
 
-def _mpirun(mpirun: str, num_processes: int, program: Sequence[str], port: int) -> List[str]:
+def _mpirun(mpirun: str, num_processes: int, program: Sequence[str], port: int) -> list[str]:
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return [mpirun, *root, "-np", str(num_processes), "--oversubscribe", "--bind-to", "none",
-            "-x", f"MASTER_PORT={port}", sys.executable, *program]
+    return [
+        mpirun,
+        *root,
+        "-np",
+        str(num_processes),
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "-x",
+        f"MASTER_PORT={port}",
+        sys.executable,
+        *program,
+    ]
 
 
-def _horovodrun(horovodrun: str, num_processes: int, program: Sequence[str], port: int) -> List[str]:
-    return [horovodrun, "--gloo", "-np", str(num_processes), "-H", f"localhost:{num_processes}",
-            "--gloo-timeout-seconds", "120", sys.executable, *program]
+def _horovodrun(horovodrun: str, num_processes: int, program: Sequence[str], port: int) -> list[str]:
+    return [
+        horovodrun,
+        "--gloo",
+        "-np",
+        str(num_processes),
+        "-H",
+        f"localhost:{num_processes}",
+        "--gloo-timeout-seconds",
+        "120",
+        sys.executable,
+        *program,
+    ]
 
 
-def _deepspeed(deepspeed: str, num_processes: int, program: Sequence[str], port: int) -> List[str]:
+def _deepspeed(deepspeed: str, num_processes: int, program: Sequence[str], port: int) -> list[str]:
     # Rank comes from the environment like every launcher; no --local_rank argument.
     module = ["--module", *program[1:]] if program[0] == "-m" else list(program)
     return [deepspeed, "--num_gpus", str(num_processes), "--master_port", str(port), "--no_local_rank", *module]
 
 
-LAUNCHERS: Dict[str, Launcher] = {launcher.name: launcher for launcher in (
-    Launcher("python", None, ("none",), local=_python, max_processes=1),
-    Launcher("torchrun", None, ("torchrun",), local=_torchrun),
-    # The local command passes OpenMPI's flags (-x, --oversubscribe): make setup installs OpenMPI.
-    Launcher("mpirun", "mpirun", ("openmpi",), mpi=True, local=_mpirun),
-    Launcher("horovodrun", "horovodrun", ("horovodrun",), local=_horovodrun),  # in gloo mode: its own variables
-    Launcher("deepspeed", "deepspeed", ("torchrun",), local=_deepspeed),  # it exports torchrun's variables
-    # Under PBS, mpiexec is whichever MPI the site has: Cray PALS on Polaris, MPICH's Hydra, OpenMPI.
-    Launcher("mpiexec", "mpiexec", ("openmpi", "mpich", "pals"), mpi=True, scheduler="pbs",
-             site="mpiexec -n {ranks} --ppn {ppn}"),
-    Launcher("srun", "srun", ("slurm",), scheduler="slurm",
-             site="srun --nodes {nodes} --ntasks {ranks} --ntasks-per-node {ppn}"),
-)}
-LOCAL_LAUNCHERS: Tuple[str, ...] = tuple(name for name, launcher in LAUNCHERS.items() if launcher.local)
+LAUNCHERS: dict[str, Launcher] = {
+    launcher.name: launcher
+    for launcher in (
+        Launcher("python", None, ("none",), local=_python, max_processes=1),
+        Launcher("torchrun", None, ("torchrun",), local=_torchrun),
+        # The local command passes OpenMPI's flags (-x, --oversubscribe): make setup installs OpenMPI.
+        Launcher("mpirun", "mpirun", ("openmpi",), mpi=True, local=_mpirun),
+        Launcher("horovodrun", "horovodrun", ("horovodrun",), local=_horovodrun),  # in gloo mode: its own variables
+        Launcher("deepspeed", "deepspeed", ("torchrun",), local=_deepspeed),  # it exports torchrun's variables
+        # Under PBS, mpiexec is whichever MPI the site has: Cray PALS on Polaris, MPICH's Hydra, OpenMPI.
+        Launcher(
+            "mpiexec",
+            "mpiexec",
+            ("openmpi", "mpich", "pals"),
+            mpi=True,
+            scheduler="pbs",
+            site="mpiexec -n {ranks} --ppn {ppn}",
+        ),
+        Launcher(
+            "srun",
+            "srun",
+            ("slurm",),
+            scheduler="slurm",
+            site="srun --nodes {nodes} --ntasks {ranks} --ntasks-per-node {ppn}",
+        ),
+    )
+}
+LOCAL_LAUNCHERS: tuple[str, ...] = tuple(name for name, launcher in LAUNCHERS.items() if launcher.local)
 # Discovery families whose ranks are MPI processes (MPI_Init works, mpi4py reaches every rank).
-MPI_FAMILIES: FrozenSet[str] = frozenset(family for launcher in LAUNCHERS.values() if launcher.mpi
-                                         for family in launcher.families)
+MPI_FAMILIES: frozenset[str] = frozenset(
+    family for launcher in LAUNCHERS.values() if launcher.mpi for family in launcher.families
+)
 
 # OpenMPI refuses to start as root without these; containers often lack shared-memory single copy.
 OPENMPI_ENV = {
@@ -100,7 +151,7 @@ OPENMPI_ENV = {
 }
 
 
-def families(*names: str) -> FrozenSet[str]:
+def families(*names: str) -> frozenset[str]:
     """The discovery families of the ranks that the launchers `names` start."""
     return frozenset(family for name in names for family in LAUNCHERS[name].families)
 
@@ -110,8 +161,9 @@ def site_launcher(scheduler: str) -> Launcher:
     for launcher in LAUNCHERS.values():
         if launcher.scheduler == scheduler:
             return launcher
-    raise unknown_choice("batch system", scheduler, [launcher.scheduler for launcher in LAUNCHERS.values()
-                                                     if launcher.scheduler])
+    raise unknown_choice(
+        "batch system", scheduler, [launcher.scheduler for launcher in LAUNCHERS.values() if launcher.scheduler]
+    )
 
 
 def local_launcher(name: str) -> Launcher:
@@ -138,13 +190,15 @@ def _tool(name: str) -> str:
     return found
 
 
-def launcher_command(launcher: str, num_processes: int, program: Sequence[str], port: Optional[int] = None) -> List[str]:
+def launcher_command(
+    launcher: str, num_processes: int, program: Sequence[str], port: Optional[int] = None
+) -> list[str]:
     """`launcher` starting `num_processes` copies of `python PROGRAM` (a script and its arguments, or
     -m MODULE ...) on this machine; rank and size reach them through the launcher's variables."""
     return local_launcher(launcher).command(num_processes, program, port)
 
 
-def launch_environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+def launch_environment(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     """The environment launched ranks get: OpenMPI's root switches plus unbuffered output."""
     env = dict(os.environ)
     for key, value in OPENMPI_ENV.items():

@@ -29,9 +29,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
-from typing import Callable, Dict, Mapping, Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -45,10 +46,10 @@ TEST_SIGNAL_VARIABLE = "HARNESS_TEST_SIGNAL"
 class PreemptionWatcher:
     """Records SIGTERM/SIGUSR1 while installed; `stop_agreed` turns the records into one decision."""
 
-    def __init__(self, test_signal: Optional["TestSignal"] = None) -> None:
+    def __init__(self, test_signal: Optional[TestSignal] = None) -> None:
         self.received: Optional[int] = None
         self.test_signal = test_signal
-        self._previous: Dict[int, object] = {}
+        self._previous: dict[int, object] = {}
         self._vote: Optional[_Vote] = None  # the allreduce of the last step's flags
 
     def install(self) -> None:
@@ -142,7 +143,7 @@ class TestSignal:
     rank: int
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> Optional["TestSignal"]:
+    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> Optional[TestSignal]:
         value = environ.get(TEST_SIGNAL_VARIABLE)
         if not value:
             return None
@@ -152,14 +153,18 @@ class TestSignal:
         try:
             return cls(int(signal.Signals[name]), int(step), int(rank or 0))
         except (KeyError, ValueError):
-            raise UsageError(f"{TEST_SIGNAL_VARIABLE}={value!r} is not SIGNAL@STEP[:RANK] (e.g. TERM@5:1); "
-                             f"fix it or unset it") from None
+            raise UsageError(
+                f"{TEST_SIGNAL_VARIABLE}={value!r} is not SIGNAL@STEP[:RANK] (e.g. TERM@5:1); fix it or unset it"
+            ) from None
 
     def fire(self, step: int, rank: int) -> None:
         """Send the signal if this is the chosen rank and step."""
         if (step, rank) == (self.step, self.rank):
-            print(f"rank {rank}: {TEST_SIGNAL_VARIABLE}: sending {signal.Signals(self.signum).name} to itself "
-                  f"after step {step}", flush=True)
+            print(
+                f"rank {rank}: {TEST_SIGNAL_VARIABLE}: sending {signal.Signals(self.signum).name} to itself "
+                f"after step {step}",
+                flush=True,
+            )
             os.kill(os.getpid(), self.signum)
 
 
@@ -169,5 +174,7 @@ def peer_failure(error: BaseException, rank: int, timeout: float) -> PeerFailure
     # gloo prefixes its messages with the source location: "[.../pair.cc:545] Read error ..."
     first = first.split("] ", 1)[1] if first.startswith("[") and "] " in first else first
     reason = first.split(". ")[0][:160]
-    return PeerFailure(f"rank {rank} lost contact with a peer ({reason}); another rank died or stopped answering "
-                       f"(collectives wait at most --timeout {timeout:g} s), so the job stops here")
+    return PeerFailure(
+        f"rank {rank} lost contact with a peer ({reason}); another rank died or stopped answering "
+        f"(collectives wait at most --timeout {timeout:g} s), so the job stops here"
+    )

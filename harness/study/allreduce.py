@@ -6,14 +6,15 @@ settings, message sizes, nccl-tests' algbw and busbw, the alpha-beta fit, the pr
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Optional
 
 from ..errors import UsageError
 
 KIB, MIB = 1024, 1024 * 1024
 # 4 KiB to 256 MiB by factors of 4: on a 2-core CPU, 2 ranks over gloo take about half a minute.
-DEFAULT_SIZES = tuple(4 * KIB * 4 ** k for k in range(9))
+DEFAULT_SIZES = tuple(4 * KIB * 4**k for k in range(9))
 ELEMENT_BYTES = 4  # float32
 
 
@@ -42,7 +43,7 @@ class BenchSettings:
             raise UsageError("--seconds-per-size must be positive and 1 <= --min-repeats <= --max-repeats")
 
 
-def parse_sizes(text: str) -> List[int]:
+def parse_sizes(text: str) -> list[int]:
     """'4K,1M,256M' (K, M, G: powers of 1024; plain numbers are bytes) -> bytes, ascending."""
     sizes = []
     for part in [p.strip() for p in text.split(",") if p.strip()]:
@@ -64,7 +65,7 @@ def ring_allreduce_seconds(size: float, ranks: int, alpha: float, busbw: float) 
     return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * size / busbw
 
 
-def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], ranks: int) -> Optional[Dict[str, Any]]:
+def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], ranks: int) -> Optional[dict[str, Any]]:
     """alpha (s per step) and busbw (bytes/s) of the ring model, least squares on relative error.
 
     With a = steps x alpha and b = 2(n-1)/n / busbw the model is t = a + b S, linear in (a, b);
@@ -74,7 +75,7 @@ def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], ranks: int)
     if ranks < 2 or len(sizes) < 2:
         return None
     steps, factor = 2 * (ranks - 1), 2 * (ranks - 1) / ranks
-    weights = [1 / t ** 2 for t in seconds]
+    weights = [1 / t**2 for t in seconds]
     sw = sum(weights)
     sx = sum(w * s for w, s in zip(weights, sizes))
     sxx = sum(w * s * s for w, s in zip(weights, sizes))
@@ -89,16 +90,27 @@ def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], ranks: int)
         return None  # time does not grow with size: nothing to fit a bandwidth to
     alpha, busbw = intercept / steps, factor / slope
     errors = [abs(ring_allreduce_seconds(s, ranks, alpha, busbw) - t) / t for s, t in zip(sizes, seconds)]
-    return {"model": "time = 2(n-1) x alpha + 2(n-1)/n x bytes / busbw (NCCL's ring allreduce)",
-            "ranks": ranks, "steps": steps, "alpha_s": alpha, "busbw_bytes_per_s": busbw,
-            "max_relative_error": max(errors), "mean_relative_error": sum(errors) / len(errors)}
+    return {
+        "model": "time = 2(n-1) x alpha + 2(n-1)/n x bytes / busbw (NCCL's ring allreduce)",
+        "ranks": ranks,
+        "steps": steps,
+        "alpha_s": alpha,
+        "busbw_bytes_per_s": busbw,
+        "max_relative_error": max(errors),
+        "mean_relative_error": sum(errors) / len(errors),
+    }
 
 
-def size_result(size: int, seconds: float, ranks: int, repeats: int) -> Dict[str, Any]:
+def size_result(size: int, seconds: float, ranks: int, repeats: int) -> dict[str, Any]:
     """One size's line, as nccl-tests prints it: time, algbw and busbw."""
     algbw = size / seconds if seconds > 0 else None
-    return {"bytes": size, "seconds": seconds, "repeats": repeats, "algbw_bytes_per_s": algbw,
-            "busbw_bytes_per_s": algbw * 2 * (ranks - 1) / ranks if algbw and ranks > 1 else None}
+    return {
+        "bytes": size,
+        "seconds": seconds,
+        "repeats": repeats,
+        "algbw_bytes_per_s": algbw,
+        "busbw_bytes_per_s": algbw * 2 * (ranks - 1) / ranks if algbw and ranks > 1 else None,
+    }
 
 
 def repeats_for(warmup_seconds: float, settings: BenchSettings) -> int:
@@ -109,18 +121,29 @@ def repeats_for(warmup_seconds: float, settings: BenchSettings) -> int:
     return int(min(settings.max_repeats, max(settings.min_repeats, fitting)))
 
 
-def format_result(result: Dict[str, Any]) -> str:
+def format_result(result: dict[str, Any]) -> str:
     """nccl-tests-like lines, then the fit."""
-    lines = [f"allreduce, {result['backend']}, {result['world_size']} ranks on {result['nodes']} node(s), "
-             f"{result['device']}; load average {result.get('load_average') or 0:.1f} on {result['cores']} cores"
-             + (" (contended: " + "; ".join(result["contention"]["reasons"][:2]) + ")"
-                if result.get("contention", {}).get("flagged") else ""),
-             f"{'bytes':>12} {'repeats':>8} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
+    lines = [
+        f"allreduce, {result['backend']}, {result['world_size']} ranks on {result['nodes']} node(s), "
+        f"{result['device']}; load average {result.get('load_average') or 0:.1f} on {result['cores']} cores"
+        + (
+            " (contended: " + "; ".join(result["contention"]["reasons"][:2]) + ")"
+            if result.get("contention", {}).get("flagged")
+            else ""
+        ),
+        f"{'bytes':>12} {'repeats':>8} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}",
+    ]
     for line in result["sizes"]:
         algbw, busbw = line["algbw_bytes_per_s"], line["busbw_bytes_per_s"]
-        lines.append(f"{line['bytes']:>12} {line['repeats']:>8} {line['seconds'] * 1e6:>12.1f} "
-                     + " ".join(f"{value / 1e9:>13.3f}" if value else f"{'-':>13}" for value in (algbw, busbw)))
+        lines.append(
+            f"{line['bytes']:>12} {line['repeats']:>8} {line['seconds'] * 1e6:>12.1f} "
+            + " ".join(f"{value / 1e9:>13.3f}" if value else f"{'-':>13}" for value in (algbw, busbw))
+        )
     fit = result.get("fit")
-    lines.append(f"fit: alpha {fit['alpha_s'] * 1e6:.1f} us per step, busbw {fit['busbw_bytes_per_s'] / 1e9:.3f} GB/s "
-                 f"(max error {fit['max_relative_error']:.0%})" if fit else "fit: none (one rank communicates nothing)")
+    lines.append(
+        f"fit: alpha {fit['alpha_s'] * 1e6:.1f} us per step, busbw {fit['busbw_bytes_per_s'] / 1e9:.3f} GB/s "
+        f"(max error {fit['max_relative_error']:.0%})"
+        if fit
+        else "fit: none (one rank communicates nothing)"
+    )
     return "\n".join(lines)

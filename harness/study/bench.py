@@ -29,7 +29,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable
 
 import torch
 
@@ -47,7 +47,7 @@ from ..training.timing import device_waiter
 from .allreduce import ELEMENT_BYTES, BenchSettings, fit_alpha_beta, repeats_for, size_result
 
 
-def bench_allreduce(settings: BenchSettings) -> Dict[str, Any]:
+def bench_allreduce(settings: BenchSettings) -> dict[str, Any]:
     """Measure (or, with settings.ranks, launch ranks that measure) and return the result; rank 0
     writes it to settings.results. Bad input raises UsageError before any rank starts."""
     settings.check()
@@ -60,34 +60,50 @@ def bench_allreduce(settings: BenchSettings) -> Dict[str, Any]:
     return result
 
 
-def _write(path: str, result: Dict[str, Any]) -> None:
+def _write(path: str, result: dict[str, Any]) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     with open(path, "w") as handle:
         json.dump(result, handle, indent=1, allow_nan=False)
 
 
-def worker_flags(settings: BenchSettings, results: str) -> List[str]:
+def worker_flags(settings: BenchSettings, results: str) -> list[str]:
     """The `harness bench allreduce` flags each launched rank runs with (all but -n and --launcher)."""
-    return ["--backend", settings.backend, "--sizes", ",".join(str(size) for size in settings.sizes),
-            "--seconds-per-size", str(settings.seconds_per_size), "--min-repeats", str(settings.min_repeats),
-            "--max-repeats", str(settings.max_repeats), "--device", settings.device,
-            "--timeout", str(settings.timeout), "--results", results, "--quiet"]
+    return [
+        "--backend",
+        settings.backend,
+        "--sizes",
+        ",".join(str(size) for size in settings.sizes),
+        "--seconds-per-size",
+        str(settings.seconds_per_size),
+        "--min-repeats",
+        str(settings.min_repeats),
+        "--max-repeats",
+        str(settings.max_repeats),
+        "--device",
+        settings.device,
+        "--timeout",
+        str(settings.timeout),
+        "--results",
+        results,
+        "--quiet",
+    ]
 
 
-def launch_command(settings: BenchSettings, results: str) -> List[str]:
+def launch_command(settings: BenchSettings, results: str) -> list[str]:
     """The command that starts settings.ranks local ranks of the benchmark, as `harness launch` would."""
     assert settings.ranks is not None
     backend = backend_class(settings.backend)
     chosen = local_launcher(settings.launcher or backend.local_launcher)
     limit = backend.max_world_size or chosen.max_processes
     if limit is not None and settings.ranks > limit:
-        raise UsageError(f"backend {settings.backend!r} runs {limit} process(es); use -n {limit} or a "
-                         "distributed backend")
+        raise UsageError(
+            f"backend {settings.backend!r} runs {limit} process(es); use -n {limit} or a distributed backend"
+        )
     return chosen.command(settings.ranks, ["-m", "harness", "bench", "allreduce", *worker_flags(settings, results)])
 
 
-def _launch(settings: BenchSettings) -> Dict[str, Any]:
+def _launch(settings: BenchSettings) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="harness-bench-") as scratch:
         results = settings.results or os.path.join(scratch, "allreduce.json")
         command = launch_command(settings, results)
@@ -95,14 +111,17 @@ def _launch(settings: BenchSettings) -> Dict[str, Any]:
         limit = settings.timeout + 60 * len(settings.sizes)
         completed = subprocess.run(command, env=launch_environment(), timeout=limit)
         if completed.returncode != 0 or not os.path.exists(results):
-            raise UsageError(f"the benchmark's ranks failed (exit {completed.returncode}); run the command above "
-                             "to see why, or try another --backend")
+            raise UsageError(
+                f"the benchmark's ranks failed (exit {completed.returncode}); run the command above "
+                "to see why, or try another --backend"
+            )
         with open(results) as handle:
             return json.load(handle)
 
 
-def _slowest(backend: Backend, rank: int, world_size: int, values: List[float],
-             device: torch.device) -> List[List[float]]:
+def _slowest(
+    backend: Backend, rank: int, world_size: int, values: list[float], device: torch.device
+) -> list[list[float]]:
     """Every rank's `values` ([value][rank]), in one allreduce of a table each rank fills its column of
     (on the rank's device where its process group's communicator takes only device tensors)."""
     table = torch.zeros(len(values), world_size, dtype=torch.float64)
@@ -111,8 +130,9 @@ def _slowest(backend: Backend, rank: int, world_size: int, values: List[float],
     return backend.all_reduce_sum(table.to(device if on_device else torch.device("cpu"))).cpu().tolist()
 
 
-def _time_size(backend: Backend, size: int, device: torch.device, settings: BenchSettings,
-               cluster: ClusterEnv) -> Dict[str, Any]:
+def _time_size(
+    backend: Backend, size: int, device: torch.device, settings: BenchSettings, cluster: ClusterEnv
+) -> dict[str, Any]:
     """The mean seconds of one allreduce of `size` bytes on this rank, repetitions agreed by all ranks."""
     tensor = torch.zeros(max(1, size // ELEMENT_BYTES), dtype=torch.float32, device=device)
     name = f"harness.bench.allreduce.{size}"  # one name per size: Horovod negotiates it once
@@ -137,8 +157,9 @@ def _time_size(backend: Backend, size: int, device: torch.device, settings: Benc
     return size_result(tensor.numel() * ELEMENT_BYTES, slowest, cluster.world_size, repeats)
 
 
-def _timed(backend: Backend, cluster: ClusterEnv, device: torch.device,
-           measure: Callable[[], List[Dict[str, Any]]]) -> Dict[str, Any]:
+def _timed(
+    backend: Backend, cluster: ClusterEnv, device: torch.device, measure: Callable[[], list[dict[str, Any]]]
+) -> dict[str, Any]:
     meter = CpuMeter(threads=None)
     meter.open()
     lines = measure()
@@ -146,16 +167,25 @@ def _timed(backend: Backend, cluster: ClusterEnv, device: torch.device,
     _, runqueue, load, steal = meter.values()
     columns = _slowest(backend, cluster.rank, cluster.world_size, [runqueue, load, steal], device)
     loads, steals = [v for v in columns[1] if v >= 0], [v for v in columns[2] if v >= 0]
-    contention = contention_summary({
-        "cpu_share": [None] * cluster.world_size,
-        "runqueue_wait_share": [v if v >= 0 else None for v in columns[0]],
-        "load_average": max(loads) if loads else None, "cores": node_cores(),
-        "steal_share": max(steals) if steals else None, "threads_per_rank": None})
-    return {"sizes": lines, "contention": contention, "load_average": contention["load_average"],
-            "cores": contention["cores"]}
+    contention = contention_summary(
+        {
+            "cpu_share": [None] * cluster.world_size,
+            "runqueue_wait_share": [v if v >= 0 else None for v in columns[0]],
+            "load_average": max(loads) if loads else None,
+            "cores": node_cores(),
+            "steal_share": max(steals) if steals else None,
+            "threads_per_rank": None,
+        }
+    )
+    return {
+        "sizes": lines,
+        "contention": contention,
+        "load_average": contention["load_average"],
+        "cores": contention["cores"],
+    }
 
 
-def measure_on_this_rank(settings: BenchSettings) -> Dict[str, Any]:
+def measure_on_this_rank(settings: BenchSettings) -> dict[str, Any]:
     """This rank's part of the benchmark; every rank returns the same result."""
     started = time.time()
     config = TrainConfig(backend=settings.backend, device=settings.device, timeout=settings.timeout)
@@ -167,25 +197,42 @@ def measure_on_this_rank(settings: BenchSettings) -> Dict[str, Any]:
         backend.check_launch(config, cluster, device)
         backend.init(cluster, device, config)
         try:
-            measured = _timed(backend, cluster, device, lambda: [_time_size(backend, size, device, settings, cluster)
-                                                          for size in settings.sizes])
+            measured = _timed(
+                backend,
+                cluster,
+                device,
+                lambda: [_time_size(backend, size, device, settings, cluster) for size in settings.sizes],
+            )
             backend.barrier()
         finally:
             backend.shutdown()
     lines = measured["sizes"]
     fit = fit_alpha_beta([line["bytes"] for line in lines], [line["seconds"] for line in lines], cluster.world_size)
-    return {"kind": "allreduce-benchmark", "backend": settings.backend, "rank": cluster.rank,
-            "world_size": cluster.world_size, "ranks_per_node": cluster.local_world_size,
-            "nodes": cluster.world_size // max(1, cluster.local_world_size), "launcher": cluster.launcher,
-            "device": device.type, **measured, "fit": fit, "started": started, "wall_time": time.time() - started,
-            "hostname": socket.gethostname(), "tuning": _tuning(backend),
-            "settings": {"seconds_per_size": settings.seconds_per_size, "min_repeats": settings.min_repeats,
-                         "max_repeats": settings.max_repeats}}
+    return {
+        "kind": "allreduce-benchmark",
+        "backend": settings.backend,
+        "rank": cluster.rank,
+        "world_size": cluster.world_size,
+        "ranks_per_node": cluster.local_world_size,
+        "nodes": cluster.world_size // max(1, cluster.local_world_size),
+        "launcher": cluster.launcher,
+        "device": device.type,
+        **measured,
+        "fit": fit,
+        "started": started,
+        "wall_time": time.time() - started,
+        "hostname": socket.gethostname(),
+        "tuning": _tuning(backend),
+        "settings": {
+            "seconds_per_size": settings.seconds_per_size,
+            "min_repeats": settings.min_repeats,
+            "max_repeats": settings.max_repeats,
+        },
+    }
 
 
-def _tuning(backend: Backend) -> Dict[str, Any]:
+def _tuning(backend: Backend) -> dict[str, Any]:
     try:
         return backend.tuning()
     except AttributeError:  # knobs that only exist once a model is wrapped
         return {}
-

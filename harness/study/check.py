@@ -24,8 +24,9 @@ are printed and do not stop it.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Optional
 
 from ..backends import get_backend
 from ..data.disk import DISK_DATASETS
@@ -53,15 +54,15 @@ class StudyRequest:
 class CheckResult:
     """The problems (each stops the study; exit status 2) and warnings, one line each."""
 
-    problems: List[str] = field(default_factory=list)
-    warnings: List[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
 
-def check_backends(profile: SiteProfile, backends: Sequence[str], gpus: int) -> List[str]:
+def check_backends(profile: SiteProfile, backends: Sequence[str], gpus: int) -> list[str]:
     """A line for each backend that cannot run in this Python, or lacks what the site needs of it."""
     problems = []
     for name in backends:
@@ -78,12 +79,17 @@ def check_backends(profile: SiteProfile, backends: Sequence[str], gpus: int) -> 
             continue
         if not gpus:
             continue  # the site's requirements are those of its GPU runs (NCCL, MPI across nodes)
-        missing = [what for what, wanted in profile.backend_requirements.get(name, {}).items()
-                   if bool(built.get(what)) != wanted]
+        missing = [
+            what
+            for what, wanted in profile.backend_requirements.get(name, {}).items()
+            if bool(built.get(what)) != wanted
+        ]
         if missing:
             shown = " ".join(f"{k}={v}" for k, v in built.items())
-            problems.append(f"backend {name} is built without {', '.join(missing)} ({shown}), which {profile.name} "
-                            f"needs; {note or 'rebuild it: HOROVOD_GPU_OPERATIONS=NCCL bash tools/build_horovod.sh'}")
+            problems.append(
+                f"backend {name} is built without {', '.join(missing)} ({shown}), which {profile.name} "
+                f"needs; {note or 'rebuild it: HOROVOD_GPU_OPERATIONS=NCCL bash tools/build_horovod.sh'}"
+            )
     return problems
 
 
@@ -100,7 +106,8 @@ def check_queue(profile: SiteProfile, request: StudyRequest, result: CheckResult
         option = {"queue": "-q", "qos": "-q <qos>", "partition": "-p <partition>"}.get(profile.queue_field, "-q")
         (result.warnings if request.queued else result.problems).append(
             f"no queue named: choose one of {', '.join(q for q, v in profile.queues.items() if not v.execution_only)}"
-            f" ({option})")
+            f" ({option})"
+        )
         return
     try:
         named = profile.queue(request.queue)
@@ -109,24 +116,31 @@ def check_queue(profile: SiteProfile, request: StudyRequest, result: CheckResult
         (result.warnings if request.queued else result.problems).append(str(exc))
         return
     if named is not None and named.execution_only and not request.queued:
-        result.problems.append(f"queue {named.name} takes no submissions; submit to {profile.submit_queue(named.name)}, "
-                               f"which routes jobs there")
+        result.problems.append(
+            f"queue {named.name} takes no submissions; submit to {profile.submit_queue(named.name)}, "
+            f"which routes jobs there"
+        )
     if queue is not None:
         _check_limits(f"queue {queue.name}", queue, request, result)
 
 
-def _check_limits(what: str, limits: Queue, request: StudyRequest, result: CheckResult,
-                  instead: Optional[str] = None) -> None:
+def _check_limits(
+    what: str, limits: Queue, request: StudyRequest, result: CheckResult, instead: Optional[str] = None
+) -> None:
     """`limits` (a queue or QOS, called `what`) takes this many nodes for this long; `instead` is the
     way out other than asking for less (a QOS: submitting without it)."""
     if not limits.accepts(request.nodes):
-        result.problems.append(f"{what} takes {limits.node_range()}, not {request.nodes}; "
-                               f"ask for a node count it takes or {instead or 'choose another queue'}")
+        result.problems.append(
+            f"{what} takes {limits.node_range()}, not {request.nodes}; "
+            f"ask for a node count it takes or {instead or 'choose another queue'}"
+        )
     limit = limits.max_walltime_s
     if limit is not None and (request.walltime_s is None or request.walltime_s > limit):
-        result.problems.append(f"walltime {format_walltime(request.walltime_s)} exceeds {what}'s "
-                               f"{format_walltime(limit)}; ask for at most {format_walltime(limit)}"
-                               + (f", or {instead}" if instead else ""))
+        result.problems.append(
+            f"walltime {format_walltime(request.walltime_s)} exceeds {what}'s "
+            f"{format_walltime(limit)}; ask for at most {format_walltime(limit)}"
+            + (f", or {instead}" if instead else "")
+        )
 
 
 def check_qos(profile: SiteProfile, request: StudyRequest, result: CheckResult) -> None:
@@ -143,11 +157,12 @@ def check_qos(profile: SiteProfile, request: StudyRequest, result: CheckResult) 
     _check_limits(f"QOS {qos.name}", qos, request, result, instead=f"submit without -q {qos.name}")
     if qos.max_running_jobs and not request.queued:
         jobs = f"{qos.max_running_jobs} job{'s' if qos.max_running_jobs > 1 else ''}"
-        result.warnings.append(f"QOS {qos.name} runs at most {jobs} of yours at a time: this one waits while "
-                               "another of yours runs there")
+        result.warnings.append(
+            f"QOS {qos.name} runs at most {jobs} of yours at a time: this one waits while another of yours runs there"
+        )
 
 
-def _no_chaining(profile: SiteProfile, request: StudyRequest) -> List[Tuple[str, str, Queue]]:
+def _no_chaining(profile: SiteProfile, request: StudyRequest) -> list[tuple[str, str, Queue]]:
     """The queue and QOS this request runs in that forbid job chaining: (what, the other way, limits)."""
     found = []
     try:
@@ -172,28 +187,40 @@ def check_chaining(profile: SiteProfile, request: StudyRequest, resubmit: str, r
     for what, instead, limits in _no_chaining(profile, request):
         why = f" ({limits.note})" if limits.note else ""
         if resubmit == "1":
-            result.problems.append(f"RESUBMIT=1, but {what} allows no job chaining{why}; submit with "
-                                   f"RESUBMIT=0 (or auto), or {instead}")
+            result.problems.append(
+                f"RESUBMIT=1, but {what} allows no job chaining{why}; submit with RESUBMIT=0 (or auto), or {instead}"
+            )
         else:
-            result.warnings.append(f"{what} allows no job chaining{why}: a study cut short there stops "
-                                   "after its checkpoint; submit it again with the same JOB_DIR to continue")
+            result.warnings.append(
+                f"{what} allows no job chaining{why}: a study cut short there stops "
+                "after its checkpoint; submit it again with the same JOB_DIR to continue"
+            )
 
 
-def check_data(settings: StudySettings) -> List[str]:
+def check_data(settings: StudySettings) -> list[str]:
     """DATASET's files are where the runs will look for them."""
     if settings.dataset not in DISK_DATASETS:
         return []
     if not settings.data_dir:
-        return [f"DATASET={settings.dataset} is read from files: pass DATA_DIR=<directory> (fetch it on a login "
-                f"node with `harness data download {settings.dataset} --data-dir DIR`)"]
+        return [
+            f"DATASET={settings.dataset} is read from files: pass DATA_DIR=<directory> (fetch it on a login "
+            f"node with `harness data download {settings.dataset} --data-dir DIR`)"
+        ]
     if not os.path.isdir(settings.data_dir) or not os.listdir(settings.data_dir):
-        return [f"DATA_DIR={settings.data_dir} holds no {settings.dataset}: `harness data download "
-                f"{settings.dataset} --data-dir {settings.data_dir}` on a login node, or fix DATA_DIR"]
+        return [
+            f"DATA_DIR={settings.data_dir} holds no {settings.dataset}: `harness data download "
+            f"{settings.dataset} --data-dir {settings.data_dir}` on a login node, or fix DATA_DIR"
+        ]
     return []
 
 
-def check_storage(profile: SiteProfile, paths: Mapping[str, str], filesystems: Optional[str],
-                  environ: Mapping[str, str], result: CheckResult) -> None:
+def check_storage(
+    profile: SiteProfile,
+    paths: Mapping[str, str],
+    filesystems: Optional[str],
+    environ: Mapping[str, str],
+    result: CheckResult,
+) -> None:
     """Each path (JOB_DIR, DATA_DIR) on a file system the job asked for and meant for job data."""
     for name, path in paths.items():
         entry = profile.storage_for(path, environ) if path else None
@@ -202,11 +229,13 @@ def check_storage(profile: SiteProfile, paths: Mapping[str, str], filesystems: O
         if entry.warn:
             result.warnings.append(f"{name}={path}: {entry.warn}")
         if entry.filesystem and filesystems is not None and entry.filesystem not in filesystems.split(":"):
-            result.problems.append(f"{name}={path} is on {entry.filesystem}, which -l filesystems={filesystems} does not "
-                                   f"name; pass -l filesystems={filesystems}:{entry.filesystem}")
+            result.problems.append(
+                f"{name}={path} is on {entry.filesystem}, which -l filesystems={filesystems} does not "
+                f"name; pass -l filesystems={filesystems}:{entry.filesystem}"
+            )
 
 
-def check_sweep(sweep: SweepSettings) -> List[str]:
+def check_sweep(sweep: SweepSettings) -> list[str]:
     """Every run's flags are accepted: the plan is made (and thrown away) here."""
     try:
         plan_sweep(sweep, environ={})
@@ -215,8 +244,14 @@ def check_sweep(sweep: SweepSettings) -> List[str]:
     return []
 
 
-def run_checks(profile: SiteProfile, settings: StudySettings, request: StudyRequest, sweep: SweepSettings,
-               environ: Mapping[str, str], storage_path: str) -> CheckResult:
+def run_checks(
+    profile: SiteProfile,
+    settings: StudySettings,
+    request: StudyRequest,
+    sweep: SweepSettings,
+    environ: Mapping[str, str],
+    storage_path: str,
+) -> CheckResult:
     """Every check above; `storage_path` is JOB_DIR, or where it will be made."""
     result = CheckResult()
     result.problems += check_backends(profile, settings.backends, settings.gpus_per_node)
@@ -224,9 +259,9 @@ def run_checks(profile: SiteProfile, settings: StudySettings, request: StudyRequ
     check_qos(profile, request, result)
     check_chaining(profile, request, settings.resubmit, result)
     result.problems += check_data(settings)
-    check_storage(profile, {"JOB_DIR": storage_path, "DATA_DIR": settings.data_dir}, request.filesystems, environ,
-                  result)
+    check_storage(
+        profile, {"JOB_DIR": storage_path, "DATA_DIR": settings.data_dir}, request.filesystems, environ, result
+    )
     if result.ok:  # the runs' flags repeat what is wrong above (an unknown backend): judged once that is right
         result.problems += check_sweep(sweep)
     return result
-

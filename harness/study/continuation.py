@@ -21,11 +21,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from typing import Dict, List, Optional, Tuple
+from typing import Optional
 
 from ..errors import EXIT_PREEMPTED, UsageError
-from .scheduler import read_job, termination_cause
 from .jobdir import StudyJob, say
+from .scheduler import read_job, termination_cause
 from .sites import Queue
 from .submit import qsub_resubmission, sbatch_resubmission
 
@@ -62,7 +62,7 @@ def _cause(job: StudyJob) -> str:
     return termination_cause(record)
 
 
-def _submission(job: StudyJob, queue: Optional[Queue]) -> Tuple[List[str], Dict[str, str], str]:
+def _submission(job: StudyJob, queue: Optional[Queue]) -> tuple[list[str], dict[str, str], str]:
     """The continuation's submission: command, environment, directory to submit from."""
     if not job.script or not os.path.isfile(job.script):
         raise UsageError(f"the job script as submitted ({job.script}) is not there to submit again")
@@ -74,8 +74,9 @@ def _submission(job: StudyJob, queue: Optional[Queue]) -> Tuple[List[str], Dict[
         environ = dict(os.environ)
     else:
         requeue = queue is not None and queue.preempt == "requeue"
-        command = sbatch_resubmission(job.record, job.profile.queue_field, job_dir, job.script, requeue,
-                                      with_qos=bool(job.profile.qos))
+        command = sbatch_resubmission(
+            job.record, job.profile.queue_field, job_dir, job.script, requeue, with_qos=bool(job.profile.qos)
+        )
         # sbatch passes its environment to the new job: not this job's own SLURM_* variables, which
         # would leak into the new job's steps.
         environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
@@ -87,8 +88,9 @@ def resubmit(job: StudyJob, queue: Optional[Queue]) -> str:
     """Submit the study's next job; its id."""
     command, environ, directory = _submission(job, queue)
     job.log_command("resubmission", command)
-    result = subprocess.run(command, env=environ, cwd=directory, capture_output=True, text=True,
-                            timeout=SUBMIT_TIMEOUT_S)
+    result = subprocess.run(
+        command, env=environ, cwd=directory, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S
+    )
     if result.returncode != 0 or not result.stdout.strip():
         raise UsageError(f"`{command[0]}` refused the resubmission: {(result.stderr or result.stdout).strip()[:300]}")
     return result.stdout.strip().split(";")[0]

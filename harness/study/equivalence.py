@@ -25,7 +25,7 @@ each other within UPDATE_BOUND.
 
 from __future__ import annotations
 
-from typing import Dict, Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -34,8 +34,9 @@ UPDATE_BOUND = 1e-3
 BF16_UPDATE_BOUND = 0.15
 
 
-def update_differences(weights: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor],
-                       initial: Mapping[str, torch.Tensor]) -> Dict[str, float]:
+def update_differences(
+    weights: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], initial: Mapping[str, torch.Tensor]
+) -> dict[str, float]:
     """Per tensor of `reference`: ||weights - reference|| / ||reference - initial||.
 
     `initial` holds the weights both trainings started from. A tensor training did not move (norm

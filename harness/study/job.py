@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from ..errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, UsageError
 from ..process.accelerator import detect_accelerator
@@ -57,32 +57,38 @@ def gpus_on_this_node() -> int:
     return detect_accelerator().count
 
 
-def open_job(profile: SiteProfile, environ: Dict[str, str], kit_dir: str, script: Optional[str]) -> StudyJob:
+def open_job(profile: SiteProfile, environ: dict[str, str], kit_dir: str, script: Optional[str]) -> StudyJob:
     """This job as the scheduler sees it, and its study's settings (saved ones when it continues one)."""
     variable = "PBS_JOBID" if profile.scheduler == "pbs" else "SLURM_JOB_ID"
     job_id = environ.get(variable)
     if not job_id:
-        raise UsageError(f"{variable} is not set: `harness study` runs a study inside a {profile.scheduler} job; "
-                         "on a login node use --check or --submit")
+        raise UsageError(
+            f"{variable} is not set: `harness study` runs a study inside a {profile.scheduler} job; "
+            "on a login node use --check or --submit"
+        )
     allocation = pbs_allocation(environ) if profile.scheduler == "pbs" else slurm_allocation(environ)
     record = read_job(profile.scheduler, job_id, profile.queue_field, environ)
     submitted = record.script or script
     if submitted and record.workdir and not os.path.isabs(submitted):
         submitted = os.path.join(record.workdir, submitted)
     stem = os.path.splitext(os.path.basename(submitted or "study"))[0]
-    job_dir = os.path.realpath(environ.get("JOB_DIR") or os.path.join(kit_dir, "runs", f"{stem}-{job_id.split('.')[0]}"))
+    job_dir = os.path.realpath(
+        environ.get("JOB_DIR") or os.path.join(kit_dir, "runs", f"{stem}-{job_id.split('.')[0]}")
+    )
     saved = load_settings(job_dir)
-    settings = saved or resolve_settings(profile, {**environ, "JOB_DIR": job_dir}, allocation, gpus_on_this_node(), job_dir)
+    settings = saved or resolve_settings(
+        profile, {**environ, "JOB_DIR": job_dir}, allocation, gpus_on_this_node(), job_dir
+    )
     return StudyJob(profile, job_id, record, allocation, settings, kit_dir, submitted, saved is not None)
 
 
-def mps_directories(environ: Dict[str, str], number: str) -> Dict[str, str]:
+def mps_directories(environ: dict[str, str], number: str) -> dict[str, str]:
     """NVIDIA MPS's pipe and log directories: per job, on the node's own disk (TMPDIR)."""
     base = os.path.join(environ.get("TMPDIR") or "/tmp", f"mps-{number}")
     return {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(base, "pipe"), "CUDA_MPS_LOG_DIRECTORY": os.path.join(base, "log")}
 
 
-def apply_site_environment(job: StudyJob, environ: Dict[str, str]) -> None:
+def apply_site_environment(job: StudyJob, environ: dict[str, str]) -> None:
     """What every rank must inherit: the site's network variables (its required ones over the job's),
     the rendezvous domain, and what the per-rank GPU and MPS helpers read."""
     environ.update(job.profile.environment)
@@ -94,18 +100,25 @@ def apply_site_environment(job: StudyJob, environ: Dict[str, str]) -> None:
     environ.update(mps_directories(environ, job.number))
 
 
-def in_job_checks(job: StudyJob, sweep: SweepSettings, environ: Dict[str, str]) -> CheckResult:
+def in_job_checks(job: StudyJob, sweep: SweepSettings, environ: dict[str, str]) -> CheckResult:
     """`--check`'s checks against what the scheduler gave, plus what only the job can see."""
     record = job.record
-    request = StudyRequest(nodes=job.allocation.nodes, account=record.account,
-                           queue=record.submit_queue or record.queue, qos=record.options.get("qos"),
-                           walltime_s=record.walltime_s,
-                           filesystems=record.filesystems, queued=True)
+    request = StudyRequest(
+        nodes=job.allocation.nodes,
+        account=record.account,
+        queue=record.submit_queue or record.queue,
+        qos=record.options.get("qos"),
+        walltime_s=record.walltime_s,
+        filesystems=record.filesystems,
+        queued=True,
+    )
     result = run_checks(job.profile, job.settings, request, sweep, environ, job.settings.job_dir)
     pipe = environ["CUDA_MPS_PIPE_DIRECTORY"]
     if job.settings.procs_per_gpu > 1 and len(pipe) > MPS_PIPE_LIMIT:
-        result.problems.append(f"the MPS pipe directory {pipe} is {len(pipe)} characters long, too long for the "
-                               f"AF_UNIX sockets MPS makes there (at most {MPS_PIPE_LIMIT}); set TMPDIR=/tmp")
+        result.problems.append(
+            f"the MPS pipe directory {pipe} is {len(pipe)} characters long, too long for the "
+            f"AF_UNIX sockets MPS makes there (at most {MPS_PIPE_LIMIT}); set TMPDIR=/tmp"
+        )
     try:
         warning_delay(job)
     except UsageError as exc:
@@ -122,8 +135,10 @@ def warning_delay(job: StudyJob) -> Optional[float]:
     elapsed = time.time() - record.start_time if record.start_time else 0.0
     delay = record.walltime_s - settings.stop_before_walltime - elapsed
     if delay <= 0:
-        raise UsageError(f"the walltime ({record.walltime_s} s, {elapsed:.0f} s gone) leaves no time before "
-                         f"STOP_BEFORE_WALLTIME={settings.stop_before_walltime}; ask for more walltime or lower it")
+        raise UsageError(
+            f"the walltime ({record.walltime_s} s, {elapsed:.0f} s gone) leaves no time before "
+            f"STOP_BEFORE_WALLTIME={settings.stop_before_walltime}; ask for more walltime or lower it"
+        )
     return delay
 
 
@@ -135,22 +150,27 @@ def discover(job: StudyJob, launch: str) -> None:
     command = template_command(f"{launch} {{python}} -m harness env {{args}}", total, per_node, "", [])
     job.log_command("discovery", command)
     say(f"discovery: {shlex.join(command)}")
-    ran = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=launch_environment(),
-                         timeout=DISCOVERY_TIMEOUT_S)
+    ran = subprocess.run(
+        command, stdout=subprocess.PIPE, text=True, env=launch_environment(), timeout=DISCOVERY_TIMEOUT_S
+    )
     print(ran.stdout, end="", flush=True)
     seen, status = json_objects(ran.stdout), ran.returncode
     path = job.path(f"discovery-{job.number}.jsonl")
     with open(path, "w") as output:  # one rank a line, whatever the launcher interleaved
         output.writelines(json.dumps(entry, sort_keys=True) + "\n" for entry in seen)
-    ranks = {entry.get("rank") for entry in seen if entry.get("world_size") == total and entry.get("launcher") != "none"}
+    ranks = {
+        entry.get("rank") for entry in seen if entry.get("world_size") == total and entry.get("launcher") != "none"
+    }
     if status != 0 or ranks != set(range(total)) or len(seen) != total:
-        raise StudyFailed(f"discovery saw {len(ranks)} of {total} ranks ({len(seen)} line(s), exit status "
-                              f"{status}; see {path}); check the launcher's flags and RANKS_PER_NODE")
+        raise StudyFailed(
+            f"discovery saw {len(ranks)} of {total} ranks ({len(seen)} line(s), exit status "
+            f"{status}; see {path}); check the launcher's flags and RANKS_PER_NODE"
+        )
     hosts = {entry.get("master_addr") for entry in seen}
     say(f"discovery: {total} ranks on {nodes} node(s), {per_node} per node, rendezvous at {', '.join(sorted(hosts))}")
 
 
-def json_objects(text: str) -> List[Dict[str, Any]]:
+def json_objects(text: str) -> list[dict[str, Any]]:
     """Every JSON object in `text`: ranks printing at once may share a line, and launchers add noise."""
     decoder, found, index = json.JSONDecoder(), [], text.find("{")
     while index >= 0:
@@ -174,9 +194,9 @@ class _SignalRecorder:
 
     def __init__(self) -> None:
         self.received: Optional[int] = None
-        self._previous: Dict[int, Any] = {}
+        self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> "_SignalRecorder":
+    def __enter__(self) -> _SignalRecorder:
         for signum in (signal.SIGTERM, signal.SIGUSR1):
             self._previous[signum] = signal.signal(signum, self._record)
         return self
@@ -249,7 +269,7 @@ def arm_warning(job: StudyJob) -> Optional[threading.Timer]:
     return timer
 
 
-def _run(job: StudyJob, sweep: SweepSettings, launch: str, recorder: "_SignalRecorder") -> Tuple[int, Optional[int]]:
+def _run(job: StudyJob, sweep: SweepSettings, launch: str, recorder: _SignalRecorder) -> tuple[int, Optional[int]]:
     """Discovery, the walltime timer, MPS and the sweep: the sweep's status, and the preemption
     signal this process received (None when none came: a preempted step's ranks may get it alone)."""
     discover(job, launch)
@@ -261,8 +281,10 @@ def _run(job: StudyJob, sweep: SweepSettings, launch: str, recorder: "_SignalRec
         if recorder.received is not None:  # warned before the sweep began: nothing to checkpoint
             say(f"got {signal.Signals(recorder.received).name} before the sweep began: no run to checkpoint")
             return EXIT_PREEMPTED, recorder.received
-        say(f"sweep {sweep.sweep_id}: backends {' '.join(sweep.backends)}, ranks {sweep.ranks}, "
-            f"{sweep.scaling} scaling, in {job.settings.job_dir}")
+        say(
+            f"sweep {sweep.sweep_id}: backends {' '.join(sweep.backends)}, ranks {sweep.ranks}, "
+            f"{sweep.scaling} scaling, in {job.settings.job_dir}"
+        )
         result = run_sweep(sweep)
         return result.status, result.signal or recorder.received
     finally:
@@ -328,8 +350,10 @@ def _study(site: str, kit_dir: Optional[str], script: Optional[str], recorder: _
     outcome = continue_study(job, signum) if status == EXIT_PREEMPTED else status
     summarize(job)
     if status == EXIT_PEER_FAILURE:
-        say(f"a rank died during a run (status 4): the study stops here; see the run's log in {job.path('logs')}, "
-            f"then submit again with JOB_DIR={job.settings.job_dir} to finish it")
+        say(
+            f"a rank died during a run (status 4): the study stops here; see the run's log in {job.path('logs')}, "
+            f"then submit again with JOB_DIR={job.settings.job_dir} to finish it"
+        )
     elif status != EXIT_PREEMPTED:
         say(f"the sweep failed (status {status}); see {job.path('logs')}")
     return outcome

@@ -6,7 +6,7 @@ import os
 import shlex
 import time
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional
 
 from .scheduler import Allocation, JobRecord
 from .settings import StudySettings
@@ -45,12 +45,12 @@ class StudyJob:
         with open(self.path(EVENTS_FILE), "a") as handle:
             handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\t{self.job_id}\t{event}\n")
 
-    def log_command(self, what: str, command: List[str]) -> None:
+    def log_command(self, what: str, command: list[str]) -> None:
         """A command the job ran, in logs/commands.txt beside the runs' (harness.study.sweep)."""
         with open(self.path("logs", "commands.txt"), "a") as handle:
             handle.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} {what}\n{shlex.join(command)}\n")
 
-    def events(self) -> List[str]:
+    def events(self) -> list[str]:
         """The events jobs.txt holds so far, every job of the chain's."""
         path = self.path(EVENTS_FILE)
         if not os.path.exists(path):

@@ -17,7 +17,8 @@ objects with the Agg renderer only: no display, no pyplot state.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, Optional
 
 from ..errors import UsageError
 from ..fileio import atomic_write
@@ -36,9 +37,19 @@ PHASE_STYLE = {
     "other": ("other (bookkeeping, barrier)", "#8172b3"),
 }
 # Legible on a projected slide: large text, thick lines, big markers.
-SLIDE_STYLE = {"font.size": 15, "axes.titlesize": 16, "axes.labelsize": 15, "legend.fontsize": 13,
-               "xtick.labelsize": 13, "ytick.labelsize": 13, "lines.linewidth": 2.8, "lines.markersize": 9,
-               "axes.grid": True, "grid.alpha": 0.35, "svg.fonttype": "none"}
+SLIDE_STYLE = {
+    "font.size": 15,
+    "axes.titlesize": 16,
+    "axes.labelsize": 15,
+    "legend.fontsize": 13,
+    "xtick.labelsize": 13,
+    "ytick.labelsize": 13,
+    "lines.linewidth": 2.8,
+    "lines.markersize": 9,
+    "axes.grid": True,
+    "grid.alpha": 0.35,
+    "svg.fonttype": "none",
+}
 FIGSIZE = (10, 6)
 # Runs measured under contention (harness.training.metrics, **contention**): boxed points, hatched bars.
 CONTENTION_COLOUR = "#c0392b"
@@ -54,20 +65,22 @@ def _colour(backend: str, order: Sequence[str]) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
-def _backends(rows: Sequence[ScalingRow]) -> List[str]:
+def _backends(rows: Sequence[ScalingRow]) -> list[str]:
     return list(dict.fromkeys(row.backend for row in rows))
 
 
-def _curves(rows: Sequence[ScalingRow]) -> List[Tuple[str, str, List[ScalingRow]]]:
+def _curves(rows: Sequence[ScalingRow]) -> list[tuple[str, str, list[ScalingRow]]]:
     """(backend, label, rows) per scaling curve: one per backend and threads per rank (a backend
     swept at two thread counts gets two curves, never one mixing them); all-cores rows left out."""
-    curves: Dict[Tuple[str, Optional[int]], List[ScalingRow]] = {}
+    curves: dict[tuple[str, Optional[int]], list[ScalingRow]] = {}
     for row in rows:
         if not row.baseline:
             curves.setdefault((row.backend, row.threads_per_rank), []).append(row)
     several = {backend for backend, _ in curves if sum(1 for b, _ in curves if b == backend) > 1}
-    return [(backend, f"{backend}, {threads} threads/rank" if backend in several else backend, mine)
-            for (backend, threads), mine in curves.items()]
+    return [
+        (backend, f"{backend}, {threads} threads/rank" if backend in several else backend, mine)
+        for (backend, threads), mine in curves.items()
+    ]
 
 
 def _workers_axis(ax: Any, rows: Sequence[ScalingRow]) -> None:
@@ -80,7 +93,7 @@ def _workers_axis(ax: Any, rows: Sequence[ScalingRow]) -> None:
     ax.set_xlabel("workers (processes)")
 
 
-def _dodged(workers: Sequence[int], index: int, count: int) -> List[float]:
+def _dodged(workers: Sequence[int], index: int, count: int) -> list[float]:
     """x positions nudged apart per backend (log axis), so error bars at one worker count do not overlap."""
     return [w * 2 ** (0.04 * (index - (count - 1) / 2)) for w in workers]
 
@@ -91,23 +104,38 @@ def _title(ax: Any, what: str, study: Study) -> str:
     return title
 
 
-def _series(backend: str, label: str, mine: Sequence[ScalingRow],
-            value: Callable[[ScalingRow], Optional[float]]) -> Dict[str, Any]:
-    return {"backend": backend, "label": label, "workers": [row.workers for row in mine],
-            "values": [value(row) for row in mine], "contended": [row.contended_runs > 0 for row in mine],
-            "threads_per_rank": mine[0].threads_per_rank}
+def _series(
+    backend: str, label: str, mine: Sequence[ScalingRow], value: Callable[[ScalingRow], Optional[float]]
+) -> dict[str, Any]:
+    return {
+        "backend": backend,
+        "label": label,
+        "workers": [row.workers for row in mine],
+        "values": [value(row) for row in mine],
+        "contended": [row.contended_runs > 0 for row in mine],
+        "threads_per_rank": mine[0].threads_per_rank,
+    }
 
 
 def _mark_contended(ax: Any, xs: Sequence[float], values: Sequence[Optional[float]], flags: Sequence[bool]) -> bool:
     """A hollow red square around each point measured under contention; whether there was one."""
     marked = [(x, v) for x, v, flag in zip(xs, values, flags) if flag and v is not None]
     if marked:
-        ax.scatter([x for x, _ in marked], [v for _, v in marked], s=380, marker="s", facecolors="none",
-                   edgecolors=CONTENTION_COLOUR, linewidths=2.2, zorder=5, label="_contended")
+        ax.scatter(
+            [x for x, _ in marked],
+            [v for _, v in marked],
+            s=380,
+            marker="s",
+            facecolors="none",
+            edgecolors=CONTENTION_COLOUR,
+            linewidths=2.2,
+            zorder=5,
+            label="_contended",
+        )
     return bool(marked)
 
 
-def _legend(ax: Any, contended: bool, extra: Sequence[Tuple[Any, str]] = (), loc: str = "upper left") -> None:
+def _legend(ax: Any, contended: bool, extra: Sequence[tuple[Any, str]] = (), loc: str = "upper left") -> None:
     from matplotlib.lines import Line2D
 
     handles, labels = ax.get_legend_handles_labels()
@@ -115,8 +143,18 @@ def _legend(ax: Any, contended: bool, extra: Sequence[Tuple[Any, str]] = (), loc
         handles.append(handle)
         labels.append(label)
     if contended:
-        handles.append(Line2D([], [], linestyle="none", marker="s", markersize=13, markerfacecolor="none",
-                              markeredgecolor=CONTENTION_COLOUR, markeredgewidth=2.2))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                linestyle="none",
+                marker="s",
+                markersize=13,
+                markerfacecolor="none",
+                markeredgecolor=CONTENTION_COLOUR,
+                markeredgewidth=2.2,
+            )
+        )
         labels.append(CONTENTION_LABEL)
     ax.legend(handles, labels, loc=loc)
 
@@ -136,8 +174,15 @@ def throughput_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
         entry["ci95"] = [row.throughput_ci95 for row in mine]
         colour = _colour(backend, order)
         xs = _dodged(entry["workers"], index, len(curves))
-        ax.errorbar(xs, entry["values"], yerr=[c or 0.0 for c in entry["ci95"]], label=label,
-                    color=colour, marker="o", capsize=5)
+        ax.errorbar(
+            xs,
+            entry["values"],
+            yerr=[c or 0.0 for c in entry["ci95"]],
+            label=label,
+            color=colour,
+            marker="o",
+            capsize=5,
+        )
         contended |= _mark_contended(ax, xs, entry["values"], entry["contended"])
         ideal = [mine[0].throughput * w / mine[0].workers for w in entry["workers"]]
         if len(ideal) > 1:
@@ -146,23 +191,46 @@ def throughput_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
         series.append(entry)
     all_cores = [row for row in rows if row.baseline]
     for row in all_cores:
-        ax.scatter([row.workers], [row.throughput], marker="*", s=340, color=_colour(row.backend, order),
-                   edgecolors="black", zorder=4, label="_all_cores")
+        ax.scatter(
+            [row.workers],
+            [row.throughput],
+            marker="*",
+            s=340,
+            color=_colour(row.backend, order),
+            edgecolors="black",
+            zorder=4,
+            label="_all_cores",
+        )
         contended |= _mark_contended(ax, [row.workers], [row.throughput], [row.contended_runs > 0])
-    extra = [(Line2D([], [], linestyle="--", linewidth=1.6, color="black"), "ideal (linear from fewest workers)")] \
-        if ideals else []
+    extra = (
+        [(Line2D([], [], linestyle="--", linewidth=1.6, color="black"), "ideal (linear from fewest workers)")]
+        if ideals
+        else []
+    )
     if all_cores:
-        extra.append((Line2D([], [], linestyle="none", marker="*", markersize=16, color="grey",
-                             markeredgecolor="black"), "1 rank x all cores (not a baseline)"))
+        extra.append(
+            (
+                Line2D([], [], linestyle="none", marker="*", markersize=16, color="grey", markeredgecolor="black"),
+                "1 rank x all cores (not a baseline)",
+            )
+        )
     _legend(ax, contended, extra)
     _workers_axis(ax, rows)
     ax.set_ylabel("throughput (samples/s)")
     ax.set_ylim(bottom=0)
-    fig.harness_metadata = {"figure": "throughput", "title": _title(ax, "Throughput vs workers", study),
-                            "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(), "series": series,
-                            "ideal": ideals, "all_cores": [{"backend": r.backend, "throughput": r.throughput,
-                                                            "threads_per_rank": r.threads_per_rank} for r in all_cores],
-                            "contention_marked": contended}
+    fig.harness_metadata = {
+        "figure": "throughput",
+        "title": _title(ax, "Throughput vs workers", study),
+        "xlabel": ax.get_xlabel(),
+        "ylabel": ax.get_ylabel(),
+        "series": series,
+        "ideal": ideals,
+        "all_cores": [
+            {"backend": r.backend, "throughput": r.throughput, "threads_per_rank": r.threads_per_rank}
+            for r in all_cores
+        ],
+        "contention_marked": contended,
+    }
     return fig
 
 
@@ -183,8 +251,14 @@ def efficiency_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
         contended |= _mark_contended(ax, xs, entry["values"], entry["contended"])
         for x, value, why in zip(xs, entry["values"], entry["suspect"]):
             if why and value is not None:
-                ax.annotate("suspect (> 1.05)", xy=(x, value), xytext=(8, 8), textcoords="offset points",
-                            color=CONTENTION_COLOUR, fontsize=12)
+                ax.annotate(
+                    "suspect (> 1.05)",
+                    xy=(x, value),
+                    xytext=(8, 8),
+                    textcoords="offset points",
+                    color=CONTENTION_COLOUR,
+                    fontsize=12,
+                )
         series.append(entry)
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1.6, label="ideal (1.0)")
     _workers_axis(ax, rows)
@@ -192,10 +266,16 @@ def efficiency_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
     top = max([1.0, *(v for entry in series for v in entry["values"] if v is not None)])
     ax.set_ylim(0, top * 1.15)
     _legend(ax, contended, loc="lower left")
-    fig.harness_metadata = {"figure": "efficiency", "title": _title(ax, "Scaling efficiency vs workers", study),
-                            "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(), "series": series,
-                            "ideal": 1.0, "contention_marked": contended,
-                            "notes": [row.note for row in rows if row.note]}
+    fig.harness_metadata = {
+        "figure": "efficiency",
+        "title": _title(ax, "Scaling efficiency vs workers", study),
+        "xlabel": ax.get_xlabel(),
+        "ylabel": ax.get_ylabel(),
+        "series": series,
+        "ideal": 1.0,
+        "contention_marked": contended,
+        "notes": [row.note for row in rows if row.note],
+    }
     return fig
 
 
@@ -208,7 +288,7 @@ def breakdown_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
     fig = Figure(figsize=FIGSIZE, layout="constrained")
     ax = fig.add_subplot()
     positions, position = [], 0.0
-    groups: Dict[str, List[float]] = {}
+    groups: dict[str, list[float]] = {}
     for row in rows:  # grouped by backend, workers ascending: leave a gap between backends
         position += 1.0 if not groups or row.backend in groups else 1.7
         positions.append(position)
@@ -219,17 +299,35 @@ def breakdown_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
     for phase in STEP_PHASES:
         label, colour = PHASE_STYLE[phase]
         heights = [1000 * (row.seconds_per_step.get(phase) or 0.0) for row in rows]
-        ax.bar(positions, heights, bottom=bottoms, width=0.8, label=label, color=colour, hatch=hatches,
-               edgecolor="white" if any(hatches) else None)
+        ax.bar(
+            positions,
+            heights,
+            bottom=bottoms,
+            width=0.8,
+            label=label,
+            color=colour,
+            hatch=hatches,
+            edgecolor="white" if any(hatches) else None,
+        )
         bottoms = [b + h for b, h in zip(bottoms, heights)]
         stacks.append({"phase": phase, "label": label, "values_ms": heights})
     ax.set_xticks(positions)
     ax.set_xticklabels([f"{row.workers}*" if row.baseline else str(row.workers) for row in rows])
     for backend, spots in groups.items():  # the backend's name under its group of bars
-        ax.annotate(backend, xy=(sum(spots) / len(spots), 0), xycoords=("data", "axes fraction"),
-                    xytext=(0, -28), textcoords="offset points", ha="center", va="top", fontweight="bold")
-    ax.set_xlabel("workers, per backend (* = 1 rank x all cores)" if any(r.baseline for r in rows)
-                  else "workers, per backend", labelpad=30)
+        ax.annotate(
+            backend,
+            xy=(sum(spots) / len(spots), 0),
+            xycoords=("data", "axes fraction"),
+            xytext=(0, -28),
+            textcoords="offset points",
+            ha="center",
+            va="top",
+            fontweight="bold",
+        )
+    ax.set_xlabel(
+        "workers, per backend (* = 1 rank x all cores)" if any(r.baseline for r in rows) else "workers, per backend",
+        labelpad=30,
+    )
     ax.grid(False, axis="x")
     ax.set_ylabel("time per step (ms, mean over ranks)")
     ax.set_ylim(0, max(bottoms + [1e-3]) * 1.3)
@@ -238,19 +336,34 @@ def breakdown_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
     if any(hatches):
         handles.append(Patch(facecolor="white", edgecolor="black", hatch=CONTENTION_HATCH, label=CONTENTION_LABEL))
     ax.legend(handles=handles, loc="upper left", ncols=2)
-    fig.harness_metadata = {"figure": "breakdown", "title": _title(ax, "Where a training step's time goes", study),
-                            "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
-                            "bars": [{"backend": row.backend, "workers": row.workers, "baseline": row.baseline,
-                                      "contended": row.contended_runs > 0} for row in rows],
-                            "series": [{"backend": b} for b in _backends(rows)], "stacks": stacks}
+    fig.harness_metadata = {
+        "figure": "breakdown",
+        "title": _title(ax, "Where a training step's time goes", study),
+        "xlabel": ax.get_xlabel(),
+        "ylabel": ax.get_ylabel(),
+        "bars": [
+            {
+                "backend": row.backend,
+                "workers": row.workers,
+                "baseline": row.baseline,
+                "contended": row.contended_runs > 0,
+            }
+            for row in rows
+        ],
+        "series": [{"backend": b} for b in _backends(rows)],
+        "stacks": stacks,
+    }
     return fig
 
 
-FIGURES: Dict[str, Callable[[Sequence[ScalingRow], Study], Any]] = {
-    "throughput": throughput_figure, "efficiency": efficiency_figure, "breakdown": breakdown_figure}
+FIGURES: dict[str, Callable[[Sequence[ScalingRow], Study], Any]] = {
+    "throughput": throughput_figure,
+    "efficiency": efficiency_figure,
+    "breakdown": breakdown_figure,
+}
 
 
-def _save(fig: Any, stem: str) -> List[str]:
+def _save(fig: Any, stem: str) -> list[str]:
     written = []
     for fmt in FORMATS:
         path = f"{stem}.{fmt}"
@@ -262,12 +375,12 @@ def _save(fig: Any, stem: str) -> List[str]:
     return [*written, path]
 
 
-def _write_json(path: str, data: Dict[str, Any]) -> None:
+def _write_json(path: str, data: dict[str, Any]) -> None:
     with open(path, "w") as handle:
         json.dump(data, handle, indent=1, allow_nan=False)
 
 
-def scaling_figures(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+def scaling_figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Every figure of every study in `records`, as matplotlib Figures keyed by file stem suffix.
 
     With one study the keys are the kinds ("throughput", "efficiency", "breakdown"); with several,
@@ -278,10 +391,12 @@ def scaling_figures(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
 
     rows = scaling_rows(records)
     if not rows:
-        raise UsageError("no records with a timed window to plot; run `harness sweep` (or train with more "
-                         "steps than --timing-warmup-steps) first")
+        raise UsageError(
+            "no records with a timed window to plot; run `harness sweep` (or train with more "
+            "steps than --timing-warmup-steps) first"
+        )
     studies = sorted({row.study for row in rows})
-    figures: Dict[str, Any] = {}
+    figures: dict[str, Any] = {}
     with rc_context(SLIDE_STYLE):
         for study in studies:
             mine = [row for row in rows if row.study == study]
@@ -290,18 +405,18 @@ def scaling_figures(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return figures
 
 
-def write_figures(records: Sequence[Dict[str, Any]], prefix: str) -> List[str]:
+def write_figures(records: Sequence[dict[str, Any]], prefix: str) -> list[str]:
     """scaling_figures(records) saved as PREFIX-KEY.{png,svg,json}; the paths written."""
     from matplotlib import rc_context
 
-    written: List[str] = []
+    written: list[str] = []
     with rc_context(SLIDE_STYLE):
         for key, figure in scaling_figures(records).items():
             written += _save(figure, f"{prefix}-{key}")
     return written
 
 
-def timeline_figure(record: Dict[str, Any], steps: Optional[int] = None) -> Any:
+def timeline_figure(record: dict[str, Any], steps: Optional[int] = None) -> Any:
     """Each rank's traced steps as bars over time, coloured by phase (data wait, forward + backward,
     communication, optimizer); white gaps are bookkeeping and barriers. Needs a record of a run with
     --trace-steps > 0. Returns the Figure."""
@@ -312,18 +427,26 @@ def timeline_figure(record: Dict[str, Any], steps: Optional[int] = None) -> Any:
     if not timeline or not any(timeline["per_rank"]):
         raise UsageError("this record has no per-rank timeline; train with --trace-steps N (e.g. 8) to record one")
     # "forward_backward_sync": records from before communication was split off the gradient phase
-    colours = {**{phase: colour for phase, (_, colour) in PHASE_STYLE.items()},
-               "forward_backward_sync": PHASE_STYLE["forward_backward"][1]}
-    labels = {**{phase: label for phase, (label, _) in PHASE_STYLE.items()},
-              "forward_backward_sync": "forward + backward + gradient sync"}
+    colours = {
+        **{phase: colour for phase, (_, colour) in PHASE_STYLE.items()},
+        "forward_backward_sync": PHASE_STYLE["forward_backward"][1],
+    }
+    labels = {
+        **{phase: label for phase, (label, _) in PHASE_STYLE.items()},
+        "forward_backward_sync": "forward + backward + gradient sync",
+    }
     with rc_context(SLIDE_STYLE):
         fig = Figure(figsize=(FIGSIZE[0], 1.6 + 0.9 * len(timeline["per_rank"])), layout="constrained")
         ax = fig.add_subplot()
         for rank, traced in enumerate(timeline["per_rank"]):
             for step in traced[:steps]:
                 for phase, (begin, end) in zip(timeline["phases"], step):
-                    ax.broken_barh([(1000 * begin, 1000 * (end - begin))], (rank - 0.35, 0.7),
-                                   color=colours[phase], label=labels[phase])
+                    ax.broken_barh(
+                        [(1000 * begin, 1000 * (end - begin))],
+                        (rank - 0.35, 0.7),
+                        color=colours[phase],
+                        label=labels[phase],
+                    )
         handles, names = ax.get_legend_handles_labels()
         unique = dict(zip(names, handles))
         ax.legend(unique.values(), unique.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.25), ncols=2)
@@ -332,13 +455,19 @@ def timeline_figure(record: Dict[str, Any], steps: Optional[int] = None) -> Any:
         ax.invert_yaxis()
         ax.set_xlabel("time since the timed window opened (ms)")
         ax.grid(False, axis="y")
-        ax.set_title(f"Per-rank step timeline: {record['backend']}, {record['world_size']} ranks, "
-                     f"{record['model']}, batch {record['local_batch']} per rank")
+        ax.set_title(
+            f"Per-rank step timeline: {record['backend']}, {record['world_size']} ranks, "
+            f"{record['model']}, batch {record['local_batch']} per rank"
+        )
     return fig
 
 
-def loss_figure(records: Sequence[Dict[str, Any]], labels: Sequence[str], title: str = "Training loss",
-                colours: Optional[Mapping[str, str]] = None) -> Any:
+def loss_figure(
+    records: Sequence[dict[str, Any]],
+    labels: Sequence[str],
+    title: str = "Training loss",
+    colours: Optional[Mapping[str, str]] = None,
+) -> Any:
     """Training loss against optimizer step for several runs (from each record's `history`), one
     labelled line each, on a log scale; `colours` (label -> colour) keeps each run's colour the same
     across a notebook's figures. Returns the Figure."""
@@ -359,8 +488,12 @@ def loss_figure(records: Sequence[Dict[str, Any]], labels: Sequence[str], title:
     return fig
 
 
-def prediction_figure(rows: Sequence[Dict[str, Any]], measured: Optional[Mapping[int, Dict[str, Any]]] = None,
-                      title: str = "", anchors: Sequence[Dict[str, Any]] = ()) -> Any:
+def prediction_figure(
+    rows: Sequence[dict[str, Any]],
+    measured: Optional[Mapping[int, dict[str, Any]]] = None,
+    title: str = "",
+    anchors: Sequence[dict[str, Any]] = (),
+) -> Any:
     """Predicted (harness.study.predict) step time and efficiency against nodes, with measured step
     times (harness.study.predict.measured_steps: by world size, mean and 95% interval; boxed in red
     if measured under contention) and published anchors (dicts with nodes, efficiency, label) on the
@@ -380,16 +513,33 @@ def prediction_figure(rows: Sequence[Dict[str, Any]], measured: Optional[Mapping
         contended = False
         if points:
             xs, means = [n for n, _ in points], [m["mean"] for _, m in points]
-            step_ax.errorbar(xs, [1e3 * v for v in means], yerr=[1e3 * (m["ci95"] or 0) for _, m in points],
-                             linestyle="none", marker="D", color=PALETTE[2], capsize=5, label="measured (95% interval)")
+            step_ax.errorbar(
+                xs,
+                [1e3 * v for v in means],
+                yerr=[1e3 * (m["ci95"] or 0) for _, m in points],
+                linestyle="none",
+                marker="D",
+                color=PALETTE[2],
+                capsize=5,
+                label="measured (95% interval)",
+            )
             contended = _mark_contended(step_ax, xs, [1e3 * v for v in means], [m.get("contended") for _, m in points])
             base = dict(points).get(1, {}).get("mean")
             if base:
-                efficiency_ax.plot(xs, [base / v for v in means], linestyle="none", marker="D", color=PALETTE[2],
-                                   label="measured")
+                efficiency_ax.plot(
+                    xs, [base / v for v in means], linestyle="none", marker="D", color=PALETTE[2], label="measured"
+                )
         for anchor in anchors:
-            efficiency_ax.scatter([anchor["nodes"]], [anchor["efficiency"]], marker="*", s=300, color=PALETTE[3],
-                                  edgecolors="black", zorder=4, label=anchor["label"])
+            efficiency_ax.scatter(
+                [anchor["nodes"]],
+                [anchor["efficiency"]],
+                marker="*",
+                s=300,
+                color=PALETTE[3],
+                edgecolors="black",
+                zorder=4,
+                label=anchor["label"],
+            )
         for ax in (step_ax, efficiency_ax):
             ax.set_xscale("log", base=2)
             ax.set_xticks(nodes)
@@ -403,13 +553,23 @@ def prediction_figure(rows: Sequence[Dict[str, Any]], measured: Optional[Mapping
         efficiency_ax.set_ylim(0, 1.1)
         efficiency_ax.set_xlabel("nodes")
         step_ax.set_title(f"Predicted vs measured\n{title}" if title else "Predicted vs measured")
-    fig.harness_metadata = {"figure": "prediction", "title": step_ax.get_title(), "predicted": list(rows),
-                            "measured": {str(n): m for n, m in measured.items()}, "anchors": list(anchors)}
+    fig.harness_metadata = {
+        "figure": "prediction",
+        "title": step_ax.get_title(),
+        "predicted": list(rows),
+        "measured": {str(n): m for n, m in measured.items()},
+        "anchors": list(anchors),
+    }
     return fig
 
 
-def write_prediction_figure(rows: Sequence[Dict[str, Any]], measured: Optional[Mapping[int, Dict[str, Any]]],
-                            title: str, prefix: str, anchors: Sequence[Dict[str, Any]] = ()) -> List[str]:
+def write_prediction_figure(
+    rows: Sequence[dict[str, Any]],
+    measured: Optional[Mapping[int, dict[str, Any]]],
+    title: str,
+    prefix: str,
+    anchors: Sequence[dict[str, Any]] = (),
+) -> list[str]:
     """prediction_figure saved as PREFIX-prediction.{png,svg,json}; the paths written."""
     from matplotlib import rc_context
 

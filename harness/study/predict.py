@@ -25,13 +25,14 @@ waits for the slowest rank), and compute slowed by communication sharing memory 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Optional
 
 from ..errors import UsageError
 
 GB = 1e9
-DEFAULT_NODES = tuple(2 ** k for k in range(10))  # 1 .. 512
+DEFAULT_NODES = tuple(2**k for k in range(10))  # 1 .. 512
 BACKWARD_SHARE = 2 / 3
 
 
@@ -56,8 +57,12 @@ class Network:
         if ranks < 2:
             return 0.0
         steps, inter_steps = 2 * (ranks - 1), 2 * (max(nodes, 1) - 1)
-        return (self.base_latency_s + (steps - inter_steps) * self.alpha_intra_s + inter_steps * self.alpha_inter_s
-                + 2 * (ranks - 1) / ranks * size / self.busbw(nodes))
+        return (
+            self.base_latency_s
+            + (steps - inter_steps) * self.alpha_intra_s
+            + inter_steps * self.alpha_inter_s
+            + 2 * (ranks - 1) / ranks * size / self.busbw(nodes)
+        )
 
 
 @dataclass(frozen=True)
@@ -73,12 +78,12 @@ class Workload:
     local_batch: int
     source: str
 
-    def buckets(self) -> List[int]:
+    def buckets(self) -> list[int]:
         full, rest = divmod(self.gradient_bytes, self.bucket_bytes)
         return [self.bucket_bytes] * full + ([rest] if rest else [])
 
 
-def communication(workload: Workload, network: Network, ranks: int, nodes: int) -> Tuple[float, float]:
+def communication(workload: Workload, network: Network, ranks: int, nodes: int) -> tuple[float, float]:
     """(seconds of allreduce per step, seconds of it not hidden behind the backward)."""
     done, produced, total = 0.0, 0, 0.0
     for size in workload.buckets():
@@ -90,7 +95,9 @@ def communication(workload: Workload, network: Network, ranks: int, nodes: int) 
     return total, max(done - workload.backward_s, 0.0) if total else 0.0
 
 
-def predict_scaling(workload: Workload, network: Network, nodes: Sequence[int] = DEFAULT_NODES) -> List[Dict[str, Any]]:
+def predict_scaling(
+    workload: Workload, network: Network, nodes: Sequence[int] = DEFAULT_NODES
+) -> list[dict[str, Any]]:
     """One row per node count: ranks, communication, step time, throughput and efficiency."""
     alone = workload.compute_s + workload.overhead_s
     rows = []
@@ -98,8 +105,17 @@ def predict_scaling(workload: Workload, network: Network, nodes: Sequence[int] =
         ranks = count * network.ranks_per_node
         total, exposed = communication(workload, network, ranks, count)
         step = alone + exposed
-        rows.append({"nodes": count, "ranks": ranks, "allreduce_s": total, "exposed_s": exposed, "step_s": step,
-                     "throughput": ranks * workload.local_batch / step, "efficiency": alone / step})
+        rows.append(
+            {
+                "nodes": count,
+                "ranks": ranks,
+                "allreduce_s": total,
+                "exposed_s": exposed,
+                "step_s": step,
+                "throughput": ranks * workload.local_batch / step,
+                "efficiency": alone / step,
+            }
+        )
     return rows
 
 
@@ -110,19 +126,26 @@ def network_from_site(name: str) -> Network:
     profile = load_site(name)
     figures: Mapping[str, Any] = getattr(profile, "network", None) or {}
     if not figures:
-        raise UsageError(f"site {name} has no network figures; give --network BENCH.json from `harness bench "
-                         "allreduce`, or add a `network` section to its profile")
+        raise UsageError(
+            f"site {name} has no network figures; give --network BENCH.json from `harness bench "
+            "allreduce`, or add a `network` section to its profile"
+        )
     efficiency = figures["efficiency"]
-    return Network(name=profile.name, ranks_per_node=max(profile.gpus_per_node, 1),
-                   alpha_intra_s=figures["alpha_intra_us"] * 1e-6, alpha_inter_s=figures["alpha_inter_us"] * 1e-6,
-                   base_latency_s=figures["base_latency_us"] * 1e-6,
-                   busbw_intra=figures["intra_node_gbytes_per_s"] * efficiency * GB,
-                   busbw_inter=figures["nics_per_node"] * figures["nic_gbytes_per_s"] * efficiency * GB,
-                   source=figures.get("source", f"site profile {profile.name}"))
+    return Network(
+        name=profile.name,
+        ranks_per_node=max(profile.gpus_per_node, 1),
+        alpha_intra_s=figures["alpha_intra_us"] * 1e-6,
+        alpha_inter_s=figures["alpha_inter_us"] * 1e-6,
+        base_latency_s=figures["base_latency_us"] * 1e-6,
+        busbw_intra=figures["intra_node_gbytes_per_s"] * efficiency * GB,
+        busbw_inter=figures["nics_per_node"] * figures["nic_gbytes_per_s"] * efficiency * GB,
+        source=figures.get("source", f"site profile {profile.name}"),
+    )
 
 
-def network_from_bench(result: Mapping[str, Any], ranks_per_node: Optional[int] = None,
-                       within: Optional[Network] = None) -> Network:
+def network_from_bench(
+    result: Mapping[str, Any], ranks_per_node: Optional[int] = None, within: Optional[Network] = None
+) -> Network:
     """Figures fitted by `harness bench allreduce`: across nodes they are the network's (the node's
     own from `within`, else the same), on one node the node's."""
     fit = result.get("fit")
@@ -130,26 +153,40 @@ def network_from_bench(result: Mapping[str, Any], ranks_per_node: Optional[int] 
         raise UsageError("this benchmark has no fit (one rank); run `harness bench allreduce` on 2 or more ranks")
     alpha, busbw = fit["alpha_s"], fit["busbw_bytes_per_s"]
     across = result.get("nodes", 1) > 1
-    source = (f"harness bench allreduce, {result['backend']}, {result['world_size']} ranks on {result.get('nodes', 1)} "
-              f"node(s): alpha {alpha * 1e6:.1f} us, busbw {busbw / GB:.3f} GB/s")
-    return Network(name=result.get("hostname", "benchmark"),
-                   ranks_per_node=ranks_per_node or (within.ranks_per_node if within else result["ranks_per_node"]),
-                   alpha_intra_s=within.alpha_intra_s if within and across else alpha, alpha_inter_s=alpha,
-                   base_latency_s=0.0, busbw_intra=within.busbw_intra if within and across else busbw,
-                   busbw_inter=busbw, source=source)
+    source = (
+        f"harness bench allreduce, {result['backend']}, {result['world_size']} ranks on {result.get('nodes', 1)} "
+        f"node(s): alpha {alpha * 1e6:.1f} us, busbw {busbw / GB:.3f} GB/s"
+    )
+    return Network(
+        name=result.get("hostname", "benchmark"),
+        ranks_per_node=ranks_per_node or (within.ranks_per_node if within else result["ranks_per_node"]),
+        alpha_intra_s=within.alpha_intra_s if within and across else alpha,
+        alpha_inter_s=alpha,
+        base_latency_s=0.0,
+        busbw_intra=within.busbw_intra if within and across else busbw,
+        busbw_inter=busbw,
+        source=source,
+    )
 
 
-def _baseline_runs(records: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    usable = [r for r in records if r.get("step_breakdown", {}).get("timed_steps") and
-              r.get("tags", {}).get("baseline") != "all-cores"]
+def _baseline_runs(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    usable = [
+        r
+        for r in records
+        if r.get("step_breakdown", {}).get("timed_steps") and r.get("tags", {}).get("baseline") != "all-cores"
+    ]
     if not usable:
         raise UsageError("no record with a timed window to take compute from; give a `harness sweep` results file")
     fewest = min(r["world_size"] for r in usable)
     return [r for r in usable if r["world_size"] == fewest]
 
 
-def workload_from_records(records: Sequence[Dict[str, Any]], overlap: float, bucket_mb: Optional[float],
-                          backward_share: float = BACKWARD_SHARE) -> Workload:
+def workload_from_records(
+    records: Sequence[dict[str, Any]],
+    overlap: float,
+    bucket_mb: Optional[float],
+    backward_share: float = BACKWARD_SHARE,
+) -> Workload:
     """Compute per step (mean over the runs at the fewest workers), gradient bytes and bucket size
     of measured runs; the bucket is the run's own (bucket_cap_mb, fusion_threshold_mb) unless given."""
     runs = _baseline_runs(records)
@@ -160,13 +197,20 @@ def workload_from_records(records: Sequence[Dict[str, Any]], overlap: float, buc
     tuning = runs[0].get("tuning", {})
     bucket = bucket_mb or tuning.get("bucket_cap_mb") or tuning.get("fusion_threshold_mb") or 25.0
     if not runs[0].get("gradient_bytes"):
-        raise UsageError("these records do not say their gradient bytes (made before this harness recorded them); "
-                         "give --gradient-bytes or --model")
-    return Workload(compute_s=mean("forward_backward") + mean("optimizer"),
-                    backward_s=backward_share * mean("forward_backward"), overhead_s=mean("data_wait") + mean("other"),
-                    gradient_bytes=int(runs[0]["gradient_bytes"]), bucket_bytes=int(bucket * 2 ** 20), overlap=overlap,
-                    local_batch=runs[0]["local_batch"],
-                    source=f"{len(runs)} run(s) of {runs[0]['backend']} x{runs[0]['world_size']}, {runs[0]['model']}")
+        raise UsageError(
+            "these records do not say their gradient bytes (made before this harness recorded them); "
+            "give --gradient-bytes or --model"
+        )
+    return Workload(
+        compute_s=mean("forward_backward") + mean("optimizer"),
+        backward_s=backward_share * mean("forward_backward"),
+        overhead_s=mean("data_wait") + mean("other"),
+        gradient_bytes=int(runs[0]["gradient_bytes"]),
+        bucket_bytes=int(bucket * 2**20),
+        overlap=overlap,
+        local_batch=runs[0]["local_batch"],
+        source=f"{len(runs)} run(s) of {runs[0]['backend']} x{runs[0]['world_size']}, {runs[0]['model']}",
+    )
 
 
 def model_gradient_bytes(model: str, channels: int = 3, size: int = 224, classes: int = 1000) -> int:
@@ -177,63 +221,100 @@ def model_gradient_bytes(model: str, channels: int = 3, size: int = 224, classes
     return sum(p.numel() * 4 for p in built.parameters() if p.requires_grad)
 
 
-def measured_steps(records: Sequence[Dict[str, Any]]) -> Dict[int, Dict[str, Any]]:
+def measured_steps(records: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Measured step seconds per rank count (world size): mean, 95% interval, runs, and whether any
     of them ran under contention."""
     from ..training.record import mean_and_ci95
 
-    by_ranks: Dict[int, List[Dict[str, Any]]] = {}
+    by_ranks: dict[int, list[dict[str, Any]]] = {}
     for record in records:
         per_step = record.get("step_breakdown", {}).get("seconds_per_step", {})
         if per_step.get("runtime") and record.get("tags", {}).get("baseline") != "all-cores":
             by_ranks.setdefault(record["world_size"], []).append(record)
-    return {ranks: {**mean_and_ci95([r["step_breakdown"]["seconds_per_step"]["runtime"] for r in runs]),
-                    "contended": any(r.get("contention", {}).get("flagged") for r in runs)}
-            for ranks, runs in sorted(by_ranks.items())}
+    return {
+        ranks: {
+            **mean_and_ci95([r["step_breakdown"]["seconds_per_step"]["runtime"] for r in runs]),
+            "contended": any(r.get("contention", {}).get("flagged") for r in runs),
+        }
+        for ranks, runs in sorted(by_ranks.items())
+    }
 
 
-def prediction_table(rows: Sequence[Dict[str, Any]], measured: Optional[Mapping[int, Dict[str, Any]]] = None) -> str:
+def prediction_table(rows: Sequence[dict[str, Any]], measured: Optional[Mapping[int, dict[str, Any]]] = None) -> str:
     """Markdown: per node count the prediction, and where measured the measured step and the error."""
     from .report import markdown_table
 
-    columns = [("nodes", lambda r: r["nodes"]), ("ranks", lambda r: r["ranks"]),
-               ("allreduce ms", lambda r: 1e3 * r["allreduce_s"]), ("exposed ms", lambda r: 1e3 * r["exposed_s"]),
-               ("step ms", lambda r: 1e3 * r["step_s"]), ("samples/s", lambda r: r["throughput"]),
-               ("efficiency", lambda r: r["efficiency"])]
+    columns = [
+        ("nodes", lambda r: r["nodes"]),
+        ("ranks", lambda r: r["ranks"]),
+        ("allreduce ms", lambda r: 1e3 * r["allreduce_s"]),
+        ("exposed ms", lambda r: 1e3 * r["exposed_s"]),
+        ("step ms", lambda r: 1e3 * r["step_s"]),
+        ("samples/s", lambda r: r["throughput"]),
+        ("efficiency", lambda r: r["efficiency"]),
+    ]
     if measured:
-        columns += [("measured step ms", lambda r: _measured(measured, r, lambda m: 1e3 * m["mean"])),
-                    ("± 95%", lambda r: _measured(measured, r, lambda m: 1e3 * m["ci95"] if m["ci95"] else None)),
-                    ("error", lambda r: _measured(measured, r, lambda m: f"{r['step_s'] / m['mean'] - 1:+.1%}"))]
+        columns += [
+            ("measured step ms", lambda r: _measured(measured, r, lambda m: 1e3 * m["mean"])),
+            ("± 95%", lambda r: _measured(measured, r, lambda m: 1e3 * m["ci95"] if m["ci95"] else None)),
+            ("error", lambda r: _measured(measured, r, lambda m: f"{r['step_s'] / m['mean'] - 1:+.1%}")),
+        ]
     return markdown_table(list(rows), columns)
 
 
-def _measured(measured: Mapping[int, Dict[str, Any]], row: Dict[str, Any], get: Any) -> Any:
+def _measured(measured: Mapping[int, dict[str, Any]], row: dict[str, Any], get: Any) -> Any:
     found = measured.get(row["ranks"])
     return get(found) if found and found.get("mean") else None
 
 
 def add_predict_flags(parser: Any) -> None:
     """`harness predict`'s flags."""
-    parser.add_argument("--site", default=None, help="site profile for the network and GPUs per node: polaris, "
-                                                      "perlmutter (or a profile JSON)")
-    parser.add_argument("--network", default=None, help="network figures fitted by `harness bench allreduce "
-                                                         "--results FILE` (across nodes: the network's)")
-    parser.add_argument("--record", nargs="+", default=None, help="results file(s): compute per step from the runs "
-                                                                  "at the fewest workers")
+    parser.add_argument(
+        "--site",
+        default=None,
+        help="site profile for the network and GPUs per node: polaris, perlmutter (or a profile JSON)",
+    )
+    parser.add_argument(
+        "--network",
+        default=None,
+        help="network figures fitted by `harness bench allreduce --results FILE` (across nodes: the network's)",
+    )
+    parser.add_argument(
+        "--record",
+        nargs="+",
+        default=None,
+        help="results file(s): compute per step from the runs at the fewest workers",
+    )
     parser.add_argument("--throughput", type=float, default=None, help="or: published samples/s of one GPU")
     parser.add_argument("--batch-size", type=int, default=None, help="with --throughput: samples per GPU per step")
-    parser.add_argument("--model", default=None, help="with --throughput: cnn, resnet18 or resnet50 (its gradient "
-                                                      "bytes, ImageNet-shaped)")
-    parser.add_argument("--gradient-bytes", type=int, default=None, help="bytes averaged per step (default: "
-                                                                          "the record's, or --model's)")
-    parser.add_argument("--bucket-mb", type=float, default=None, help="gradient bucket in MiB (default: the record's "
-                                                                       "bucket_cap_mb / fusion_threshold_mb, else 25)")
-    parser.add_argument("--overlap", type=float, default=1.0, help="0 (after backward) .. 1 (buckets as ready); "
-                                                                   "default 1")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="with --throughput: cnn, resnet18 or resnet50 (its gradient bytes, ImageNet-shaped)",
+    )
+    parser.add_argument(
+        "--gradient-bytes",
+        type=int,
+        default=None,
+        help="bytes averaged per step (default: the record's, or --model's)",
+    )
+    parser.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=None,
+        help="gradient bucket in MiB (default: the record's bucket_cap_mb / fusion_threshold_mb, else 25)",
+    )
+    parser.add_argument(
+        "--overlap", type=float, default=1.0, help="0 (after backward) .. 1 (buckets as ready); default 1"
+    )
     parser.add_argument("--ranks-per-node", type=int, default=None, help="default: the site's GPUs per node")
     parser.add_argument("--nodes", default=",".join(map(str, DEFAULT_NODES)), help="node counts (default: 1..512)")
-    parser.add_argument("--measured", nargs="+", default=None, help="results file(s) of runs to put beside the "
-                                                                    "prediction (matched by world size)")
+    parser.add_argument(
+        "--measured",
+        nargs="+",
+        default=None,
+        help="results file(s) of runs to put beside the prediction (matched by world size)",
+    )
     parser.add_argument("--json", default=None, help="write the prediction (and measured steps) as JSON here")
     parser.add_argument("-o", "--output", default=None, help="figure prefix: PREFIX-prediction.{png,svg,json}")
 
@@ -250,12 +331,18 @@ def predict_command(args: Any) -> int:
         from ..training.record import read_results
 
         measured = measured_steps(read_results(args.measured))
-    print(f"network: {network.source}\ncompute: {workload.source}: {workload.compute_s * 1e3:.2f} ms per step "
-          f"(+ {workload.overhead_s * 1e3:.2f} ms overhead), {workload.gradient_bytes / 2 ** 20:.1f} MiB of "
-          f"gradients in {len(workload.buckets())} bucket(s), overlap {workload.overlap:g}\n")
+    print(
+        f"network: {network.source}\ncompute: {workload.source}: {workload.compute_s * 1e3:.2f} ms per step "
+        f"(+ {workload.overhead_s * 1e3:.2f} ms overhead), {workload.gradient_bytes / 2**20:.1f} MiB of "
+        f"gradients in {len(workload.buckets())} bucket(s), overlap {workload.overlap:g}\n"
+    )
     print(prediction_table(rows, measured))
-    document = {"network": asdict(network), "workload": asdict(workload), "predicted": rows,
-                "measured": {str(k): v for k, v in (measured or {}).items()}}
+    document = {
+        "network": asdict(network),
+        "workload": asdict(workload),
+        "predicted": rows,
+        "measured": {str(k): v for k, v in (measured or {}).items()},
+    }
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(document, handle, indent=1, allow_nan=False)
@@ -267,12 +354,14 @@ def predict_command(args: Any) -> int:
     return 0
 
 
-def network_and_workload(args: Any) -> Tuple[Network, Workload]:
+def network_and_workload(args: Any) -> tuple[Network, Workload]:
     """The network (site profile and/or benchmark fit) and workload (records or a published
     throughput) that `harness predict`'s flags name; UsageError naming what is missing."""
     if not args.site and not args.network:
-        raise UsageError("name the network: --site polaris (its profile) or --network BENCH.json "
-                         "(`harness bench allreduce --results`)")
+        raise UsageError(
+            "name the network: --site polaris (its profile) or --network BENCH.json "
+            "(`harness bench allreduce --results`)"
+        )
     network = network_from_site(args.site) if args.site else None
     if args.network:
         with open(args.network) as handle:
@@ -282,7 +371,7 @@ def network_and_workload(args: Any) -> Tuple[Network, Workload]:
         network = replace(network, ranks_per_node=args.ranks_per_node)
     if not 0 <= args.overlap <= 1:
         raise UsageError(f"--overlap is a share between 0 and 1, got {args.overlap}")
-    bucket = int(args.bucket_mb * 2 ** 20) if args.bucket_mb else None
+    bucket = int(args.bucket_mb * 2**20) if args.bucket_mb else None
     if args.record:
         from ..training.record import read_results
 
@@ -291,12 +380,20 @@ def network_and_workload(args: Any) -> Tuple[Network, Workload]:
             workload = replace(workload, gradient_bytes=args.gradient_bytes)
         return network, workload
     if not (args.throughput and args.batch_size and (args.model or args.gradient_bytes)):
-        raise UsageError("give the compute: --record RESULTS.jsonl, or --throughput SAMPLES_PER_S --batch-size N "
-                         "with --model NAME (or --gradient-bytes N)")
+        raise UsageError(
+            "give the compute: --record RESULTS.jsonl, or --throughput SAMPLES_PER_S --batch-size N "
+            "with --model NAME (or --gradient-bytes N)"
+        )
     compute = args.batch_size / args.throughput
     gradient = args.gradient_bytes or model_gradient_bytes(args.model)
-    return network, Workload(compute_s=compute, backward_s=BACKWARD_SHARE * compute, overhead_s=0.0,
-                             gradient_bytes=gradient, bucket_bytes=bucket or 25 * 2 ** 20, overlap=args.overlap,
-                             local_batch=args.batch_size,
-                             source=f"{args.throughput:g} samples/s per GPU at batch {args.batch_size}"
-                                    + (f", {args.model}" if args.model else ""))
+    return network, Workload(
+        compute_s=compute,
+        backward_s=BACKWARD_SHARE * compute,
+        overhead_s=0.0,
+        gradient_bytes=gradient,
+        bucket_bytes=bucket or 25 * 2**20,
+        overlap=args.overlap,
+        local_batch=args.batch_size,
+        source=f"{args.throughput:g} samples/s per GPU at batch {args.batch_size}"
+        + (f", {args.model}" if args.model else ""),
+    )

@@ -12,7 +12,8 @@ import os
 import shlex
 import subprocess
 import sys
-from typing import Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
+from typing import Optional
 
 from ..errors import EXIT_USAGE, UsageError
 from .check import CheckResult, StudyRequest, run_checks
@@ -25,8 +26,13 @@ from .walltime import format_walltime
 SUBMIT_TIMEOUT_S = 120
 
 
-def check_study(site: str, script: str, scheduler_args: Sequence[str] = (), environ: Optional[Mapping[str, str]] = None,
-                kit_dir: Optional[str] = None) -> Tuple[CheckResult, Submission]:
+def check_study(
+    site: str,
+    script: str,
+    scheduler_args: Sequence[str] = (),
+    environ: Optional[Mapping[str, str]] = None,
+    kit_dir: Optional[str] = None,
+) -> tuple[CheckResult, Submission]:
     """Judge `qsub/sbatch SCHEDULER_ARGS SCRIPT` for site `site` before it is queued.
 
     Returns the problems and warnings (one line each, naming the fix) and the parsed submission;
@@ -36,22 +42,36 @@ def check_study(site: str, script: str, scheduler_args: Sequence[str] = (), envi
     kit = kit_dir or kit_directory(environ)
     script = os.path.abspath(script)  # qsub/sbatch run from the kit, and the job resubmits this path
     submission = parse_submission(profile.scheduler, script, scheduler_args, environ, profile.queue_field)
-    allocation = Allocation(nodes=submission.nodes, tasks_per_node=submission.tasks_per_node,
-                            cpus_per_task=submission.cpus_per_task)
+    allocation = Allocation(
+        nodes=submission.nodes, tasks_per_node=submission.tasks_per_node, cpus_per_task=submission.cpus_per_task
+    )
     stem = os.path.splitext(os.path.basename(script))[0]
     try:  # the job's nodes have the site's GPUs, whatever this login node has
-        settings = resolve_settings(profile, submission.variables, allocation, profile.gpus_per_node,
-                                    os.path.join(kit, "runs", f"{stem}-<job id>"))
+        settings = resolve_settings(
+            profile,
+            submission.variables,
+            allocation,
+            profile.gpus_per_node,
+            os.path.join(kit, "runs", f"{stem}-<job id>"),
+        )
     except UsageError as exc:
         return CheckResult(problems=[str(exc)]), submission
-    request = StudyRequest(nodes=submission.nodes, account=submission.account, queue=submission.queue,
-                           qos=submission.qos, walltime_s=submission.walltime_s, filesystems=submission.filesystems)
+    request = StudyRequest(
+        nodes=submission.nodes,
+        account=submission.account,
+        queue=submission.queue,
+        qos=submission.qos,
+        walltime_s=submission.walltime_s,
+        filesystems=submission.filesystems,
+    )
     storage = submission.variables.get("JOB_DIR") or os.path.join(kit, "runs")
     result = run_checks(profile, settings, request, sweep_settings(profile, settings, kit), environ, storage)
     stop = settings.stop_before_walltime
     if profile.warning == "timer" and stop and submission.walltime_s is not None and submission.walltime_s <= stop:
-        result.problems.append(f"walltime {format_walltime(submission.walltime_s)} leaves no time before "
-                               f"STOP_BEFORE_WALLTIME={stop}; ask for more walltime or pass a smaller one")
+        result.problems.append(
+            f"walltime {format_walltime(submission.walltime_s)} leaves no time before "
+            f"STOP_BEFORE_WALLTIME={stop}; ask for more walltime or pass a smaller one"
+        )
     return result, submission
 
 
@@ -62,8 +82,14 @@ def _print(result: CheckResult) -> None:
         print(f"harness study: error: {line}", file=sys.stderr, flush=True)
 
 
-def study_command(site: str, script: Optional[str], check: bool, submit: bool, scheduler_args: Sequence[str],
-                  kit_dir: Optional[str] = None) -> int:
+def study_command(
+    site: str,
+    script: Optional[str],
+    check: bool,
+    submit: bool,
+    scheduler_args: Sequence[str],
+    kit_dir: Optional[str] = None,
+) -> int:
     """`harness study`: --check or --submit on a login node; otherwise this job's part of the study."""
     if not (check or submit):
         from .job import run_study
@@ -72,15 +98,20 @@ def study_command(site: str, script: Optional[str], check: bool, submit: bool, s
             raise UsageError(f"scheduler options ({shlex.join(scheduler_args)}) go with --check or --submit")
         return run_study(site, kit_dir=kit_dir, script=script)
     if not script:
-        raise UsageError("--check and --submit judge a job script: name it with --script (the templates pass themselves)")
+        raise UsageError(
+            "--check and --submit judge a job script: name it with --script (the templates pass themselves)"
+        )
     result, submission = check_study(site, script, scheduler_args, kit_dir=kit_dir)
     _print(result)
     if not result.ok:
         return EXIT_USAGE
     command = submit_command(submission)
     if check:
-        print(f"check passed ({submission.nodes} node(s), queue {submission.queue or 'default'}, walltime "
-              f"{format_walltime(submission.walltime_s)}); submit with: {shlex.join(command)}", flush=True)
+        print(
+            f"check passed ({submission.nodes} node(s), queue {submission.queue or 'default'}, walltime "
+            f"{format_walltime(submission.walltime_s)}); submit with: {shlex.join(command)}",
+            flush=True,
+        )
         return 0
     kit = kit_dir or kit_directory(os.environ)
     # From the kit, so that the job finds it where it was submitted (PBS_O_WORKDIR, SLURM_SUBMIT_DIR).

@@ -11,22 +11,32 @@ likely cause. The definitions printed under each table are harness.training.metr
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional
 
 from ..backends import BACKENDS
 from ..errors import UsageError
 from ..training.metrics import DEFINITIONS, STEP_PHASES, scaling_efficiency, speedup, suspect_weak_efficiency
 from ..training.record import mean_and_ci95
 
-Column = Tuple[str, Callable[[Dict[str, Any]], Any]]
-MIB = 2 ** 20
+Column = tuple[str, Callable[[dict[str, Any]], Any]]
+MIB = 2**20
 ALL_CORES = "all-cores"  # the `baseline` tag of one rank with every core (harness.study.sweep)
 CONTENDED = "†"  # marks a row with runs measured under contention
 SUSPECT = "?"  # marks a suspect efficiency
 # The definitions the scaling table's columns use, printed under it.
-FOOTNOTE_TERMS = ("speedup", "scaling efficiency", "AU", "useful time", "communication", "load balance",
-                  "communication efficiency", "parallel efficiency", "contention")
+FOOTNOTE_TERMS = (
+    "speedup",
+    "scaling efficiency",
+    "AU",
+    "useful time",
+    "communication",
+    "load balance",
+    "communication efficiency",
+    "parallel efficiency",
+    "contention",
+)
 
 
 def _cell(value: Any) -> str:
@@ -37,18 +47,20 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def markdown_table(records: Sequence[Dict[str, Any]], columns: Sequence[Column]) -> str:
+def markdown_table(records: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
     """One row per record, one column per (header, getter)."""
-    rows: List[List[str]] = [[_cell(get(record)) for _, get in columns] for record in records]
+    rows: list[list[str]] = [[_cell(get(record)) for _, get in columns] for record in records]
     headers = [header for header, _ in columns]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
     lines += ["| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def configuration(record: Dict[str, Any]) -> str:
+def configuration(record: dict[str, Any]) -> str:
     """The record's backend and the options it ran with that are not the backend's defaults, e.g.
     'deepspeed zero_stage=2': runs of one backend with other options are other configurations."""
     options = record.get("config", {}).get("backend_options") or {}
@@ -60,13 +72,13 @@ def configuration(record: Dict[str, Any]) -> str:
     return " ".join([record["backend"], *(f"{name}={value}" for name, value in sorted(changed.items()))])
 
 
-def model_state_mib(record: Dict[str, Any]) -> Optional[float]:
+def model_state_mib(record: dict[str, Any]) -> Optional[float]:
     """The largest model state of any rank in MiB (memory.model_state_bytes_per_rank's total), if counted."""
     state = record.get("memory", {}).get("model_state_bytes_per_rank")
     return max(state["total"]) / MIB if state else None
 
 
-def peak_mib(record: Dict[str, Any]) -> Optional[float]:
+def peak_mib(record: dict[str, Any]) -> Optional[float]:
     """The highest peak memory of any rank over the timed window, in MiB."""
     peaks = record.get("memory", {}).get("peak_bytes_per_rank")
     return max(peaks) / MIB if peaks else None
@@ -102,8 +114,7 @@ class Study:
 
     def title(self) -> str:
         """e.g. 'Weak scaling: cnn on synthetic, 64 samples per worker (cpu)'."""
-        batch = (f"{self.batch} samples per worker" if self.scaling == "weak"
-                 else f"global batch {self.batch}")
+        batch = f"{self.batch} samples per worker" if self.scaling == "weak" else f"global batch {self.batch}"
         return f"{self.scaling.capitalize()} scaling: {self.model} on {self.dataset}, {batch} ({self.device})"
 
     def slug(self) -> str:
@@ -128,13 +139,13 @@ class ScalingRow:
     load_balance: Optional[float]
     communication_efficiency: Optional[float]
     parallel_efficiency: Optional[float]
-    seconds_per_step: Dict[str, Optional[float]]  # STEP_PHASES, mean over ranks and runs
+    seconds_per_step: dict[str, Optional[float]]  # STEP_PHASES, mean over ranks and runs
     model_state_mib: Optional[float] = None  # the largest rank's model state, mean over runs
     peak_mib: Optional[float] = None  # the largest rank's peak memory, mean over runs
     threads_per_rank: Optional[int] = None  # None on GPUs (or records that do not say)
     baseline: str = ""  # ALL_CORES: one rank with every core, a separate configuration
     contended_runs: int = 0
-    contention: List[str] = field(default_factory=list)  # why, from the first contended run
+    contention: list[str] = field(default_factory=list)  # why, from the first contended run
     suspect: Optional[str] = None  # why a weak-scaling efficiency above 1.05 is suspect
     note: Optional[str] = None  # why there is no efficiency
 
@@ -143,7 +154,7 @@ class ScalingRow:
         return f"{self.backend} (1 rank, all cores)" if self.baseline else self.backend
 
 
-def scaling_mode(record: Dict[str, Any]) -> str:
+def scaling_mode(record: dict[str, Any]) -> str:
     """The record's sweep tag, or what its batch flags imply for a run made outside a sweep."""
     tagged = record.get("tags", {}).get("scaling")
     if tagged:
@@ -151,7 +162,7 @@ def scaling_mode(record: Dict[str, Any]) -> str:
     return "strong" if record.get("config", {}).get("global_batch") else "weak"
 
 
-def study_of(record: Dict[str, Any]) -> Study:
+def study_of(record: dict[str, Any]) -> Study:
     """The study a record belongs to."""
     mode = scaling_mode(record)
     batch = record["local_batch"] if mode == "weak" else record["global_batch"]
@@ -163,28 +174,39 @@ def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
     return sum(present) / len(present) if present else None
 
 
-GroupKey = Tuple[Study, str, int, Optional[int], str]
+GroupKey = tuple[Study, str, int, Optional[int], str]
 
 
-def _aggregate(key: GroupKey, runs: List[Dict[str, Any]]) -> ScalingRow:
+def _aggregate(key: GroupKey, runs: list[dict[str, Any]]) -> ScalingRow:
     study, backend, workers, threads, baseline = key
     spread = mean_and_ci95([run["throughput"] for run in runs])
     breakdowns = [run.get("step_breakdown", {}).get("seconds_per_step", {}) for run in runs]
     contended = [run["contention"] for run in runs if run.get("contention", {}).get("flagged")]
     return ScalingRow(
-        study=study, backend=backend, workers=workers, runs=len(runs), throughput=spread["mean"],
-        throughput_ci95=spread["ci95"], speedup=None, efficiency=None, baseline_workers=workers,
+        study=study,
+        backend=backend,
+        workers=workers,
+        runs=len(runs),
+        throughput=spread["mean"],
+        throughput_ci95=spread["ci95"],
+        speedup=None,
+        efficiency=None,
+        baseline_workers=workers,
         au=_mean([run.get("au") for run in runs]),
         load_balance=_mean([run.get("load_balance") for run in runs]),
         communication_efficiency=_mean([run.get("communication_efficiency") for run in runs]),
         parallel_efficiency=_mean([run.get("parallel_efficiency") for run in runs]),
         seconds_per_step={phase: _mean([b.get(phase) for b in breakdowns]) for phase in STEP_PHASES},
-        model_state_mib=_mean([model_state_mib(run) for run in runs]), peak_mib=_mean([peak_mib(run) for run in runs]),
-        threads_per_rank=threads, baseline=baseline, contended_runs=len(contended),
-        contention=list(contended[0].get("reasons", [])) if contended else [])
+        model_state_mib=_mean([model_state_mib(run) for run in runs]),
+        peak_mib=_mean([peak_mib(run) for run in runs]),
+        threads_per_rank=threads,
+        baseline=baseline,
+        contended_runs=len(contended),
+        contention=list(contended[0].get("reasons", [])) if contended else [],
+    )
 
 
-def scaling_rows(records: Sequence[Dict[str, Any]]) -> List[ScalingRow]:
+def scaling_rows(records: Sequence[dict[str, Any]]) -> list[ScalingRow]:
     """Records grouped by study, configuration (backend and options), workers and threads per rank;
     configurations in order of first appearance, each one's all-cores run after its scaling rows.
 
@@ -193,18 +215,25 @@ def scaling_rows(records: Sequence[Dict[str, Any]]) -> List[ScalingRow]:
     threads per rank (normally 1 worker), so each framework's own overhead at one worker is in its
     baseline and every rank of the baseline did what each rank of the larger run did.
     """
-    groups: Dict[GroupKey, List[Dict[str, Any]]] = {}
-    backend_order: Dict[str, int] = {}
+    groups: dict[GroupKey, list[dict[str, Any]]] = {}
+    backend_order: dict[str, int] = {}
     for record in records:
         if not record.get("throughput"):
             continue  # a run too short to have a timed window
         label = configuration(record)
         backend_order.setdefault(label, len(backend_order))
-        key = (study_of(record), label, record["world_size"], record.get("threads_per_rank"),
-               ALL_CORES if record.get("tags", {}).get("baseline") == ALL_CORES else "")
+        key = (
+            study_of(record),
+            label,
+            record["world_size"],
+            record.get("threads_per_rank"),
+            ALL_CORES if record.get("tags", {}).get("baseline") == ALL_CORES else "",
+        )
         groups.setdefault(key, []).append(record)
-    ordered = sorted(groups.items(), key=lambda item: (item[0][0], backend_order[item[0][1]], item[0][4],
-                                                        item[0][2], item[0][3] or 0))
+    ordered = sorted(
+        groups.items(),
+        key=lambda item: (item[0][0], backend_order[item[0][1]], item[0][4], item[0][2], item[0][3] or 0),
+    )
     rows = [_aggregate(key, runs) for key, runs in ordered]
     for row in rows:
         _compare_with_baseline(row, rows)
@@ -214,33 +243,39 @@ def scaling_rows(records: Sequence[Dict[str, Any]]) -> List[ScalingRow]:
 def _compare_with_baseline(row: ScalingRow, rows: Sequence[ScalingRow]) -> None:
     """Set the row's speedup and efficiency against its baseline, or say why there is none."""
     if row.baseline:
-        row.note = (f"{row.label}: one rank with {row.threads_per_rank or 'all'} threads, a configuration of its "
-                    "own; never a scaling baseline (other work per rank)")
+        row.note = (
+            f"{row.label}: one rank with {row.threads_per_rank or 'all'} threads, a configuration of its "
+            "own; never a scaling baseline (other work per rank)"
+        )
         return
     peers = [other for other in rows if (other.study, other.backend, other.baseline) == (row.study, row.backend, "")]
     fewest = min(other.workers for other in peers)
-    base = next((other for other in peers if other.workers == fewest and
-                 other.threads_per_rank == row.threads_per_rank), None)
+    base = next(
+        (other for other in peers if other.workers == fewest and other.threads_per_rank == row.threads_per_rank), None
+    )
     if base is None:
         others = sorted({str(other.threads_per_rank) for other in peers if other.workers == fewest})
-        row.note = (f"{row.backend} x{row.workers}: no efficiency: its baseline ({fewest} worker(s)) ran "
-                    f"{'/'.join(others)} threads per rank, this run {row.threads_per_rank}; sweep with one --threads")
+        row.note = (
+            f"{row.backend} x{row.workers}: no efficiency: its baseline ({fewest} worker(s)) ran "
+            f"{'/'.join(others)} threads per rank, this run {row.threads_per_rank}; sweep with one --threads"
+        )
         return
     row.baseline_workers = base.workers
     row.speedup = speedup(row.throughput, base.throughput)
     row.efficiency = scaling_efficiency(row.throughput, row.workers, base.throughput, base.workers)
     if row.study.scaling == "weak" and row is not base:
-        row.suspect = suspect_weak_efficiency(row.efficiency, base.contended_runs > 0, row.contended_runs > 0,
-                                              base.throughput_ci95, base.throughput)
+        row.suspect = suspect_weak_efficiency(
+            row.efficiency, base.contended_runs > 0, row.contended_runs > 0, base.throughput_ci95, base.throughput
+        )
 
 
-def _with_interval(row: Dict[str, Any]) -> str:
+def _with_interval(row: dict[str, Any]) -> str:
     if row["runs"] < 2:
         return f"{_cell(row['throughput'])} (one run)"
     return f"{_cell(row['throughput'])} ± {_cell(row['throughput_ci95'])}"
 
 
-def _efficiency(row: Dict[str, Any]) -> str:
+def _efficiency(row: dict[str, Any]) -> str:
     return _cell(row["efficiency"]) + (f" {SUSPECT}" if row["suspect"] else "")
 
 
@@ -261,30 +296,38 @@ SCALING_COLUMNS: Sequence[Column] = (
 )
 
 
-def _as_dict(row: ScalingRow) -> Dict[str, Any]:
+def _as_dict(row: ScalingRow) -> dict[str, Any]:
     return {**dataclasses.asdict(row), "label": row.label}
 
 
-def _footnotes(rows: Sequence[ScalingRow]) -> List[str]:
+def _footnotes(rows: Sequence[ScalingRow]) -> list[str]:
     """One line per thing a reader must know about these rows, then the definitions."""
     lines = [row.note for row in rows if row.note]
     for row in rows:
         if row.contended_runs:
-            lines.append(f"{CONTENDED} {row.label} x{row.workers}: {row.contended_runs} of {row.runs} run(s) measured "
-                         f"under contention: {'; '.join(row.contention[:2])}")
+            lines.append(
+                f"{CONTENDED} {row.label} x{row.workers}: {row.contended_runs} of {row.runs} run(s) measured "
+                f"under contention: {'; '.join(row.contention[:2])}"
+            )
         if row.suspect:
-            lines.append(f"{SUSPECT} {row.label} x{row.workers}: weak-scaling efficiency {row.efficiency:.2f} > 1.05 "
-                         f"is suspect: {row.suspect}")
+            lines.append(
+                f"{SUSPECT} {row.label} x{row.workers}: weak-scaling efficiency {row.efficiency:.2f} > 1.05 "
+                f"is suspect: {row.suspect}"
+            )
     if any(row.runs < 2 for row in rows):
         lines.append("(one run): no interval: one run of that configuration; sweep with --repeats 3 or more")
-    lines.append("± is the 95% interval over repeated runs (Student's t); AU, POP metrics and memory are means over runs.")
-    lines.append("state MiB/rank: the largest rank's weights (or shard), gradients, optimizer state and the framework's "
-                 "other tensors (record: memory.model_state_bytes_per_rank); peak MiB/rank: the largest rank's peak "
-                 "memory over the timed window (the allocator's on a GPU, the resident set on the CPU)")
+    lines.append(
+        "± is the 95% interval over repeated runs (Student's t); AU, POP metrics and memory are means over runs."
+    )
+    lines.append(
+        "state MiB/rank: the largest rank's weights (or shard), gradients, optimizer state and the framework's "
+        "other tensors (record: memory.model_state_bytes_per_rank); peak MiB/rank: the largest rank's peak "
+        "memory over the timed window (the allocator's on a GPU, the resident set on the CPU)"
+    )
     return lines + [DEFINITIONS[term] for term in FOOTNOTE_TERMS]
 
 
-def scaling_report(records: Sequence[Dict[str, Any]]) -> str:
+def scaling_report(records: Sequence[dict[str, Any]]) -> str:
     """Markdown: per study, a heading, one row per backend x workers (see SCALING_COLUMNS), and
     footnotes: baselines refused, contention, suspect efficiencies, the definitions."""
     rows = scaling_rows(records)
@@ -293,6 +336,10 @@ def scaling_report(records: Sequence[Dict[str, Any]]) -> str:
     sections = []
     for study in sorted({row.study for row in rows}):
         mine = [row for row in rows if row.study == study]
-        sections.append(f"### {study.title()}\n\n" + markdown_table([_as_dict(row) for row in mine], SCALING_COLUMNS)
-                        + "\n\n" + "\n".join(f"- {line}" for line in _footnotes(mine)))
+        sections.append(
+            f"### {study.title()}\n\n"
+            + markdown_table([_as_dict(row) for row in mine], SCALING_COLUMNS)
+            + "\n\n"
+            + "\n".join(f"- {line}" for line in _footnotes(mine))
+        )
     return "\n\n".join(sections)

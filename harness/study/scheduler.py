@@ -17,8 +17,9 @@ import re
 import shlex
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Optional
 
 from ..errors import UsageError, first_line
 from .walltime import parse_walltime
@@ -44,14 +45,14 @@ class JobRecord:
     start_time: Optional[float] = None  # epoch seconds
     script: Optional[str] = None  # the job script as submitted
     workdir: Optional[str] = None  # where it was submitted from
-    outputs: List[str] = field(default_factory=list)  # the scheduler's output and error files
-    states: Tuple[str, ...] = ()
+    outputs: list[str] = field(default_factory=list)  # the scheduler's output and error files
+    states: tuple[str, ...] = ()
     requeue: bool = False  # Slurm: the scheduler may requeue it (same id)
     preempted: bool = False  # the scheduler has started preempting it
     filesystems: Optional[str] = None  # PBS -l filesystems
-    submit_options: List[Tuple[str, Optional[str]]] = field(default_factory=list)  # PBS: qsub's, as submitted
-    variables: Dict[str, str] = field(default_factory=dict)  # PBS: Variable_List (PBS_O_*, -v), values whole
-    options: Dict[str, str] = field(default_factory=dict)  # Slurm: sbatch option -> value, as requested
+    submit_options: list[tuple[str, Optional[str]]] = field(default_factory=list)  # PBS: qsub's, as submitted
+    variables: dict[str, str] = field(default_factory=dict)  # PBS: Variable_List (PBS_O_*, -v), values whole
+    options: dict[str, str] = field(default_factory=dict)  # Slurm: sbatch option -> value, as requested
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Allocation:
     nodes: int
     tasks_per_node: Optional[int] = None
     cpus_per_task: Optional[int] = None
-    hosts: Tuple[str, ...] = ()
+    hosts: tuple[str, ...] = ()
 
 
 def _run(command: Sequence[str]) -> subprocess.CompletedProcess:
@@ -73,7 +74,8 @@ def _run(command: Sequence[str]) -> subprocess.CompletedProcess:
 
 # -- PBS --------------------------------------------------------------------------------------------
 
-def pbs_nodefile(nodefile: str) -> List[str]:
+
+def pbs_nodefile(nodefile: str) -> list[str]:
     """The lines of a PBS_NODEFILE: one per MPI process a host may run (`mpiprocs` repeats a host)."""
     try:
         with open(nodefile) as handle:
@@ -90,9 +92,9 @@ def pbs_allocation(environ: Mapping[str, str]) -> Allocation:
     return Allocation(nodes=len(hosts), tasks_per_node=lines.count(hosts[0]) if hosts else None, hosts=hosts)
 
 
-def qsub_words(words: Sequence[str]) -> Tuple[List[Tuple[str, Optional[str]]], List[str]]:
+def qsub_words(words: Sequence[str]) -> tuple[list[tuple[str, Optional[str]]], list[str]]:
     """qsub's command line split into (option, value) pairs and the words after them (the script)."""
-    options: List[Tuple[str, Optional[str]]] = []
+    options: list[tuple[str, Optional[str]]] = []
     index = 0
     while index < len(words) and words[index].startswith("-") and words[index] != "--":
         word = words[index]
@@ -109,7 +111,7 @@ def qsub_words(words: Sequence[str]) -> Tuple[List[Tuple[str, Optional[str]]], L
     return options, list(words[index:])
 
 
-def split_submit_arguments(text: str) -> Tuple[List[Tuple[str, Optional[str]]], Optional[str]]:
+def split_submit_arguments(text: str) -> tuple[list[tuple[str, Optional[str]]], Optional[str]]:
     """qsub's words as qstat shows them (`Submit_arguments`, joined by spaces, values unquoted):
     (option, value) pairs and the script, the last word. An option's value runs up to the next
     qsub option, so `-v BACKENDS=ddp deepspeed,STEPS=10` keeps its space."""
@@ -118,7 +120,7 @@ def split_submit_arguments(text: str) -> Tuple[List[Tuple[str, Optional[str]]], 
     except ValueError:  # an apostrophe inside an unquoted value
         words = text.split()
     script = words.pop() if words and not words[-1].startswith("-") else None
-    options: List[Tuple[str, Optional[str]]] = []
+    options: list[tuple[str, Optional[str]]] = []
     for word in words:
         is_option = len(word) >= 2 and word[0] == "-" and word[1].isalpha()
         if is_option and word[1] in QSUB_VALUE_OPTIONS:
@@ -146,20 +148,29 @@ def parse_qstat_json(text: str, job_id: str, environ: Mapping[str, str]) -> JobR
     variables = _pbs_variables(entry.get("Variable_List", {}))
     options, script = split_submit_arguments(entry.get("Submit_arguments", ""))
     return JobRecord(
-        job_id=job_id, name=entry.get("Job_Name", ""), account=entry.get("Account_Name") or entry.get("project"),
+        job_id=job_id,
+        name=entry.get("Job_Name", ""),
+        account=entry.get("Account_Name") or entry.get("project"),
         queue=entry.get("queue"),
-        submit_queue=(environ.get("PBS_O_QUEUE") or variables.get("PBS_O_QUEUE")
-                      or next((value for option, value in options if option == "-q"), None)),
+        submit_queue=(
+            environ.get("PBS_O_QUEUE")
+            or variables.get("PBS_O_QUEUE")
+            or next((value for option, value in options if option == "-q"), None)
+        ),
         nodes=_int(resources.get("nodect")),
         walltime_s=parse_walltime(resources["walltime"], "pbs") if resources.get("walltime") else None,
-        start_time=_ctime(entry.get("stime")), script=script,
+        start_time=_ctime(entry.get("stime")),
+        script=script,
         workdir=environ.get("PBS_O_WORKDIR") or variables.get("PBS_O_WORKDIR"),
         outputs=[_strip_host(entry[k]) for k in ("Output_Path", "Error_Path") if entry.get(k)],
-        states=(str(entry.get("job_state", "")),), filesystems=resources.get("filesystems"),
-        submit_options=options, variables=variables)
+        states=(str(entry.get("job_state", "")),),
+        filesystems=resources.get("filesystems"),
+        submit_options=options,
+        variables=variables,
+    )
 
 
-def _pbs_variables(value: Any) -> Dict[str, str]:
+def _pbs_variables(value: Any) -> dict[str, str]:
     if isinstance(value, dict):
         return {str(k): str(v) for k, v in value.items()}
     return dict(item.split("=", 1) for item in str(value).split(",") if "=" in item)
@@ -189,6 +200,7 @@ def read_pbs_job(job_id: str, environ: Mapping[str, str]) -> JobRecord:
 
 # -- Slurm ------------------------------------------------------------------------------------------
 
+
 def slurm_allocation(environ: Mapping[str, str]) -> Allocation:
     """The Slurm job's nodes, tasks per node ("4(x2)" -> 4) and CPUs per task."""
     nodes = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES")
@@ -196,8 +208,11 @@ def slurm_allocation(environ: Mapping[str, str]) -> Allocation:
         raise UsageError("SLURM_JOB_NUM_NODES is not set; run inside the Slurm job")
     tasks = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or ""
     match = re.match(r"^(\d+)", tasks)
-    return Allocation(nodes=int(nodes), tasks_per_node=int(match[1]) if match else None,
-                      cpus_per_task=_int(environ.get("SLURM_CPUS_PER_TASK")))
+    return Allocation(
+        nodes=int(nodes),
+        tasks_per_node=int(match[1]) if match else None,
+        cpus_per_task=_int(environ.get("SLURM_CPUS_PER_TASK")),
+    )
 
 
 def _number(value: Any) -> Optional[int]:
@@ -228,22 +243,32 @@ def parse_scontrol_json(text: str, profile_queue_field: str) -> JobRecord:
         "nodes": _number(job.get("node_count")),
         "ntasks-per-node": _number(job.get("tasks_per_node", job.get("ntasks_per_node"))),
         "cpus-per-task": _number(job.get("cpus_per_task")),
-        "gpus-per-node": gpus[1] if gpus else None, "constraint": job.get("features") or None,
-        "qos": job.get("qos") or None, "partition": job.get("partition") or None,
-        "account": job.get("account") or None, "time": None if limit is None else limit * 60,
+        "gpus-per-node": gpus[1] if gpus else None,
+        "constraint": job.get("features") or None,
+        "qos": job.get("qos") or None,
+        "partition": job.get("partition") or None,
+        "account": job.get("account") or None,
+        "time": None if limit is None else limit * 60,
     }
-    return _slurm_record(str(job.get("job_id")), fields, profile_queue_field, name=job.get("name", ""),
-                         states=states, requeue=bool(job.get("requeue")),
-                         preempted="PREEMPTED" in states or bool(_number(job.get("preempt_time"))),
-                         start_time=_number(job.get("start_time")), script=job.get("command"),
-                         workdir=job.get("current_working_directory"),
-                         outputs=[job[k] for k in ("standard_output", "standard_error") if job.get(k)])
+    return _slurm_record(
+        str(job.get("job_id")),
+        fields,
+        profile_queue_field,
+        name=job.get("name", ""),
+        states=states,
+        requeue=bool(job.get("requeue")),
+        preempted="PREEMPTED" in states or bool(_number(job.get("preempt_time"))),
+        start_time=_number(job.get("start_time")),
+        script=job.get("command"),
+        workdir=job.get("current_working_directory"),
+        outputs=[job[k] for k in ("standard_output", "standard_error") if job.get(k)],
+    )
 
 
 def parse_scontrol_oneliner(text: str, profile_queue_field: str) -> JobRecord:
     """A JobRecord from `scontrol show job -o JOBID`: NAME=VALUE fields, split where the next field
     begins (a value may hold spaces)."""
-    values: Dict[str, str] = {}
+    values: dict[str, str] = {}
     last = None
     for word in text.strip().split(" "):
         if _SLURM_FIELD.match(word):
@@ -261,30 +286,53 @@ def parse_scontrol_oneliner(text: str, profile_queue_field: str) -> JobRecord:
     limit = value("TimeLimit")
     gpus = _GPUS.search(value("TresPerNode") or "")
     fields = {
-        "nodes": _int(value("NumNodes")), "ntasks-per-node": _int((value("NtasksPerN:B:S:C") or "").split(":")[0]),
-        "cpus-per-task": _int(value("CPUs/Task")), "gpus-per-node": gpus[1] if gpus else None,
-        "constraint": value("Features"), "qos": value("QOS"), "partition": value("Partition"),
-        "account": value("Account"), "time": None if limit is None else parse_walltime(limit, "slurm"),
+        "nodes": _int(value("NumNodes")),
+        "ntasks-per-node": _int((value("NtasksPerN:B:S:C") or "").split(":")[0]),
+        "cpus-per-task": _int(value("CPUs/Task")),
+        "gpus-per-node": gpus[1] if gpus else None,
+        "constraint": value("Features"),
+        "qos": value("QOS"),
+        "partition": value("Partition"),
+        "account": value("Account"),
+        "time": None if limit is None else parse_walltime(limit, "slurm"),
     }
     state = value("JobState") or ""
     start = value("StartTime")
-    return _slurm_record(values["JobId"], fields, profile_queue_field, name=value("JobName") or "",
-                         states=(state,), requeue=value("Requeue") == "1",
-                         preempted=state == "PREEMPTED" or value("PreemptTime") is not None,
-                         start_time=time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S")) if start else None,
-                         script=value("Command"), workdir=value("WorkDir"),
-                         outputs=[v for v in (value("StdOut"), value("StdErr")) if v])
+    return _slurm_record(
+        values["JobId"],
+        fields,
+        profile_queue_field,
+        name=value("JobName") or "",
+        states=(state,),
+        requeue=value("Requeue") == "1",
+        preempted=state == "PREEMPTED" or value("PreemptTime") is not None,
+        start_time=time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S")) if start else None,
+        script=value("Command"),
+        workdir=value("WorkDir"),
+        outputs=[v for v in (value("StdOut"), value("StdErr")) if v],
+    )
 
 
-def _slurm_record(job_id: str, fields: Dict[str, Any], queue_field: str, **known: Any) -> JobRecord:
+def _slurm_record(job_id: str, fields: dict[str, Any], queue_field: str, **known: Any) -> JobRecord:
     queue = fields.get(queue_field) if queue_field in ("qos", "partition") else None
     # A zero count is Slurm's "not asked for" (a request of 0 GPUs per node is kept: it was asked for).
-    options = {name: str(value) for name, value in fields.items()
-               if value is not None and name != "time" and (str(value) != "0" or name == "gpus-per-node")}
+    options = {
+        name: str(value)
+        for name, value in fields.items()
+        if value is not None and name != "time" and (str(value) != "0" or name == "gpus-per-node")
+    }
     if fields["time"] is not None:
         options["time"] = str(-(-fields["time"] // 60))  # whole minutes, as sbatch --time=M reads them
-    return JobRecord(job_id=job_id, account=fields["account"], queue=queue, submit_queue=queue,
-                     nodes=fields["nodes"], walltime_s=fields["time"], options=options, **known)
+    return JobRecord(
+        job_id=job_id,
+        account=fields["account"],
+        queue=queue,
+        submit_queue=queue,
+        nodes=fields["nodes"],
+        walltime_s=fields["time"],
+        options=options,
+        **known,
+    )
 
 
 def read_slurm_job(job_id: str, queue_field: str) -> JobRecord:

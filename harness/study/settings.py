@@ -26,8 +26,9 @@ import dataclasses
 import json
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Any, Callable, Optional
 
 from ..errors import UsageError
 from .scheduler import Allocation
@@ -36,9 +37,20 @@ from .sweep import RUN_TEMPLATE, SweepSettings
 
 RESUBMIT_CHOICES = ("auto", "1", "0")
 BUILTIN_DEFAULTS = {
-    "SCALING": "weak", "REPEATS": "1", "DATA_DIR": "", "GLOBAL_BATCH": "", "EPOCHS": "1000", "TRAIN_ARGS": "",
-    "PROCS_PER_GPU": "1", "RUN_TIMEOUT": "3600", "RESUBMIT": "auto", "MAX_RESUBMISSIONS": "10", "TRACE_STEPS": "10",
-    "STOP_BEFORE_WALLTIME": "300", "SRUN_MPI": "", "SCALE_BY": "ranks",
+    "SCALING": "weak",
+    "REPEATS": "1",
+    "DATA_DIR": "",
+    "GLOBAL_BATCH": "",
+    "EPOCHS": "1000",
+    "TRAIN_ARGS": "",
+    "PROCS_PER_GPU": "1",
+    "RUN_TIMEOUT": "3600",
+    "RESUBMIT": "auto",
+    "MAX_RESUBMISSIONS": "10",
+    "TRACE_STEPS": "10",
+    "STOP_BEFORE_WALLTIME": "300",
+    "SRUN_MPI": "",
+    "SCALE_BY": "ranks",
 }
 SETTINGS_FILE = "study.json"
 
@@ -47,8 +59,8 @@ SETTINGS_FILE = "study.json"
 class StudySettings:
     """Everything a job study runs with, resolved and checked (saved as JOB_DIR/study.json)."""
 
-    backends: List[str]
-    ranks: List[int]
+    backends: list[str]
+    ranks: list[int]
     ranks_per_node: int
     gpus_per_node: int
     procs_per_gpu: int
@@ -64,7 +76,7 @@ class StudySettings:
     precision: str
     checkpoint_every: int
     trace_steps: int
-    train_args: List[str]
+    train_args: list[str]
     depth: int
     threads: int
     cpus_per_task: int
@@ -77,12 +89,28 @@ class StudySettings:
     job_dir: str
     sweep_id: str
 
-    def train_flags(self) -> List[str]:
+    def train_flags(self) -> list[str]:
         """The `harness train` flags every run of the study shares."""
-        flags = ["--model", self.model, "--dataset", self.dataset, "--batch-size", str(self.batch_size),
-                 "--epochs", str(self.epochs), "--max-steps", str(self.steps), "--precision", self.precision,
-                 "--threads", str(self.threads), "--checkpoint-every", str(self.checkpoint_every),
-                 "--trace-steps", str(self.trace_steps)]
+        flags = [
+            "--model",
+            self.model,
+            "--dataset",
+            self.dataset,
+            "--batch-size",
+            str(self.batch_size),
+            "--epochs",
+            str(self.epochs),
+            "--max-steps",
+            str(self.steps),
+            "--precision",
+            self.precision,
+            "--threads",
+            str(self.threads),
+            "--checkpoint-every",
+            str(self.checkpoint_every),
+            "--trace-steps",
+            str(self.trace_steps),
+        ]
         if self.global_batch is not None:
             flags += ["--global-batch", str(self.global_batch)]
         if self.data_dir:
@@ -107,7 +135,7 @@ def load_settings(job_dir: str) -> Optional[StudySettings]:
         return StudySettings(**json.load(handle))
 
 
-def _words(text: str) -> List[str]:
+def _words(text: str) -> list[str]:
     return text.replace(",", " ").split()
 
 
@@ -122,17 +150,17 @@ def _given(get: Callable[[str], str], name: str, default: Any, zero: bool = Fals
     return _positive(name, get(name), zero) if get(name) else default
 
 
-def _counts(name: str, text: str, limit: int, unit: str, fix: str) -> List[int]:
+def _counts(name: str, text: str, limit: int, unit: str, fix: str) -> list[int]:
     counts = [_positive(name, word) for word in _words(text)]
     if not counts:
-        raise UsageError(f"{name} is empty; e.g. {name}=\"1 2\"")
+        raise UsageError(f'{name} is empty; e.g. {name}="1 2"')
     too_many = [count for count in counts if count > limit]
     if too_many:
         raise UsageError(f"{name}={text}: {too_many[0]} {unit} do not fit the job's {limit}; {fix}")
     return sorted(set(counts))
 
 
-def powers_of_two_up_to(n: int) -> List[int]:
+def powers_of_two_up_to(n: int) -> list[int]:
     """1 2 4 ... below n, and n itself."""
     values, value = [], 1
     while value < n:
@@ -141,13 +169,18 @@ def powers_of_two_up_to(n: int) -> List[int]:
     return values + [n]
 
 
-def _ranks(get: Callable[[str], str], nodes: int, per_node: int) -> List[int]:
+def _ranks(get: Callable[[str], str], nodes: int, per_node: int) -> list[int]:
     total = nodes * per_node
     if get("RANKS"):
-        return _counts("RANKS", get("RANKS"), total, "ranks", f"the job has {nodes} node(s) x {per_node} ranks per node")
+        return _counts(
+            "RANKS", get("RANKS"), total, "ranks", f"the job has {nodes} node(s) x {per_node} ranks per node"
+        )
     if get("NODES") or get("SCALE_BY") == "nodes":
-        node_counts = (_counts("NODES", get("NODES"), nodes, "nodes", "request more nodes or drop it")
-                       if get("NODES") else powers_of_two_up_to(nodes))
+        node_counts = (
+            _counts("NODES", get("NODES"), nodes, "nodes", "request more nodes or drop it")
+            if get("NODES")
+            else powers_of_two_up_to(nodes)
+        )
         return [count * per_node for count in node_counts]
     return powers_of_two_up_to(total)
 
@@ -159,17 +192,24 @@ def _ranks_per_node(get: Callable[[str], str], profile: SiteProfile, gpus: int, 
     if gpus:
         return gpus * procs_per_gpu
     if profile.gpus_per_node:
-        raise UsageError(f"no GPUs on this node, but {profile.name} nodes have {profile.gpus_per_node}; "
-                         "for a CPU run pass RANKS_PER_NODE=N and GPUS_PER_NODE=0")
+        raise UsageError(
+            f"no GPUs on this node, but {profile.name} nodes have {profile.gpus_per_node}; "
+            "for a CPU run pass RANKS_PER_NODE=N and GPUS_PER_NODE=0"
+        )
     return allocation.tasks_per_node or 1
 
 
-def resolve_settings(profile: SiteProfile, values: Mapping[str, str], allocation: Allocation, gpus_detected: int,
-                     default_job_dir: str) -> StudySettings:
+def resolve_settings(
+    profile: SiteProfile, values: Mapping[str, str], allocation: Allocation, gpus_detected: int, default_job_dir: str
+) -> StudySettings:
     """Settings from `values` (NAME=VALUE) over the site's defaults, checked against the allocation;
     bad input raises UsageError naming the variable and the fix."""
-    defaults = {**BUILTIN_DEFAULTS, "BACKENDS": " ".join(profile.backends),
-                "RENDEZVOUS_DOMAIN": profile.rendezvous_domain, **profile.defaults}
+    defaults = {
+        **BUILTIN_DEFAULTS,
+        "BACKENDS": " ".join(profile.backends),
+        "RENDEZVOUS_DOMAIN": profile.rendezvous_domain,
+        **profile.defaults,
+    }
 
     def get(name: str) -> str:
         value = values.get(name)
@@ -179,8 +219,10 @@ def resolve_settings(profile: SiteProfile, values: Mapping[str, str], allocation
     per_node = _ranks_per_node(get, profile, gpus, allocation)
     procs_per_gpu = _positive("PROCS_PER_GPU", get("PROCS_PER_GPU"))
     if procs_per_gpu > 1 and not gpus:
-        raise UsageError(f"PROCS_PER_GPU={procs_per_gpu} shares GPUs between ranks, but the node has none; on CPUs "
-                         "run more RANKS with fewer THREADS each")
+        raise UsageError(
+            f"PROCS_PER_GPU={procs_per_gpu} shares GPUs between ranks, but the node has none; on CPUs "
+            "run more RANKS with fewer THREADS each"
+        )
     cores = _given(get, "CORES_PER_NODE", profile.cores_per_node or os.cpu_count() or 1)
     depth = _given(get, "DEPTH", max(1, cores // per_node))
     threads = _given(get, "THREADS", allocation.cpus_per_task or depth)
@@ -189,35 +231,57 @@ def resolve_settings(profile: SiteProfile, values: Mapping[str, str], allocation
         raise UsageError(f"RESUBMIT={resubmit}: choose auto (where the queue allows it), 1 or 0")
     backends = _words(get("BACKENDS"))
     if not backends:
-        raise UsageError("BACKENDS is empty; e.g. BACKENDS=\"ddp deepspeed\"")
+        raise UsageError('BACKENDS is empty; e.g. BACKENDS="ddp deepspeed"')
     job_dir = get("JOB_DIR") or default_job_dir
     job_dir = os.path.realpath(job_dir) if job_dir else ""
     return StudySettings(
-        backends=list(dict.fromkeys(backends)), ranks=_ranks(get, allocation.nodes, per_node), ranks_per_node=per_node,
-        gpus_per_node=gpus, procs_per_gpu=procs_per_gpu, scaling=get("SCALING"),
-        repeats=_positive("REPEATS", get("REPEATS")), model=get("MODEL"), dataset=get("DATASET"),
-        data_dir=get("DATA_DIR"), batch_size=_positive("BATCH_SIZE", get("BATCH_SIZE")),
+        backends=list(dict.fromkeys(backends)),
+        ranks=_ranks(get, allocation.nodes, per_node),
+        ranks_per_node=per_node,
+        gpus_per_node=gpus,
+        procs_per_gpu=procs_per_gpu,
+        scaling=get("SCALING"),
+        repeats=_positive("REPEATS", get("REPEATS")),
+        model=get("MODEL"),
+        dataset=get("DATASET"),
+        data_dir=get("DATA_DIR"),
+        batch_size=_positive("BATCH_SIZE", get("BATCH_SIZE")),
         global_batch=_given(get, "GLOBAL_BATCH", None),
-        epochs=_positive("EPOCHS", get("EPOCHS")), steps=_positive("STEPS", get("STEPS")), precision=get("PRECISION"),
+        epochs=_positive("EPOCHS", get("EPOCHS")),
+        steps=_positive("STEPS", get("STEPS")),
+        precision=get("PRECISION"),
         checkpoint_every=_positive("CHECKPOINT_EVERY", get("CHECKPOINT_EVERY")),
-        trace_steps=_positive("TRACE_STEPS", get("TRACE_STEPS"), zero=True), train_args=shlex.split(get("TRAIN_ARGS")),
-        depth=depth, threads=threads, cpus_per_task=allocation.cpus_per_task or threads, srun_mpi=get("SRUN_MPI"),
-        run_timeout=float(_positive("RUN_TIMEOUT", get("RUN_TIMEOUT"))), resubmit=resubmit,
+        trace_steps=_positive("TRACE_STEPS", get("TRACE_STEPS"), zero=True),
+        train_args=shlex.split(get("TRAIN_ARGS")),
+        depth=depth,
+        threads=threads,
+        cpus_per_task=allocation.cpus_per_task or threads,
+        srun_mpi=get("SRUN_MPI"),
+        run_timeout=float(_positive("RUN_TIMEOUT", get("RUN_TIMEOUT"))),
+        resubmit=resubmit,
         max_resubmissions=_positive("MAX_RESUBMISSIONS", get("MAX_RESUBMISSIONS"), zero=True),
         stop_before_walltime=_positive("STOP_BEFORE_WALLTIME", get("STOP_BEFORE_WALLTIME"), zero=True),
-        rendezvous_domain=get("RENDEZVOUS_DOMAIN"), job_dir=job_dir,
-        sweep_id=get("SWEEP_ID") or os.path.basename(job_dir))
+        rendezvous_domain=get("RENDEZVOUS_DOMAIN"),
+        job_dir=job_dir,
+        sweep_id=get("SWEEP_ID") or os.path.basename(job_dir),
+    )
 
 
 def kit_directory(environ: Mapping[str, str]) -> str:
     """The kit: KIT_DIR, else the checkout this harness package is part of."""
-    return os.path.realpath(environ.get("KIT_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    return os.path.realpath(
+        environ.get("KIT_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    )
 
 
 def site_launch(profile: SiteProfile, settings: StudySettings, kit_dir: str) -> str:
     """The site launcher's words for one run of the study, {ranks} {ppn} {nodes} left to fill."""
-    values = {"depth": settings.depth, "threads": settings.threads, "cpus_per_task": settings.cpus_per_task,
-              "kit": kit_dir}
+    values = {
+        "depth": settings.depth,
+        "threads": settings.threads,
+        "cpus_per_task": settings.cpus_per_task,
+        "kit": kit_dir,
+    }
     if profile.cpu_sockets:  # a list binding: each rank's cores on one socket (Aurora)
         values["cpu_list"] = profile.cpu_bind_list(settings.ranks_per_node, settings.depth)
     return profile.launch_template(values, settings.gpus_per_node, settings.srun_mpi, settings.procs_per_gpu > 1)
@@ -226,8 +290,16 @@ def site_launch(profile: SiteProfile, settings: StudySettings, kit_dir: str) -> 
 def sweep_settings(profile: SiteProfile, settings: StudySettings, kit_dir: str) -> SweepSettings:
     """The study as one `harness sweep` through the site launcher, everything under JOB_DIR."""
     return SweepSettings(
-        backends=settings.backends, ranks=settings.ranks, scaling=settings.scaling,
-        results=os.path.join(settings.job_dir, "results.jsonl"), train_args=settings.train_flags(),
-        repeats=settings.repeats, launch_template=f"{site_launch(profile, settings, kit_dir)} {RUN_TEMPLATE}",
-        ppn=settings.ranks_per_node, sweep_id=settings.sweep_id, run_timeout=settings.run_timeout,
-        log_dir=os.path.join(settings.job_dir, "logs"), checkpoint_root=os.path.join(settings.job_dir, "checkpoints"))
+        backends=settings.backends,
+        ranks=settings.ranks,
+        scaling=settings.scaling,
+        results=os.path.join(settings.job_dir, "results.jsonl"),
+        train_args=settings.train_flags(),
+        repeats=settings.repeats,
+        launch_template=f"{site_launch(profile, settings, kit_dir)} {RUN_TEMPLATE}",
+        ppn=settings.ranks_per_node,
+        sweep_id=settings.sweep_id,
+        run_timeout=settings.run_timeout,
+        log_dir=os.path.join(settings.job_dir, "logs"),
+        checkpoint_root=os.path.join(settings.job_dir, "checkpoints"),
+    )

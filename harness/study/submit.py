@@ -17,19 +17,51 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Optional
 
 from ..errors import UsageError
 from .scheduler import JobRecord, qsub_words
 from .walltime import parse_walltime
 
 DIRECTIVE = {"pbs": "#PBS", "slurm": "#SBATCH"}
-SBATCH_SHORT = {"-A": "account", "-q": "qos", "-p": "partition", "-N": "nodes", "-t": "time", "-C": "constraint",
-                "-c": "cpus-per-task", "-J": "job-name", "-n": "ntasks", "-o": "output", "-e": "error",
-                "-d": "dependency", "-G": "gpus", "-w": "nodelist", "-x": "exclude", "-D": "chdir"}
-SBATCH_FLAGS = frozenset({"requeue", "no-requeue", "exclusive", "parsable", "hold", "test-only", "wait", "quiet",
-                          "verbose", "overcommit", "contiguous", "ignore-pbs", "use-min-nodes", "spread-job"})
+SBATCH_SHORT = {
+    "-A": "account",
+    "-q": "qos",
+    "-p": "partition",
+    "-N": "nodes",
+    "-t": "time",
+    "-C": "constraint",
+    "-c": "cpus-per-task",
+    "-J": "job-name",
+    "-n": "ntasks",
+    "-o": "output",
+    "-e": "error",
+    "-d": "dependency",
+    "-G": "gpus",
+    "-w": "nodelist",
+    "-x": "exclude",
+    "-D": "chdir",
+}
+SBATCH_FLAGS = frozenset(
+    {
+        "requeue",
+        "no-requeue",
+        "exclusive",
+        "parsable",
+        "hold",
+        "test-only",
+        "wait",
+        "quiet",
+        "verbose",
+        "overcommit",
+        "contiguous",
+        "ignore-pbs",
+        "use-min-nodes",
+        "spread-job",
+    }
+)
 SBATCH_SHORT_FLAGS = frozenset({"-H", "-O", "-Q", "-v", "-W", "-h", "-s"})
 RESUBMITTED_RESOURCES = ("nodes", "ntasks-per-node", "cpus-per-task", "gpus-per-node", "constraint", "account", "time")
 
@@ -40,7 +72,7 @@ class Submission:
 
     scheduler: str
     script: str
-    args: List[str]  # the command line's options, before the script
+    args: list[str]  # the command line's options, before the script
     account: Optional[str] = None
     queue: Optional[str] = None
     qos: Optional[str] = None  # Slurm -q (at a partition site the queue is the partition, this beside it)
@@ -49,13 +81,13 @@ class Submission:
     filesystems: Optional[str] = None
     tasks_per_node: Optional[int] = None
     cpus_per_task: Optional[int] = None
-    variables: Dict[str, str] = field(default_factory=dict)  # what the job's environment will hold
+    variables: dict[str, str] = field(default_factory=dict)  # what the job's environment will hold
 
 
-def directives(script: str, scheduler: str) -> List[str]:
+def directives(script: str, scheduler: str) -> list[str]:
     """The words of a script's #PBS/#SBATCH lines, up to its first command (where both stop reading)."""
     prefix = DIRECTIVE[scheduler]
-    words: List[str] = []
+    words: list[str] = []
     try:
         with open(script) as handle:
             lines = handle.read().splitlines()
@@ -63,13 +95,13 @@ def directives(script: str, scheduler: str) -> List[str]:
         raise UsageError(f"cannot read the job script {script} ({exc}); name it with --script") from exc
     for line in lines[1:] if lines and lines[0].startswith("#!") else lines:
         if line.startswith(prefix):
-            words += shlex.split(line[len(prefix):], comments=True)
+            words += shlex.split(line[len(prefix) :], comments=True)
         elif line.strip() and not line.lstrip().startswith("#"):
             break
     return words
 
 
-def parse_pbs_variables(text: str, environ: Mapping[str, str]) -> Dict[str, str]:
+def parse_pbs_variables(text: str, environ: Mapping[str, str]) -> dict[str, str]:
     """qsub -v's list: NAME=VALUE,NAME,... (a bare NAME takes qsub's value); quotes may hold commas."""
     items, item, quote = [], "", ""
     for char in text:
@@ -101,7 +133,7 @@ def _pbs_submission(script: str, words: Sequence[str], environ: Mapping[str, str
         raise UsageError(f"give qsub's options only; the script is {script} (found {rest[0]!r} after them)")
     submission = Submission("pbs", script, list(words))
     export_all = False
-    variables: Dict[str, str] = {}
+    variables: dict[str, str] = {}
     for option, value in [*qsub_words(directives(script, "pbs"))[0], *options]:
         if option == "-A":
             submission.account = value
@@ -127,15 +159,17 @@ def _pbs_resources(submission: Submission, text: str) -> None:
         elif name == "select":
             chunks = [chunk.split(":") for chunk in value.split("+")]
             if not all(chunk[0].isdigit() for chunk in chunks):
-                raise UsageError(f"-l select={value}: start each chunk with its node count, e.g. select=2:system=polaris")
+                raise UsageError(
+                    f"-l select={value}: start each chunk with its node count, e.g. select=2:system=polaris"
+                )
             submission.nodes = sum(int(chunk[0]) for chunk in chunks)
             procs = [part.split("=", 1)[1] for part in chunks[0][1:] if part.startswith("mpiprocs=")]
             submission.tasks_per_node = int(procs[0]) if procs else submission.tasks_per_node
 
 
-def sbatch_options(words: Sequence[str]) -> Tuple[Dict[str, str], List[str]]:
+def sbatch_options(words: Sequence[str]) -> tuple[dict[str, str], list[str]]:
     """sbatch's options as {long name: value} (flags map to ""), and the words after them."""
-    found: Dict[str, str] = {}
+    found: dict[str, str] = {}
     index = 0
     while index < len(words) and words[index].startswith("-"):
         word = words[index]
@@ -169,17 +203,23 @@ def _slurm_submission(script: str, words: Sequence[str], environ: Mapping[str, s
     if not nodes.isdigit():
         raise UsageError(f"--nodes={merged['nodes']}: give a node count, e.g. -N 2")
     return Submission(
-        "slurm", script, list(words), account=merged.get("account") or environ.get("SBATCH_ACCOUNT"),
+        "slurm",
+        script,
+        list(words),
+        account=merged.get("account") or environ.get("SBATCH_ACCOUNT"),
         queue=merged.get(queue_field) or environ.get(f"SBATCH_{queue_field.upper()}"),
-        qos=merged.get("qos") or environ.get("SBATCH_QOS"), nodes=int(nodes),
+        qos=merged.get("qos") or environ.get("SBATCH_QOS"),
+        nodes=int(nodes),
         walltime_s=parse_walltime(merged["time"], "slurm") if merged.get("time") else None,
         tasks_per_node=int(merged["ntasks-per-node"]) if merged.get("ntasks-per-node", "").isdigit() else None,
         cpus_per_task=int(merged["cpus-per-task"]) if merged.get("cpus-per-task", "").isdigit() else None,
-        variables=variables)
+        variables=variables,
+    )
 
 
-def parse_submission(scheduler: str, script: str, words: Sequence[str], environ: Mapping[str, str],
-                     queue_field: str = "qos") -> Submission:
+def parse_submission(
+    scheduler: str, script: str, words: Sequence[str], environ: Mapping[str, str], queue_field: str = "qos"
+) -> Submission:
     """What `qsub WORDS SCRIPT` or `sbatch WORDS SCRIPT` would ask for, directives included; a Slurm
     site names its queues by `queue_field`, qos or partition."""
     if scheduler == "pbs":
@@ -187,22 +227,25 @@ def parse_submission(scheduler: str, script: str, words: Sequence[str], environ:
     return _slurm_submission(script, words, environ, queue_field)
 
 
-def submit_command(submission: Submission) -> List[str]:
+def submit_command(submission: Submission) -> list[str]:
     """The qsub/sbatch command that queues the checked submission."""
     program = "qsub" if submission.scheduler == "pbs" else "sbatch"
     return [program, *(["--parsable"] if program == "sbatch" else []), *submission.args, submission.script]
 
 
-def qsub_resubmission(record: JobRecord, queue: str, job_dir: str, script: str,
-                      variables: Mapping[str, str]) -> List[str]:
+def qsub_resubmission(
+    record: JobRecord, queue: str, job_dir: str, script: str, variables: Mapping[str, str]
+) -> list[str]:
     """qsub for this job's continuation: its own submit arguments, to `queue` (where it was submitted),
     after it ends, output into `job_dir`, with `variables` added to its -v list."""
-    kept: List[str] = []
-    passed: Dict[str, str] = {}
+    kept: list[str] = []
+    passed: dict[str, str] = {}
     for option, value in record.submit_options:
         if option == "-v" and value is not None:
             # Variable_List holds the values whole (Submit_arguments shows them unquoted).
-            passed.update({name: record.variables.get(name, text) for name, text in parse_pbs_variables(value, {}).items()})
+            passed.update(
+                {name: record.variables.get(name, text) for name, text in parse_pbs_variables(value, {}).items()}
+            )
         elif option == "-W" and value is not None and value.startswith("depend="):
             continue  # this job's own dependency; the new one depends on this job
         elif option not in ("-q", "-o", "-e"):
@@ -210,17 +253,37 @@ def qsub_resubmission(record: JobRecord, queue: str, job_dir: str, script: str,
     if "-A" not in kept and record.account:
         kept += ["-A", record.account]
     passed.update(variables)
-    return ["qsub", *kept, "-q", queue, "-W", f"depend=afterany:{record.job_id}", "-o", job_dir,
-            "-v", format_pbs_variables(passed), script]
+    return [
+        "qsub",
+        *kept,
+        "-q",
+        queue,
+        "-W",
+        f"depend=afterany:{record.job_id}",
+        "-o",
+        job_dir,
+        "-v",
+        format_pbs_variables(passed),
+        script,
+    ]
 
 
-def sbatch_resubmission(record: JobRecord, queue_field: str, job_dir: str, script: str, requeue: bool,
-                        with_qos: bool = False) -> List[str]:
+def sbatch_resubmission(
+    record: JobRecord, queue_field: str, job_dir: str, script: str, requeue: bool, with_qos: bool = False
+) -> list[str]:
     """sbatch for this job's continuation: every resource the job asked for, after it ends, output
     into `job_dir`; --requeue where the queue lets Slurm requeue a preempted job. `with_qos` asks for
     the job's QOS too where its queue is a partition (a site whose profile lists QOSes: Frontier)."""
-    words = ["sbatch", "--parsable", "--dependency", f"afterany:{record.job_id}", "--job-name", record.name,
-             "--output", os.path.join(job_dir, "%x-%j.out")]
+    words = [
+        "sbatch",
+        "--parsable",
+        "--dependency",
+        f"afterany:{record.job_id}",
+        "--job-name",
+        record.name,
+        "--output",
+        os.path.join(job_dir, "%x-%j.out"),
+    ]
     # The site's queue field, and the QOS beside a partition where the site lists QOSes; not the
     # partition at a QOS site: at NERSC -C and -q choose it, and naming the one the job landed in
     # could refuse the continuation.

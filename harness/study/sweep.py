@@ -48,16 +48,17 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Optional
 
 from ..backends import BACKENDS, backend_class, get_backend
 from ..config import TrainConfig
-from ..training.flags import parse_train_flags
 from ..errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, UsageError, unknown_choice
 from ..process.accelerator import detect_accelerator
 from ..process.discovery import cpu_cores
 from ..process.launchers import launch_environment, site_launcher
+from ..training.flags import parse_train_flags
 from ..training.launch import launch_command
 from ..training.record import read_records
 
@@ -76,11 +77,11 @@ ALL_CORES = "all-cores"  # the `baseline` tag of the one-rank-with-every-core ru
 class SweepSettings:
     """What a sweep runs: `harness sweep`'s flags, or the Python API's arguments."""
 
-    backends: List[str]
-    ranks: List[int]
+    backends: list[str]
+    ranks: list[int]
     scaling: str
     results: str
-    train_args: List[str] = field(default_factory=list)  # `harness train` flags shared by every run
+    train_args: list[str] = field(default_factory=list)  # `harness train` flags shared by every run
     repeats: int = DEFAULT_REPEATS
     threads: Optional[int] = None  # threads per rank in every run (or --threads in train_args); set by plan_sweep
     all_cores_baseline: bool = False  # also run 1 rank x all the node's cores per backend (tag baseline=all-cores)
@@ -101,7 +102,7 @@ class SweepRun:
     backend: str
     ranks: int
     repeat: int
-    command: Tuple[str, ...]
+    command: tuple[str, ...]
     baseline: str = ""  # ALL_CORES for the separate one-rank-with-every-core configuration
 
     @property
@@ -119,14 +120,14 @@ class SweepResult:
     """What a sweep did: this sweep's records, the runs that failed, and the exit status."""
 
     sweep_id: str
-    records: List[Dict[str, Any]]
-    failed: List[str]  # labels of failed runs, with their exit status
+    records: list[dict[str, Any]]
+    failed: list[str]  # labels of failed runs, with their exit status
     preempted: bool  # a run stopped on a preemption signal: run the sweep again to finish it
     status: int  # 0 all done, 3 preempted, 4 a run lost a rank, 1 another failure
     signal: Optional[int] = None  # the preemption signal (SIGTERM or SIGUSR1) that stopped it, if one did
 
 
-def parse_list(text: str, what: str) -> List[str]:
+def parse_list(text: str, what: str) -> list[str]:
     """Comma-separated values, without blanks or duplicates (order kept)."""
     values = [part.strip() for part in text.split(",") if part.strip()]
     if not values:
@@ -135,7 +136,7 @@ def parse_list(text: str, what: str) -> List[str]:
     return list(dict.fromkeys(values))
 
 
-def parse_ranks(text: str) -> List[int]:
+def parse_ranks(text: str) -> list[int]:
     """Rank counts such as '1,2,4', each a positive integer."""
     ranks = []
     for part in parse_list(text, "ranks"):
@@ -159,21 +160,30 @@ def check_template(template: str) -> None:
     try:
         names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
     except ValueError as exc:
-        raise UsageError(f"--launch-template {template!r} is malformed ({exc}); "
-                         "write placeholders as {ranks}") from exc
+        raise UsageError(
+            f"--launch-template {template!r} is malformed ({exc}); write placeholders as {{ranks}}"
+        ) from exc
     unknown = sorted(names - set(TEMPLATE_FIELDS))
     if unknown:
-        raise UsageError(f"--launch-template uses unknown placeholders {unknown}; "
-                         f"known: {', '.join('{' + name + '}' for name in TEMPLATE_FIELDS)}")
+        raise UsageError(
+            f"--launch-template uses unknown placeholders {unknown}; "
+            f"known: {', '.join('{' + name + '}' for name in TEMPLATE_FIELDS)}"
+        )
     if "args" not in names:
         raise UsageError("--launch-template must contain {args}, where the `harness train` flags go")
 
 
-def template_command(template: str, ranks: int, ppn: int, backend: str, train_args: Sequence[str]) -> List[str]:
+def template_command(template: str, ranks: int, ppn: int, backend: str, train_args: Sequence[str]) -> list[str]:
     """The site-launcher command for one run, from a checked template."""
     ppn = min(ranks, ppn)
-    text = template.format(ranks=ranks, ppn=ppn, nodes=math.ceil(ranks / ppn), python=shlex.quote(sys.executable),
-                           backend=backend, args=shlex.join(train_args))
+    text = template.format(
+        ranks=ranks,
+        ppn=ppn,
+        nodes=math.ceil(ranks / ppn),
+        python=shlex.quote(sys.executable),
+        backend=backend,
+        args=shlex.join(train_args),
+    )
     return shlex.split(text)
 
 
@@ -192,26 +202,31 @@ def _study_config(settings: SweepSettings) -> TrainConfig:
         raise UsageError("a sweep needs at least one backend; give --backends, e.g. --backends ddp,horovod")
     # With --checkpoint-root each run gets a checkpoint directory (so --checkpoint-every is valid)
     # and resumes from it.
-    run_checkpoint_flags = ["--checkpoint-dir", settings.checkpoint_root, "--resume", "auto"] if settings.checkpoint_root else []
+    run_checkpoint_flags = (
+        ["--checkpoint-dir", settings.checkpoint_root, "--resume", "auto"] if settings.checkpoint_root else []
+    )
     for backend in settings.backends:
         config = parse_train_flags(["--backend", backend, *settings.train_args, *run_checkpoint_flags])
         check_config(config)
     return config
 
 
-def _batch_flags(settings: SweepSettings, config: TrainConfig) -> List[str]:
+def _batch_flags(settings: SweepSettings, config: TrainConfig) -> list[str]:
     """Batch flags that make the runs one weak or one strong scaling study; checks every rank count."""
     if settings.scaling == "weak":
         if config.global_batch is not None:
-            raise UsageError("--scaling weak keeps --batch-size per worker fixed; drop --global-batch "
-                             "or use --scaling strong")
+            raise UsageError(
+                "--scaling weak keeps --batch-size per worker fixed; drop --global-batch or use --scaling strong"
+            )
         return []
     global_batch = config.global_batch or config.batch_size
     bad = [n for n in settings.ranks if global_batch % (n * config.grad_accum)]
     if bad:
-        raise UsageError(f"--scaling strong splits the global batch {global_batch} over every rank count "
-                         f"(x {config.grad_accum} micro-batches), but it does not divide by {bad}; choose a "
-                         f"--global-batch that all of {settings.ranks} divide")
+        raise UsageError(
+            f"--scaling strong splits the global batch {global_batch} over every rank count "
+            f"(x {config.grad_accum} micro-batches), but it does not divide by {bad}; choose a "
+            f"--global-batch that all of {settings.ranks} divide"
+        )
     return [] if config.global_batch else ["--global-batch", str(global_batch)]
 
 
@@ -242,14 +257,17 @@ def _check_settings(settings: SweepSettings) -> None:
     if os.path.isdir(settings.results):
         raise UsageError(f"--results {settings.results} is a directory; name a JSONL file")
     if settings.checkpoint_root and any(a.startswith(("--checkpoint-dir", "--resume")) for a in settings.train_args):
-        raise UsageError("--checkpoint-root gives every run its own --checkpoint-dir and --resume auto; "
-                         "drop --checkpoint-dir and --resume")
+        raise UsageError(
+            "--checkpoint-root gives every run its own --checkpoint-dir and --resume auto; "
+            "drop --checkpoint-dir and --resume"
+        )
     if settings.ppn is not None and settings.ppn < 1:
         raise UsageError(f"--ppn must be a positive integer, got {settings.ppn}")
 
 
-def plan_sweep(settings: SweepSettings, environ: Optional[Mapping[str, str]] = None,
-               cores: Optional[int] = None) -> List[SweepRun]:
+def plan_sweep(
+    settings: SweepSettings, environ: Optional[Mapping[str, str]] = None, cores: Optional[int] = None
+) -> list[SweepRun]:
     """Every run of the sweep, in execution order, with its command; bad input raises UsageError.
 
     Sets `settings.threads` to the threads per rank every run gets (`cores`: the node's, default
@@ -265,8 +283,16 @@ def plan_sweep(settings: SweepSettings, environ: Optional[Mapping[str, str]] = N
     settings.threads = threads_per_rank(settings, config, ppn if template else None, cores)
     sweep_id = settings.sweep_id or uuid.uuid4().hex[:8]
     own_threads = [] if config.threads else ["--threads", str(settings.threads)]
-    shared = [*settings.train_args, *_batch_flags(settings, config), "--results", settings.results,
-              "--tag", f"scaling={settings.scaling}", "--tag", f"sweep_id={sweep_id}"]
+    shared = [
+        *settings.train_args,
+        *_batch_flags(settings, config),
+        "--results",
+        settings.results,
+        "--tag",
+        f"scaling={settings.scaling}",
+        "--tag",
+        f"sweep_id={sweep_id}",
+    ]
     runs = []
     for repeat in range(settings.repeats):
         for ranks in settings.ranks:
@@ -274,19 +300,29 @@ def plan_sweep(settings: SweepSettings, environ: Optional[Mapping[str, str]] = N
                 limit = backend_class(backend).max_world_size
                 if limit is not None and ranks > limit:
                     continue  # the single-process baseline exists at one rank only
-                runs.append(_run(settings, template, ppn, SweepRun(backend, ranks, repeat, ()),
-                                 [*shared, *own_threads]))
+                runs.append(
+                    _run(settings, template, ppn, SweepRun(backend, ranks, repeat, ()), [*shared, *own_threads])
+                )
         if settings.all_cores_baseline:
             for backend in settings.backends:
-                runs.append(_run(settings, template, ppn, SweepRun(backend, 1, repeat, (), ALL_CORES),
-                                 [*shared, "--threads", str(cores), "--tag", f"baseline={ALL_CORES}"]))
+                runs.append(
+                    _run(
+                        settings,
+                        template,
+                        ppn,
+                        SweepRun(backend, 1, repeat, (), ALL_CORES),
+                        [*shared, "--threads", str(cores), "--tag", f"baseline={ALL_CORES}"],
+                    )
+                )
     if not runs:
-        raise UsageError("nothing to run: the single-process backend runs one process only; add 1 to --ranks or a "
-                         "distributed backend to --backends")
+        raise UsageError(
+            "nothing to run: the single-process backend runs one process only; add 1 to --ranks or a "
+            "distributed backend to --backends"
+        )
     return runs
 
 
-def _run(settings: SweepSettings, template: Optional[str], ppn: int, run: SweepRun, flags: List[str]) -> SweepRun:
+def _run(settings: SweepSettings, template: Optional[str], ppn: int, run: SweepRun, flags: list[str]) -> SweepRun:
     """`run` with its command: the shared flags, its repeat tag and its own checkpoint directory."""
     args = [*flags, "--tag", f"repeat={run.repeat}"]
     if settings.checkpoint_root:
@@ -298,15 +334,17 @@ def _run(settings: SweepSettings, template: Optional[str], ppn: int, run: SweepR
     return dataclasses.replace(run, command=tuple(command))
 
 
-def _recorded(results: str, sweep_id: str) -> List[Dict[str, Any]]:
+def _recorded(results: str, sweep_id: str) -> list[dict[str, Any]]:
     records = read_records([results]) if os.path.exists(results) else []
     return [record for record in records if record.get("tags", {}).get("sweep_id") == sweep_id]
 
 
-def _is_done(run: SweepRun, records: Sequence[Dict[str, Any]]) -> bool:
-    return any((r.get("backend"), r.get("world_size"), r.get("tags", {}).get("repeat"),
-                r.get("tags", {}).get("baseline", "")) == (run.backend, run.ranks, str(run.repeat), run.baseline)
-               for r in records)
+def _is_done(run: SweepRun, records: Sequence[dict[str, Any]]) -> bool:
+    return any(
+        (r.get("backend"), r.get("world_size"), r.get("tags", {}).get("repeat"), r.get("tags", {}).get("baseline", ""))
+        == (run.backend, run.ranks, str(run.repeat), run.baseline)
+        for r in records
+    )
 
 
 class _SignalForwarder:
@@ -315,9 +353,9 @@ class _SignalForwarder:
     def __init__(self) -> None:
         self.child: Optional[subprocess.Popen] = None
         self.received: Optional[int] = None
-        self._previous: Dict[int, Any] = {}
+        self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> "_SignalForwarder":
+    def __enter__(self) -> _SignalForwarder:
         for signum in FORWARDED_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._forward)
         return self
@@ -332,21 +370,29 @@ class _SignalForwarder:
             self.child.send_signal(signum)
 
 
-def _run_one(run: SweepRun, settings: SweepSettings, number: int, total: int, forwarder: _SignalForwarder) -> Optional[int]:
+def _run_one(
+    run: SweepRun, settings: SweepSettings, number: int, total: int, forwarder: _SignalForwarder
+) -> Optional[int]:
     """Start one run and wait for it; its exit status (None: killed at --run-timeout)."""
     label = run.label(settings.repeats)
     log_path = None
     if settings.log_dir:
         log_path = os.path.join(settings.log_dir, f"{number:03d}-{run.key}.log")
         with open(os.path.join(settings.log_dir, COMMANDS_FILE), "a") as commands:
-            commands.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} [{number}/{total}] {label} -> {log_path}\n"
-                           f"{shlex.join(run.command)}\n")
-    print(f"== [{number}/{total}] {label}: {shlex.join(run.command[:4])} ..."
-          + (f" (log: {log_path})" if log_path else ""), flush=True)
+            commands.write(
+                f"# {time.strftime('%Y-%m-%d %H:%M:%S')} [{number}/{total}] {label} -> {log_path}\n"
+                f"{shlex.join(run.command)}\n"
+            )
+    print(
+        f"== [{number}/{total}] {label}: {shlex.join(run.command[:4])} ..."
+        + (f" (log: {log_path})" if log_path else ""),
+        flush=True,
+    )
     output = open(log_path, "a") if log_path else None
     try:
-        forwarder.child = subprocess.Popen(run.command, env=launch_environment(), stdout=output,
-                                           stderr=subprocess.STDOUT if output else None)
+        forwarder.child = subprocess.Popen(
+            run.command, env=launch_environment(), stdout=output, stderr=subprocess.STDOUT if output else None
+        )
         try:
             return forwarder.child.wait(timeout=settings.run_timeout)
         except subprocess.TimeoutExpired:
@@ -372,17 +418,22 @@ def run_sweep(settings: SweepSettings) -> SweepResult:
         return SweepResult(settings.sweep_id, [], [], False, 0)
     for backend in settings.backends:  # fail before the first run, not in the middle of the sweep
         get_backend(backend).check_available()
-    print(f"== sweep {settings.sweep_id}: {len(runs)} runs, {settings.repeats} repeat(s) interleaved, "
-          f"{settings.threads} thread(s) per rank at every rank count", flush=True)
+    print(
+        f"== sweep {settings.sweep_id}: {len(runs)} runs, {settings.repeats} repeat(s) interleaved, "
+        f"{settings.threads} thread(s) per rank at every rank count",
+        flush=True,
+    )
     if settings.log_dir:
         os.makedirs(settings.log_dir, exist_ok=True)
     done = _recorded(settings.results, settings.sweep_id)
-    failed: List[str] = []
-    statuses: List[Optional[int]] = []
+    failed: list[str] = []
+    statuses: list[Optional[int]] = []
     with _SignalForwarder() as forwarder:
         for number, run in enumerate(runs, 1):
             if _is_done(run, done):
-                print(f"== [{number}/{len(runs)}] {run.label(settings.repeats)}: already recorded, skipped", flush=True)
+                print(
+                    f"== [{number}/{len(runs)}] {run.label(settings.repeats)}: already recorded, skipped", flush=True
+                )
                 continue
             if forwarder.received is not None:
                 break  # preempted between runs: start nothing more
@@ -393,7 +444,14 @@ def run_sweep(settings: SweepSettings) -> SweepResult:
             if status != 0:
                 failed.append(f"{run.label(settings.repeats)} ({'timed out' if status is None else f'exit {status}'})")
     preempted = EXIT_PREEMPTED in statuses or forwarder.received is not None
-    status = (EXIT_PREEMPTED if preempted else EXIT_PEER_FAILURE if EXIT_PEER_FAILURE in statuses
-              else 1 if failed else 0)
-    return SweepResult(settings.sweep_id, _recorded(settings.results, settings.sweep_id), failed, preempted, status,
-                       forwarder.received)
+    status = (
+        EXIT_PREEMPTED if preempted else EXIT_PEER_FAILURE if EXIT_PEER_FAILURE in statuses else 1 if failed else 0
+    )
+    return SweepResult(
+        settings.sweep_id,
+        _recorded(settings.results, settings.sweep_id),
+        failed,
+        preempted,
+        status,
+        forwarder.received,
+    )

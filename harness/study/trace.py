@@ -26,7 +26,7 @@ import glob
 import json
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from ..errors import UsageError
 from ..fileio import atomic_write
@@ -46,19 +46,27 @@ def merge_traces(directory: str, output: Optional[str] = None) -> str:
     steps = {rank: _load(path) for rank in ranks if os.path.exists(path := _steps_path(directory, rank))}
     firsts = [first for rank in ranks if (first := _first_ns(traces[rank], steps.get(rank))) is not None]
     zero_ns = min(firsts, default=0)  # the common zero: the earliest event of any rank
-    events: List[Dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
     for rank in sorted(ranks):
         events += _rank_events(rank, traces[rank], zero_ns)
         if rank in steps:
             events += _step_events(rank, steps[rank], zero_ns)
-    merged = {"traceEvents": events, "displayTimeUnit": "ms", "baseTimeNanoseconds": zero_ns,
-              "otherData": {"ranks": sorted(ranks), "clock": "microseconds from baseTimeNanoseconds (Unix ns): "
-                                                             "each node's wall clock (see harness.study.trace)"}}
+    merged = {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "baseTimeNanoseconds": zero_ns,
+        "otherData": {
+            "ranks": sorted(ranks),
+            "clock": "microseconds from baseTimeNanoseconds (Unix ns): "
+            "each node's wall clock (see harness.study.trace)",
+        },
+    }
     path = output or os.path.join(directory, MERGED_NAME)
 
     def write(tmp: str) -> None:
         with open(tmp, "w") as handle:
             json.dump(merged, handle)
+
     try:
         atomic_write(path, write)
     except OSError as exc:
@@ -76,11 +84,14 @@ def merge_after_training(directory: Optional[str]) -> Optional[str]:
     return merge_traces(directory)
 
 
-def _rank_files(directory: str) -> Dict[int, str]:
+def _rank_files(directory: str) -> dict[int, str]:
     if not os.path.isdir(directory):
         raise UsageError(f"{directory} is not a directory; give the --profile-trace directory of a run")
-    found = {int(m.group(1)): path for path in glob.glob(os.path.join(directory, "rank-*.json"))
-             if (m := _RANK_FILE.search(os.path.basename(path)))}
+    found = {
+        int(m.group(1)): path
+        for path in glob.glob(os.path.join(directory, "rank-*.json"))
+        if (m := _RANK_FILE.search(os.path.basename(path)))
+    }
     if not found:
         raise UsageError(f"{directory} holds no rank-N.json trace; train with --profile-trace {directory} first")
     return found
@@ -90,7 +101,7 @@ def _steps_path(directory: str, rank: int) -> str:
     return os.path.join(directory, f"rank-{rank}.steps.json")
 
 
-def _load(path: str) -> Dict[str, Any]:
+def _load(path: str) -> dict[str, Any]:
     try:
         with open(path) as handle:
             value = json.load(handle)
@@ -101,7 +112,7 @@ def _load(path: str) -> Dict[str, Any]:
     return value
 
 
-def _first_ns(trace: Dict[str, Any], steps: Optional[Dict[str, Any]]) -> Optional[int]:
+def _first_ns(trace: dict[str, Any], steps: Optional[dict[str, Any]]) -> Optional[int]:
     """The earliest instant (Unix ns) of a rank's timed events."""
     base = int(trace.get("baseTimeNanoseconds", 0))
     starts = [base + round(event["ts"] * 1000) for event in _timed(trace)]
@@ -109,23 +120,26 @@ def _first_ns(trace: Dict[str, Any], steps: Optional[Dict[str, Any]]) -> Optiona
     return min(starts) if starts else None
 
 
-def _timed(trace: Dict[str, Any]) -> List[Dict[str, Any]]:
+def _timed(trace: dict[str, Any]) -> list[dict[str, Any]]:
     """The events worth keeping: those of a real process (Kineto's own rows, "Spans" and "Traces",
     have string pids) that carry a time."""
-    return [event for event in trace.get("traceEvents", [])
-            if isinstance(event.get("pid"), int) and "ts" in event and event.get("ph") != "M"]
+    return [
+        event
+        for event in trace.get("traceEvents", [])
+        if isinstance(event.get("pid"), int) and "ts" in event and event.get("ph") != "M"
+    ]
 
 
-def _host_pid(trace: Dict[str, Any]) -> Optional[int]:
+def _host_pid(trace: dict[str, Any]) -> Optional[int]:
     """The rank's process id in Kineto's trace: the pid of its CPU operators (GPU rows use the device index)."""
-    counts: Dict[int, int] = {}
+    counts: dict[int, int] = {}
     for event in _timed(trace):
         if event.get("cat") in ("cpu_op", "user_annotation", "python_function"):
             counts[event["pid"]] = counts.get(event["pid"], 0) + 1
     return max(counts, key=counts.get) if counts else None  # type: ignore[arg-type]
 
 
-def _rank_events(rank: int, trace: Dict[str, Any], zero_ns: int) -> List[Dict[str, Any]]:
+def _rank_events(rank: int, trace: dict[str, Any], zero_ns: int) -> list[dict[str, Any]]:
     """A rank's events on the common clock, in its own rows, with the rows' metadata."""
     shift_us = (int(trace.get("baseTimeNanoseconds", 0)) - zero_ns) / 1000.0
     host = _host_pid(trace)
@@ -144,26 +158,45 @@ def _rank_events(rank: int, trace: Dict[str, Any], zero_ns: int) -> List[Dict[st
     return events
 
 
-def _process_metadata(pid: int, label: str) -> List[Dict[str, Any]]:
-    return [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0, "args": {"name": label}},
-            {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "ts": 0, "args": {"sort_index": pid}}]
+def _process_metadata(pid: int, label: str) -> list[dict[str, Any]]:
+    return [
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0, "args": {"name": label}},
+        {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "ts": 0, "args": {"sort_index": pid}},
+    ]
 
 
-def _step_events(rank: int, steps: Dict[str, Any], zero_ns: int) -> List[Dict[str, Any]]:
+def _step_events(rank: int, steps: dict[str, Any], zero_ns: int) -> list[dict[str, Any]]:
     """The harness's step phases of a rank as complete events in a thread of its host row."""
     pid, phases = rank * _PID_STRIDE, steps.get("phases", [])
-    events: List[Dict[str, Any]] = [
-        {"ph": "M", "name": "thread_name", "pid": pid, "tid": STEPS_THREAD, "ts": 0, "args": {"name": "harness steps"}},
-        {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": STEPS_THREAD, "ts": 0, "args": {"sort_index": -1}}]
+    events: list[dict[str, Any]] = [
+        {
+            "ph": "M",
+            "name": "thread_name",
+            "pid": pid,
+            "tid": STEPS_THREAD,
+            "ts": 0,
+            "args": {"name": "harness steps"},
+        },
+        {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": STEPS_THREAD, "ts": 0, "args": {"sort_index": -1}},
+    ]
     for number, instants in enumerate(steps.get("steps", [])):
         for phase, start, end in zip(phases, instants, instants[1:]):
-            events.append({"ph": "X", "cat": "harness_step", "name": phase, "pid": pid, "tid": STEPS_THREAD,
-                           "ts": (start - zero_ns) / 1000.0, "dur": max(end - start, 0) / 1000.0,
-                           "args": {"step": number, "rank": rank}})
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "harness_step",
+                    "name": phase,
+                    "pid": pid,
+                    "tid": STEPS_THREAD,
+                    "ts": (start - zero_ns) / 1000.0,
+                    "dur": max(end - start, 0) / 1000.0,
+                    "args": {"step": number, "rank": rank},
+                }
+            )
     return events
 
 
-def _union_seconds(intervals: List[Tuple[float, float]]) -> float:
+def _union_seconds(intervals: list[tuple[float, float]]) -> float:
     total, reach = 0.0, float("-inf")
     for start, end in sorted(intervals):
         if end > reach:
@@ -182,32 +215,42 @@ def _is_allreduce(name: str) -> bool:
     return "all_reduce" in lowered or "allreduce" in lowered or name == SYNC_ANNOTATION
 
 
-def trace_summary(path: str) -> Dict[int, Dict[str, float]]:
+def trace_summary(path: str) -> dict[int, dict[str, float]]:
     """Per rank of a merged trace: seconds of its profiled steps (`window`) in forward, backward and
     optimizer (the harness's annotations), allreduce (its events on any thread, and the training
     thread's wait for the averaged gradients, overlaps counted once) and idle (the training thread in
     none of forward, backward, gradient sync, optimizer: data loading and bookkeeping)."""
     events = _load(path).get("traceEvents", [])
-    summary: Dict[int, Dict[str, float]] = {}
-    spans: Dict[Tuple[int, str], List[Tuple[float, float]]] = {}
+    summary: dict[int, dict[str, float]] = {}
+    spans: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for event in events:
         if event.get("ph") != "X" or not isinstance(event.get("pid"), int):
             continue
         rank, name = event["pid"] // _PID_STRIDE, str(event.get("name", ""))
-        key = next((kind for kind, match in (("window", name.startswith("ProfilerStep#")),
-                                             ("forward", name == "harness: forward"),
-                                             ("backward", name == "harness: backward"),
-                                             ("optimizer", name == "harness: optimizer"),
-                                             ("allreduce", _is_allreduce(name)))
-                    if match), None)
+        key = next(
+            (
+                kind
+                for kind, match in (
+                    ("window", name.startswith("ProfilerStep#")),
+                    ("forward", name == "harness: forward"),
+                    ("backward", name == "harness: backward"),
+                    ("optimizer", name == "harness: optimizer"),
+                    ("allreduce", _is_allreduce(name)),
+                )
+                if match
+            ),
+            None,
+        )
         interval = (event["ts"], event["ts"] + event.get("dur", 0.0))
         if key is not None:
             spans.setdefault((rank, key), []).append(interval)
         if name == SYNC_ANNOTATION:  # also training-thread time that is not idle
             spans.setdefault((rank, "sync"), []).append(interval)
     for rank in sorted({rank for rank, _ in spans}):
-        seconds = {key: _union_seconds(spans.get((rank, key), []))
-                   for key in ("window", "forward", "backward", "optimizer", "allreduce")}
+        seconds = {
+            key: _union_seconds(spans.get((rank, key), []))
+            for key in ("window", "forward", "backward", "optimizer", "allreduce")
+        }
         sync = _union_seconds(spans.get((rank, "sync"), []))
         busy = seconds["forward"] + seconds["backward"] + sync + seconds["optimizer"]
         seconds["idle"] = max(seconds["window"] - busy, 0.0)

@@ -15,8 +15,10 @@ from ..errors import UsageError
 
 STYLES = ("slurm", "pbs")
 UNLIMITED = ("UNLIMITED", "INFINITE")
-_SLURM = re.compile(r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
-                    r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
+_SLURM = re.compile(
+    r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+    r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$"
+)
 _PBS = re.compile(r"^(?:(?:(?P<h>\d+):)?(?P<m>\d+):)?(?P<s>\d+)$")
 
 
@@ -40,10 +42,11 @@ def parse_walltime(text: str, style: str) -> Optional[int]:
     raise UsageError(f"walltime {value!r} is not a {style} time limit; write {hint}")
 
 
-def _slurm_seconds(match: "re.Match[str]") -> int:
+def _slurm_seconds(match: re.Match[str]) -> int:
     if match["days"] is not None:  # D-HH[:MM[:SS]]
-        return (int(match["days"]) * 86400 + int(match["dh"]) * 3600 + int(match["dm"] or 0) * 60
-                + int(match["ds"] or 0))
+        return (
+            int(match["days"]) * 86400 + int(match["dh"]) * 3600 + int(match["dm"] or 0) * 60 + int(match["ds"] or 0)
+        )
     if match["c"] is not None:  # HH:MM:SS
         return int(match["a"]) * 3600 + int(match["b"]) * 60 + int(match["c"])
     return int(match["a"]) * 60 + int(match["b"] or 0)  # MM[:SS]

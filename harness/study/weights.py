@@ -7,23 +7,25 @@ relative to how far training moved it (harness.study.equivalence.update_differen
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from ..config import TrainConfig
 from ..data import DataOptions, load_split
-from .equivalence import BF16_UPDATE_BOUND, UPDATE_BOUND, update_differences, worst
 from ..training.models import build_model
+from .equivalence import BF16_UPDATE_BOUND, UPDATE_BOUND, update_differences, worst
 
-Weights = Dict[str, torch.Tensor]
+Weights = dict[str, torch.Tensor]
 
 
 def initial_weights(config: TrainConfig) -> Weights:
     """The weights `harness.train(config)` starts from, on the CPU (the seed, model, dataset shape
     and dropout of `config` decide them). Leaves torch's random state as it was."""
-    train_set = load_split(config.dataset, "train", DataOptions(config.data_dir, config.model, config.image_size,
-                                                                config.timeout))
+    train_set = load_split(
+        config.dataset, "train", DataOptions(config.data_dir, config.model, config.image_size, config.timeout)
+    )
     channels, size, _ = train_set.shape
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
@@ -36,16 +38,24 @@ def load_weights(path: str) -> Weights:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def compare_with_reference(runs: Mapping[str, Weights], reference: Weights, initial: Weights,
-                           bound: float = UPDATE_BOUND) -> List[Dict[str, Any]]:
+def compare_with_reference(
+    runs: Mapping[str, Weights], reference: Weights, initial: Weights, bound: float = UPDATE_BOUND
+) -> list[dict[str, Any]]:
     """For each run: the tensor farthest from `reference` relative to the update (see
     harness.study.equivalence), its value, and whether it is within `bound`. One dict per run, in order."""
     rows = []
     for label, weights in runs.items():
         name, value = worst(update_differences(weights, reference, initial))
         max_abs = max((weights[key].double() - reference[key].double()).abs().max().item() for key in reference)
-        rows.append({"run": label, "worst tensor": name, "difference / update": value, "max abs difference": max_abs,
-                     "within bound": value <= bound})
+        rows.append(
+            {
+                "run": label,
+                "worst tensor": name,
+                "difference / update": value,
+                "max abs difference": max_abs,
+                "within bound": value <= bound,
+            }
+        )
     return rows
 
 
@@ -59,7 +69,7 @@ def comparison_bound(device: str) -> float:
     return UPDATE_BOUND if device == "cpu" else BF16_UPDATE_BOUND
 
 
-def comparison_table(rows: List[Dict[str, Any]]) -> str:
+def comparison_table(rows: list[dict[str, Any]]) -> str:
     """Markdown of compare_with_reference's rows."""
     from .report import markdown_table
 

@@ -18,12 +18,21 @@ It uses the process, backends and data layers; nothing here imports `study` or `
 
 from ..lazy import lazy_exports
 
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "train": "loop", "check_config": "placement",
-    "launch_command": "launch", "run_launch": "launch",
-    "evaluate_model_file": "evaluate",
-    "build_model": "models", "MODELS": "models",
-    "scaled_lr": "lr", "learning_rate": "lr",
-    "read_results": "record", "append_record": "record", "mean_and_ci95": "record",
-})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "train": "loop",
+        "check_config": "placement",
+        "launch_command": "launch",
+        "run_launch": "launch",
+        "evaluate_model_file": "evaluate",
+        "build_model": "models",
+        "MODELS": "models",
+        "scaled_lr": "lr",
+        "learning_rate": "lr",
+        "read_results": "record",
+        "append_record": "record",
+        "mean_and_ci95": "record",
+    },
+)
 __all__ = __dir__()

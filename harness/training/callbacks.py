@@ -17,8 +17,9 @@ every event, in the same order:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     import torch
@@ -30,7 +31,7 @@ class StepEnd:
 
     step: int  # optimizer steps done so far in the run (1 after the first)
     epoch: int  # 0-based epoch the step belongs to
-    loss: "torch.Tensor"  # this rank's mean training loss of the step, on the device (not reduced)
+    loss: torch.Tensor  # this rank's mean training loss of the step, on the device (not reduced)
     lr: float  # the LR the step used
     samples: int  # samples this rank trained on in the step (all micro-batches)
     rank: int
@@ -44,7 +45,7 @@ class EpochEnd:
     step: int  # optimizer steps done so far in the run
     train_loss: float  # mean over every sample of the epoch on every rank
     lr: float  # the LR of the epoch's last step
-    evaluation: Optional[Dict[str, Any]]  # eval_loss, eval_accuracy, eval_samples if evaluated now
+    evaluation: Optional[dict[str, Any]]  # eval_loss, eval_accuracy, eval_samples if evaluated now
     throughput: Optional[float]  # samples/s over all ranks in the epoch's timed window
     rank: int
     world_size: int
@@ -59,7 +60,7 @@ class Callback:
     def on_epoch_end(self, event: EpochEnd) -> None:
         """After every epoch (outside the timed window; collectives allowed, the same on every rank)."""
 
-    def on_train_end(self, record: Dict[str, Any]) -> None:
+    def on_train_end(self, record: dict[str, Any]) -> None:
         """With the finished record, before rank 0 writes it."""
 
 
@@ -80,6 +81,6 @@ class CallbackList(Callback):
         for callback in self.callbacks:
             callback.on_epoch_end(event)
 
-    def on_train_end(self, record: Dict[str, Any]) -> None:
+    def on_train_end(self, record: dict[str, Any]) -> None:
         for callback in self.callbacks:
             callback.on_train_end(record)

@@ -48,7 +48,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
@@ -72,9 +72,25 @@ HASH_CHUNK = 1 << 20
 # (other weights, data order, optimizer state layout or LR curve), so resuming refuses it; so do
 # a backend's options declared resume_must_match (harness.backends.options). --epochs and
 # --max-steps may grow: they only extend the run.
-MUST_MATCH = ("model", "dataset", "image_size", "augment", "seed", "dropout", "optimizer", "lr", "lr_scaling",
-              "base_batch", "momentum", "weight_decay", "warmup_epochs", "schedule", "grad_clip", "precision",
-              "grad_accum")
+MUST_MATCH = (
+    "model",
+    "dataset",
+    "image_size",
+    "augment",
+    "seed",
+    "dropout",
+    "optimizer",
+    "lr",
+    "lr_scaling",
+    "base_batch",
+    "momentum",
+    "weight_decay",
+    "warmup_epochs",
+    "schedule",
+    "grad_clip",
+    "precision",
+    "grad_accum",
+)
 
 
 def checkpoint_name(step: int) -> str:
@@ -101,12 +117,12 @@ class RunLayout:
 class Progress:
     """What the results record needs from earlier segments of a run, kept in the manifest."""
 
-    train_losses: List[float] = field(default_factory=list)  # one per finished epoch
-    evaluation: Dict[str, Any] = field(default_factory=dict)  # the latest evaluation
+    train_losses: list[float] = field(default_factory=list)  # one per finished epoch
+    evaluation: dict[str, Any] = field(default_factory=dict)  # the latest evaluation
     segments: int = 1  # processes that have worked on the run: 1 + resumes
     # Loss history in blocks of --log-every steps: block ends, mean losses, LRs, and the running
     # (loss x samples, samples) of the block not yet complete.
-    history: Dict[str, Any] = field(default_factory=lambda: {"step": [], "loss": [], "lr": [], "pending": [0.0, 0.0]})
+    history: dict[str, Any] = field(default_factory=lambda: {"step": [], "loss": [], "lr": [], "pending": [0.0, 0.0]})
 
 
 @dataclass
@@ -114,7 +130,7 @@ class Checkpoint:
     """A verified checkpoint directory and its manifest."""
 
     path: str
-    manifest: Dict[str, Any]
+    manifest: dict[str, Any]
 
     @property
     def step(self) -> int:
@@ -132,6 +148,7 @@ class ResumeState:
 
 # -- checks that run before any process group starts -------------------------------------------
 
+
 def check_checkpoint_flags(config: TrainConfig) -> None:
     """Raise UsageError for checkpoint flags that cannot work together or with the filesystem."""
     if config.checkpoint_every and not config.checkpoint_dir:
@@ -142,24 +159,35 @@ def check_checkpoint_flags(config: TrainConfig) -> None:
             raise UsageError(f"--checkpoint-dir {directory} is a file; give a directory")
         existing = _parent_that_exists(directory)
         if not os.access(existing, os.W_OK | os.X_OK):
-            raise UsageError(f"--checkpoint-dir {directory} is not writable ({existing} denies it); "
-                             "choose a directory you can write to")
+            raise UsageError(
+                f"--checkpoint-dir {directory} is not writable ({existing} denies it); "
+                "choose a directory you can write to"
+            )
     if config.resume is None:
         found = list_checkpoints(directory) if directory else []
         if found:
-            raise UsageError(f"--checkpoint-dir {directory} already holds checkpoints (newest {found[-1][1]}); "
-                             "add --resume auto to continue that run, or choose an empty directory")
+            raise UsageError(
+                f"--checkpoint-dir {directory} already holds checkpoints (newest {found[-1][1]}); "
+                "add --resume auto to continue that run, or choose an empty directory"
+            )
     elif config.resume == RESUME_AUTO:
         if not directory:
             raise UsageError("--resume auto needs --checkpoint-dir DIR, the directory to look for checkpoints in")
     elif not os.path.isfile(os.path.join(config.resume, MANIFEST)):
-        raise UsageError(f"--resume {config.resume} is not a checkpoint (no {MANIFEST} in it); give a "
-                         "checkpoint directory such as DIR/step-00000100, or --resume auto with --checkpoint-dir DIR")
-    elif directory and list_checkpoints(directory) and (
-            os.path.dirname(os.path.abspath(config.resume)) != os.path.abspath(directory)):
+        raise UsageError(
+            f"--resume {config.resume} is not a checkpoint (no {MANIFEST} in it); give a "
+            "checkpoint directory such as DIR/step-00000100, or --resume auto with --checkpoint-dir DIR"
+        )
+    elif (
+        directory
+        and list_checkpoints(directory)
+        and (os.path.dirname(os.path.abspath(config.resume)) != os.path.abspath(directory))
+    ):
         # Saving prunes and replaces the checkpoints in --checkpoint-dir: they must be this run's.
-        raise UsageError(f"--checkpoint-dir {directory} holds checkpoints of another run than --resume "
-                         f"{config.resume}; resume from one of its own checkpoints, or choose an empty directory")
+        raise UsageError(
+            f"--checkpoint-dir {directory} holds checkpoints of another run than --resume "
+            f"{config.resume}; resume from one of its own checkpoints, or choose an empty directory"
+        )
 
 
 def _parent_that_exists(path: str) -> str:
@@ -169,7 +197,7 @@ def _parent_that_exists(path: str) -> str:
     return path
 
 
-def list_checkpoints(directory: Optional[str]) -> List[Tuple[int, str]]:
+def list_checkpoints(directory: Optional[str]) -> list[tuple[int, str]]:
     """(step, name) of the complete-looking checkpoint directories in `directory`, oldest first."""
     if not directory or not os.path.isdir(directory):
         return []
@@ -219,8 +247,9 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def find_resume_checkpoint(config: TrainConfig, layout: RunLayout, backend: "Type[Backend]",
-                           warn: bool) -> Optional[Checkpoint]:
+def find_resume_checkpoint(
+    config: TrainConfig, layout: RunLayout, backend: type[Backend], warn: bool
+) -> Optional[Checkpoint]:
     """The checkpoint this run continues from (None: start at step 0), checked against the run.
 
     `--resume auto` takes the newest valid checkpoint in --checkpoint-dir, printing a warning
@@ -233,8 +262,10 @@ def find_resume_checkpoint(config: TrainConfig, layout: RunLayout, backend: "Typ
         try:
             checkpoint = verify_checkpoint(config.resume)
         except DamagedCheckpoint as exc:
-            raise UsageError(f"checkpoint {config.resume} is damaged ({exc}); resume from another one, or use "
-                             "--resume auto to take the newest valid checkpoint") from None
+            raise UsageError(
+                f"checkpoint {config.resume} is damaged ({exc}); resume from another one, or use "
+                "--resume auto to take the newest valid checkpoint"
+            ) from None
     else:
         checkpoint = None
         for _, name in reversed(list_checkpoints(config.checkpoint_dir)):
@@ -244,48 +275,62 @@ def find_resume_checkpoint(config: TrainConfig, layout: RunLayout, backend: "Typ
                 break
             except DamagedCheckpoint as exc:
                 if warn:
-                    print(f"harness train: warning: skipping damaged checkpoint {path} ({exc})",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"harness train: warning: skipping damaged checkpoint {path} ({exc})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         if checkpoint is None:
             return None
     check_compatible(checkpoint, config, layout, backend)
     return checkpoint
 
 
-def check_compatible(checkpoint: Checkpoint, config: TrainConfig, layout: RunLayout, backend: "Type[Backend]") -> None:
+def check_compatible(checkpoint: Checkpoint, config: TrainConfig, layout: RunLayout, backend: type[Backend]) -> None:
     """Raise UsageError unless `checkpoint` can continue this run (same model, data, math, world)."""
     manifest, where = checkpoint.manifest, checkpoint.path
     fix = "use the checkpoint's settings, or start a new run with another --checkpoint-dir"
     saved_config = manifest.get("config", {})
     if saved_config.get("model") != config.model:
-        raise UsageError(f"checkpoint {where} holds a {saved_config.get('model')} model but this run trains "
-                         f"{config.model}; {fix}")
+        raise UsageError(
+            f"checkpoint {where} holds a {saved_config.get('model')} model but this run trains {config.model}; {fix}"
+        )
     if manifest.get("checkpoint_format") != backend.checkpoint_format:
-        raise UsageError(f"checkpoint {where} was written by backend {saved_config.get('backend')} "
-                         f"({manifest.get('checkpoint_format')} format) and cannot be loaded by {config.backend}; "
-                         f"resume with --backend {saved_config.get('backend')}, or {fix}")
+        raise UsageError(
+            f"checkpoint {where} was written by backend {saved_config.get('backend')} "
+            f"({manifest.get('checkpoint_format')} format) and cannot be loaded by {config.backend}; "
+            f"resume with --backend {saved_config.get('backend')}, or {fix}"
+        )
     for name in MUST_MATCH:
         if saved_config.get(name, TrainConfig.__dataclass_fields__[name].default) != getattr(config, name):
             flag = flag_name(name)
-            raise UsageError(f"checkpoint {where} was written with {flag} {saved_config.get(name)} but this run has "
-                             f"{flag} {getattr(config, name)}; {fix}")
+            raise UsageError(
+                f"checkpoint {where} was written with {flag} {saved_config.get(name)} but this run has "
+                f"{flag} {getattr(config, name)}; {fix}"
+            )
     _check_backend_options(checkpoint, config, backend, fix)
     saved = manifest.get("run", {})
     if saved.get("world_size") != layout.world_size:
-        raise UsageError(f"checkpoint {where} was written by {saved.get('world_size')} ranks but this job has "
-                         f"{layout.world_size} (data order and optimizer state depend on it); resume with "
-                         f"{saved.get('world_size')} ranks, or {fix}")
+        raise UsageError(
+            f"checkpoint {where} was written by {saved.get('world_size')} ranks but this job has "
+            f"{layout.world_size} (data order and optimizer state depend on it); resume with "
+            f"{saved.get('world_size')} ranks, or {fix}"
+        )
     for name, label in (("global_batch", "global batch"), ("train_set_size", "training set size")):
         if saved.get(name) != getattr(layout, name):
-            raise UsageError(f"checkpoint {where} was written with a {label} of {saved.get(name)} but this run has "
-                             f"{getattr(layout, name)}; {fix}")
+            raise UsageError(
+                f"checkpoint {where} was written with a {label} of {saved.get(name)} but this run has "
+                f"{getattr(layout, name)}; {fix}"
+            )
     if checkpoint.step >= layout.total_steps:
-        raise UsageError(f"checkpoint {where} is at step {checkpoint.step}, the end of this run's "
-                         f"{layout.total_steps} steps; nothing is left to train (raise --epochs or --max-steps to "
-                         "train further, or use another --checkpoint-dir)")
+        raise UsageError(
+            f"checkpoint {where} is at step {checkpoint.step}, the end of this run's "
+            f"{layout.total_steps} steps; nothing is left to train (raise --epochs or --max-steps to "
+            "train further, or use another --checkpoint-dir)"
+        )
 
 
-def _check_backend_options(checkpoint: Checkpoint, config: TrainConfig, backend: "Type[Backend]", fix: str) -> None:
+def _check_backend_options(checkpoint: Checkpoint, config: TrainConfig, backend: type[Backend], fix: str) -> None:
     """Raise UsageError if an option that changes what `backend` saves or trains differs from the checkpoint's."""
     saved_config = checkpoint.manifest.get("config", {})
     # A checkpoint written by another backend of the same format ran with this backend's defaults.
@@ -295,34 +340,51 @@ def _check_backend_options(checkpoint: Checkpoint, config: TrainConfig, backend:
     for name in backend.Options.resume_must_match():
         if getattr(saved, name) != getattr(current, name):
             flag = backend.Options.flag(name)
-            raise UsageError(f"checkpoint {checkpoint.path} was written with {flag} {getattr(saved, name)} but this "
-                             f"run has {flag} {getattr(current, name)}; {fix}")
+            raise UsageError(
+                f"checkpoint {checkpoint.path} was written with {flag} {getattr(saved, name)} but this "
+                f"run has {flag} {getattr(current, name)}; {fix}"
+            )
 
 
 # -- per-rank state: RNGs as tensors and plain values, loadable with weights_only=True ---------
 
-def capture_rng_state() -> Dict[str, Any]:
+
+def capture_rng_state() -> dict[str, Any]:
     """torch (and CUDA), numpy and python RNG states of this process."""
     _, keys, position, has_gauss, cached_gaussian = np.random.get_state()
     version, internal, gauss_next = random.getstate()
-    state: Dict[str, Any] = {
+    state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
-        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64),
-                   "gauss_next": gauss_next},
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "python": {
+            "version": version,
+            "internal": torch.tensor(internal, dtype=torch.int64),
+            "gauss_next": gauss_next,
+        },
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def restore_rng_state(state: Dict[str, Any]) -> None:
+def restore_rng_state(state: dict[str, Any]) -> None:
     """Inverse of capture_rng_state."""
     torch.set_rng_state(state["torch"])
     saved = state["numpy"]
-    np.random.set_state(("MT19937", saved["keys"].numpy().astype(np.uint32), saved["position"],
-                         saved["has_gauss"], saved["cached_gaussian"]))
+    np.random.set_state(
+        (
+            "MT19937",
+            saved["keys"].numpy().astype(np.uint32),
+            saved["position"],
+            saved["has_gauss"],
+            saved["cached_gaussian"],
+        )
+    )
     python = state["python"]
     random.setstate((python["version"], tuple(python["internal"].tolist()), python["gauss_next"]))
     if "cuda" in state and torch.cuda.is_available():
@@ -336,10 +398,11 @@ def rank_file(rank: int) -> str:
 
 # -- writing and restoring -------------------------------------------------------------------
 
+
 class Checkpointer:
     """Writes the checkpoints of one run into --checkpoint-dir; every rank makes the same calls."""
 
-    def __init__(self, config: TrainConfig, cluster: "ClusterEnv", backend: "Backend", layout: RunLayout) -> None:
+    def __init__(self, config: TrainConfig, cluster: ClusterEnv, backend: Backend, layout: RunLayout) -> None:
         assert config.checkpoint_dir, "Checkpointer needs --checkpoint-dir"
         self.directory = os.path.abspath(config.checkpoint_dir)
         self.config, self.cluster, self.backend, self.layout = config, cluster, backend, layout
@@ -360,8 +423,10 @@ class Checkpointer:
             os.makedirs(partial)
         self.backend.barrier()  # the directory exists before any rank writes into it
         self.backend.save_checkpoint(partial, self.cluster.rank)
-        torch.save({"rng": capture_rng_state(), "epoch_step_losses": epoch_step_losses.detach().cpu()},
-                   os.path.join(partial, rank_file(self.cluster.rank)))
+        torch.save(
+            {"rng": capture_rng_state(), "epoch_step_losses": epoch_step_losses.detach().cpu()},
+            os.path.join(partial, rank_file(self.cluster.rank)),
+        )
         _fsync_tree(partial)
         self.backend.barrier()  # every rank's files are on disk before the manifest vouches for them
         final = os.path.join(self.directory, name)
@@ -378,7 +443,7 @@ class Checkpointer:
         self.seconds += elapsed
         return elapsed
 
-    def _manifest(self, step: int, progress: Progress, partial: str, reason: str) -> Dict[str, Any]:
+    def _manifest(self, step: int, progress: Progress, partial: str, reason: str) -> dict[str, Any]:
         from ..version import __version__
 
         files = {}
@@ -389,11 +454,18 @@ class Checkpointer:
                 files[relative] = {"bytes": os.path.getsize(file_path), "sha256": _sha256(file_path)}
         epoch, step_in_epoch = divmod(step, self.layout.steps_per_epoch)
         return {
-            "format_version": FORMAT_VERSION, "harness_version": __version__, "written": time.time(),
-            "reason": reason, "checkpoint_format": self.backend.checkpoint_format,
-            "step": step, "epoch": epoch, "step_in_epoch": step_in_epoch,
-            "run": vars(self.layout).copy(), "progress": vars(progress).copy(),
-            "config": self.config.to_dict(), "files": files,
+            "format_version": FORMAT_VERSION,
+            "harness_version": __version__,
+            "written": time.time(),
+            "reason": reason,
+            "checkpoint_format": self.backend.checkpoint_format,
+            "step": step,
+            "epoch": epoch,
+            "step_in_epoch": step_in_epoch,
+            "run": vars(self.layout).copy(),
+            "progress": vars(progress).copy(),
+            "config": self.config.to_dict(),
+            "files": files,
         }
 
     def _remove_from(self, step: int) -> None:
@@ -402,14 +474,14 @@ class Checkpointer:
                 shutil.rmtree(os.path.join(self.directory, other))
 
     def _prune(self) -> None:
-        for _, name in list_checkpoints(self.directory)[:-self.config.keep_checkpoints]:
+        for _, name in list_checkpoints(self.directory)[: -self.config.keep_checkpoints]:
             shutil.rmtree(os.path.join(self.directory, name))
         for name in os.listdir(self.directory):  # left by a job killed while writing
             if name.startswith(PARTIAL_PREFIX):
                 shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
 
-def restore(checkpoint: Checkpoint, backend: "Backend", cluster: "ClusterEnv", device: torch.device) -> ResumeState:
+def restore(checkpoint: Checkpoint, backend: Backend, cluster: ClusterEnv, device: torch.device) -> ResumeState:
     """Load `checkpoint` into the wrapped model and optimizer and this rank's RNGs (every rank calls it)."""
     backend.load_checkpoint(checkpoint.path, device)
     rank_state = load_tensors(os.path.join(checkpoint.path, rank_file(cluster.rank)))
@@ -418,13 +490,15 @@ def restore(checkpoint: Checkpoint, backend: "Backend", cluster: "ClusterEnv", d
         step_losses = rank_state["epoch_step_losses"].to(device)
         progress = Progress(**checkpoint.manifest["progress"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise UsageError(f"checkpoint {checkpoint.path} lacks part of the training state ({exc!r}); resume from "
-                         "another checkpoint, or start a new run with another --checkpoint-dir") from None
+        raise UsageError(
+            f"checkpoint {checkpoint.path} lacks part of the training state ({exc!r}); resume from "
+            "another checkpoint, or start a new run with another --checkpoint-dir"
+        ) from None
     progress.segments += 1
     return ResumeState(checkpoint.step, progress, step_losses)
 
 
-def _write_json(path: str, value: Dict[str, Any]) -> None:
+def _write_json(path: str, value: dict[str, Any]) -> None:
     with open(path, "w") as handle:
         json.dump(value, handle, indent=1, sort_keys=True)  # a diverged run's NaN loss must not stop the save
         handle.flush()

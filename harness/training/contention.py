@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 TASKS_DIR = "/proc/self/task"
 PROC_STAT = "/proc/stat"
 
 
-def _thread_schedstats() -> Optional[Dict[str, Tuple[int, int]]]:
+def _thread_schedstats() -> Optional[dict[str, tuple[int, int]]]:
     """Per thread of this process: (ns on a CPU, ns ready but waiting for one); None without schedstat."""
     try:
         tids = os.listdir(TASKS_DIR)
@@ -44,7 +44,7 @@ def _thread_schedstats() -> Optional[Dict[str, Tuple[int, int]]]:
     return stats or None
 
 
-def _cpu_times() -> Optional[Tuple[int, int]]:
+def _cpu_times() -> Optional[tuple[int, int]]:
     """(steal, total) jiffies of all CPUs since boot; None where /proc/stat does not say."""
     try:
         with open(PROC_STAT) as handle:
@@ -75,8 +75,8 @@ class CpuMeter:
         self.steal = self.total = 0
         self.load_max: Optional[float] = None
         self.has_schedstat = self.has_steal = False
-        self._tasks: Optional[Dict[str, Tuple[int, int]]] = None
-        self._cpu_times: Optional[Tuple[int, int]] = None
+        self._tasks: Optional[dict[str, tuple[int, int]]] = None
+        self._cpu_times: Optional[tuple[int, int]] = None
         self._compute_start = 0.0
 
     def _see_load(self) -> None:
@@ -123,10 +123,17 @@ class CpuMeter:
     def steal_share(self) -> Optional[float]:
         return self.steal / self.total if self.has_steal and self.total > 0 else None
 
-    def values(self) -> Tuple[float, float, float, float]:
+    def values(self) -> tuple[float, float, float, float]:
         """This rank's measures as numbers for one collective (-1: not measured)."""
-        return tuple(-1.0 if value is None else float(value) for value in (  # type: ignore[return-value]
-            self.cpu_share(), self.runqueue_wait_share(), self.load_max, self.steal_share()))
+        return tuple(
+            -1.0 if value is None else float(value)
+            for value in (  # type: ignore[return-value]
+                self.cpu_share(),
+                self.runqueue_wait_share(),
+                self.load_max,
+                self.steal_share(),
+            )
+        )
 
 
 def node_cores() -> int:

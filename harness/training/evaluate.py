@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
-from typing import Any, Dict
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,8 +35,14 @@ EVAL_BATCH = 512
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: ImageArrays, backend: Backend, cluster: ClusterEnv, device: torch.device,
-             precision: Precision = Precision.of("fp32")) -> Dict[str, float]:
+def evaluate(
+    model: nn.Module,
+    data: ImageArrays,
+    backend: Backend,
+    cluster: ClusterEnv,
+    device: torch.device,
+    precision: Precision = Precision.of("fp32"),
+) -> dict[str, float]:
     """Loss and accuracy over the whole set, each sample scored exactly once across ranks.
 
     Ranks score disjoint contiguous blocks (no padding) and the global sums and counts are reduced
@@ -46,8 +52,10 @@ def evaluate(model: nn.Module, data: ImageArrays, backend: Backend, cluster: Clu
     model.eval()
     normalise = data.normaliser(device)
     block = eval_range(len(data), cluster.world_size, cluster.rank)
-    batches = [torch.arange(start, min(start + EVAL_BATCH, block.stop)).numpy()
-               for start in range(block.start, block.stop, EVAL_BATCH)]
+    batches = [
+        torch.arange(start, min(start + EVAL_BATCH, block.stop)).numpy()
+        for start in range(block.start, block.stop, EVAL_BATCH)
+    ]
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     for images, labels in iterate_batches(data, batches):
         images, labels = normalise(images.to(device)), labels.to(device)
@@ -68,19 +76,23 @@ def load_model_file(path: str, config: TrainConfig, channels: int, size: int, nu
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as exc:
-        raise UsageError(f"model file {path} is not a saved state_dict ({type(exc).__name__}); "
-                         "write one with `harness train --save-model`") from exc
+        raise UsageError(
+            f"model file {path} is not a saved state_dict ({type(exc).__name__}); "
+            "write one with `harness train --save-model`"
+        ) from exc
     model = build_model(config.model, channels, size, num_classes)
     try:
         model.load_state_dict(state)
     except (RuntimeError, TypeError, AttributeError) as exc:
-        raise UsageError(f"model file {path} does not fit --model {config.model} on --dataset {config.dataset} "
-                         f"({channels}x{size}x{size}, {num_classes} classes); pass the flags it was trained "
-                         "with") from exc
+        raise UsageError(
+            f"model file {path} does not fit --model {config.model} on --dataset {config.dataset} "
+            f"({channels}x{size}x{size}, {num_classes} classes); pass the flags it was trained "
+            "with"
+        ) from exc
     return model
 
 
-def evaluate_model_file(config: TrainConfig, model_file: str) -> Dict[str, Any]:
+def evaluate_model_file(config: TrainConfig, model_file: str) -> dict[str, Any]:
     """Evaluate `model_file` on the test split of `config.dataset` under the launching job's ranks.
 
     Every rank returns the same record; rank 0 also appends it to `config.results` (as train does).
@@ -88,18 +100,27 @@ def evaluate_model_file(config: TrainConfig, model_file: str) -> Dict[str, Any]:
     started = time.time()
     with preserved_process_state():
         backend, cluster, device, _, _ = place_process(config)
-        test_set = load_split(config.dataset, "test",
-                              DataOptions(config.data_dir, config.model, config.image_size, config.timeout))
+        test_set = load_split(
+            config.dataset, "test", DataOptions(config.data_dir, config.model, config.image_size, config.timeout)
+        )
         channels, size, _ = test_set.shape
         model = load_model_file(model_file, config, channels, size, test_set.num_classes).to(device)
         try:
             backend.init(cluster, device, config)
             record = {
                 **evaluate(model, test_set, backend, cluster, device),
-                "kind": "evaluation", "model_file": os.path.abspath(model_file), "model": config.model,
-                "dataset": config.dataset, "backend": config.backend, "launcher": cluster.launcher,
-                "world_size": cluster.world_size, "rank": cluster.rank, "device": device.type,
-                "wall_time": time.time() - started, "versions": library_versions(), "tags": dict(config.tags),
+                "kind": "evaluation",
+                "model_file": os.path.abspath(model_file),
+                "model": config.model,
+                "dataset": config.dataset,
+                "backend": config.backend,
+                "launcher": cluster.launcher,
+                "world_size": cluster.world_size,
+                "rank": cluster.rank,
+                "device": device.type,
+                "wall_time": time.time() - started,
+                "versions": library_versions(),
+                "tags": dict(config.tags),
             }
         finally:
             backend.shutdown()

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, Type
+from collections.abc import Iterator, Sequence
+from typing import Any, Optional
 
 from ..config import TrainConfig, flag_name
 from ..errors import UsageError
@@ -20,8 +21,13 @@ from ..errors import UsageError
 class KeyValueAction(argparse.Action):
     """Collect repeated KEY=VALUE flags into one dict (a later KEY replaces an earlier one)."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: Optional[str] = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: Optional[str] = None,
+    ) -> None:
         key, separator, value = str(values).partition("=")
         if not separator or not key:
             parser.error(f"{option_string} takes KEY=VALUE, got {values!r}")
@@ -42,16 +48,22 @@ def add_train_flags(parser: argparse.ArgumentParser, only: Optional[Sequence[str
         if spec.type in ("bool", bool):
             parser.add_argument(flag, action="store_true", help=help_text)
             continue
-        if spec.type in ("Dict[str, str]", Dict[str, str]):
-            parser.add_argument(flag, dest=spec.name, action=KeyValueAction, default={}, metavar="KEY=VALUE",
-                                help=help_text)
+        if spec.type in ("Dict[str, str]", dict[str, str]):
+            parser.add_argument(
+                flag, dest=spec.name, action=KeyValueAction, default={}, metavar="KEY=VALUE", help=help_text
+            )
             continue
         kind = spec.metadata.get("type") or (str if spec.default is None else type(spec.default))
-        parser.add_argument(flag, type=kind, default=spec.default, metavar=spec.name.upper(),
-                            help=f"{help_text} (default: {spec.default})")
+        parser.add_argument(
+            flag,
+            type=kind,
+            default=spec.default,
+            metavar=spec.name.upper(),
+            help=f"{help_text} (default: {spec.default})",
+        )
 
 
-def _backend_option_fields() -> Iterator[Tuple[str, dataclasses.Field]]:
+def _backend_option_fields() -> Iterator[tuple[str, dataclasses.Field]]:
     """(backend name, Options field) for every option of every registered backend."""
     from ..backends import BACKENDS
 
@@ -74,16 +86,22 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     for backend, spec in _backend_option_fields():
         flag, help_text = spec.metadata["flag"], spec.metadata["help"]
         if spec.type in ("bool", bool):
-            parser.add_argument(flag, dest=_dest(backend, spec), action="store_true", default=argparse.SUPPRESS,
-                                help=help_text)
+            parser.add_argument(
+                flag, dest=_dest(backend, spec), action="store_true", default=argparse.SUPPRESS, help=help_text
+            )
             continue
-        kind: Type = spec.metadata["type"] or type(spec.default)
-        parser.add_argument(flag, dest=_dest(backend, spec), type=kind, default=argparse.SUPPRESS,
-                            metavar=flag.lstrip("-").replace("-", "_").upper(),
-                            help=f"{help_text} (default: {spec.default})")
+        kind: type = spec.metadata["type"] or type(spec.default)
+        parser.add_argument(
+            flag,
+            dest=_dest(backend, spec),
+            type=kind,
+            default=argparse.SUPPRESS,
+            metavar=flag.lstrip("-").replace("-", "_").upper(),
+            help=f"{help_text} (default: {spec.default})",
+        )
 
 
-def backend_options_given(args: argparse.Namespace, backend: str) -> Dict[str, Any]:
+def backend_options_given(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     """The options of `backend` given as flags, by field name; a flag of another backend raises UsageError."""
     given = {}
     for owner, spec in _backend_option_fields():
@@ -98,8 +116,9 @@ def backend_options_given(args: argparse.Namespace, backend: str) -> Dict[str, A
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig described by parsed train flags (defaults for fields the parser did not have);
     the chosen backend's option flags go into `backend_options`, over any it had already (--config)."""
-    values = {spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TrainConfig)
-              if hasattr(args, spec.name)}
+    values = {
+        spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TrainConfig) if hasattr(args, spec.name)
+    }
     given = backend_options_given(args, values.get("backend", TrainConfig.backend))
     if given:
         values["backend_options"] = {**values.get("backend_options", {}), **given}

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 from ..backends import backend_class
 from ..errors import UsageError
 from ..process.launchers import launch_environment, local_launcher
 
 
-def launch_command(num_processes: int, backend: str, train_args: Sequence[str], launcher: Optional[str] = None,
-                   port: Optional[int] = None, subcommand: str = "train") -> List[str]:
+def launch_command(
+    num_processes: int,
+    backend: str,
+    train_args: Sequence[str],
+    launcher: Optional[str] = None,
+    port: Optional[int] = None,
+    subcommand: str = "train",
+) -> list[str]:
     """The exact command that starts `num_processes` ranks of `harness train` (or `subcommand`) on this machine."""
     chosen = local_launcher(launcher or backend_class(backend).local_launcher)
     if num_processes < 1:
@@ -24,8 +31,14 @@ def launch_command(num_processes: int, backend: str, train_args: Sequence[str], 
     return chosen.command(num_processes, program, port)
 
 
-def run_launch(num_processes: int, backend: str, train_args: Sequence[str], launcher: Optional[str] = None,
-               dry_run: bool = False, timeout: Optional[float] = None) -> int:
+def run_launch(
+    num_processes: int,
+    backend: str,
+    train_args: Sequence[str],
+    launcher: Optional[str] = None,
+    dry_run: bool = False,
+    timeout: Optional[float] = None,
+) -> int:
     """Run (or with dry_run print) the launch command; return its exit status."""
     command = launch_command(num_processes, backend, train_args, launcher)
     if dry_run:

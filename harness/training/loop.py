@@ -20,8 +20,9 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -84,12 +85,23 @@ class RunPlan:
 
     def lr_at(self, step: int) -> float:
         """The LR of 0-based optimizer step `step` (a pure function of the step, for every backend)."""
-        return learning_rate(step, base_lr=self.config.lr, peak_lr=self.peak_lr, warmup_steps=self.warmup_steps,
-                             total_steps=self.total_steps, schedule=self.config.schedule)
+        return learning_rate(
+            step,
+            base_lr=self.config.lr,
+            peak_lr=self.peak_lr,
+            warmup_steps=self.warmup_steps,
+            total_steps=self.total_steps,
+            schedule=self.config.schedule,
+        )
 
     def layout(self) -> RunLayout:
-        return RunLayout(self.placement.cluster.world_size, self.global_batch, len(self.train_set), self.epoch_steps,
-                         self.total_steps)
+        return RunLayout(
+            self.placement.cluster.world_size,
+            self.global_batch,
+            len(self.train_set),
+            self.epoch_steps,
+            self.total_steps,
+        )
 
     def make_model(self) -> nn.Module:
         """A fresh model of the run's architecture, in its memory format, on its device."""
@@ -119,8 +131,10 @@ def plan_run(config: TrainConfig, placement: Placement) -> RunPlan:
     train_set, test_set = load_split(config.dataset, "train", options), load_split(config.dataset, "test", options)
     epoch_steps = steps_per_epoch(len(train_set), world_size, local_batch)
     if epoch_steps == 0:
-        raise UsageError(f"the training set has {len(train_set)} samples, fewer than one global batch of "
-                         f"{local_batch * world_size}; lower --batch-size or use fewer workers")
+        raise UsageError(
+            f"the training set has {len(train_set)} samples, fewer than one global batch of "
+            f"{local_batch * world_size}; lower --batch-size or use fewer workers"
+        )
     total_steps = epoch_steps * config.epochs
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
@@ -129,16 +143,34 @@ def plan_run(config: TrainConfig, placement: Placement) -> RunPlan:
     # the LR by that ratio (linear) or its root, reached after --warmup-epochs (harness.training.lr).
     base_batch = config.base_batch or (config.global_batch or config.batch_size * config.grad_accum)
     cluster = placement.cluster
-    transform = train_transform(train_set, placement.device, config.augment, config.seed, cluster.rank, world_size,
-                                local_batch, config.channels_last)
-    return RunPlan(config, placement, Precision.of(config.precision), train_set, test_set, local_batch, epoch_steps,
-                   total_steps, base_batch,
-                   peak_lr=scaled_lr(config.lr, local_batch * world_size, base_batch, config.lr_scaling),
-                   warmup_steps=round(config.warmup_epochs * epoch_steps),
-                   log_every=config.log_every or max(1, math.ceil(total_steps / HISTORY_POINTS)), transform=transform)
+    transform = train_transform(
+        train_set,
+        placement.device,
+        config.augment,
+        config.seed,
+        cluster.rank,
+        world_size,
+        local_batch,
+        config.channels_last,
+    )
+    return RunPlan(
+        config,
+        placement,
+        Precision.of(config.precision),
+        train_set,
+        test_set,
+        local_batch,
+        epoch_steps,
+        total_steps,
+        base_batch,
+        peak_lr=scaled_lr(config.lr, local_batch * world_size, base_batch, config.lr_scaling),
+        warmup_steps=round(config.warmup_epochs * epoch_steps),
+        log_every=config.log_every or max(1, math.ceil(total_steps / HISTORY_POINTS)),
+        transform=transform,
+    )
 
 
-def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> Dict[str, Any]:
+def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     """Train under whatever launcher started this process; return the run's results record.
 
     Every rank returns the same record (metrics are reduced over ranks); rank 0 also appends it to
@@ -200,10 +232,12 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> Dict[str, 
 
 def make_optimizer_factory(config: TrainConfig):
     """The optimizer the config names, for the backend to build over the parameters it owns."""
+
     def make(parameters):
         if config.optimizer == "adam":
             return torch.optim.Adam(parameters, lr=config.lr, weight_decay=config.weight_decay)
         return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+
     return make
 
 
@@ -218,12 +252,12 @@ class RunState:
     checkpointer: Optional[Checkpointer]
     timer: StepTimer
     gradient_bytes: int = 0  # what the ranks average per step: the model's trainable parameters' bytes
-    epoch_times: List[float] = field(default_factory=list)
-    epoch_throughputs: List[float] = field(default_factory=list)
+    epoch_times: list[float] = field(default_factory=list)
+    epoch_throughputs: list[float] = field(default_factory=list)
     preempted: bool = False
 
     @classmethod
-    def start(cls, plan: RunPlan, resumed: Optional[ResumeState], checkpointer: Optional[Checkpointer]) -> "RunState":
+    def start(cls, plan: RunPlan, resumed: Optional[ResumeState], checkpointer: Optional[Checkpointer]) -> RunState:
         step_losses = torch.zeros(plan.epoch_steps, 2, dtype=torch.float64, device=plan.placement.device)
         if resumed is not None:  # the steps of the unfinished epoch before the checkpoint
             step_losses += resumed.epoch_step_losses.to(step_losses.device)
@@ -231,14 +265,22 @@ class RunState:
         # Phases end on finished device work only when --profile asks (it costs overlap).
         config = plan.config  # --profile-trace: the step timeline covers the profiled steps too
         trace_steps = max(config.trace_steps, PROFILED_STEPS) if config.profile_trace else config.trace_steps
-        timer = StepTimer(trace_steps, device_waiter(device) if config.profile else lambda: None,
-                          threads=plan.placement.threads if device.type == "cpu" else None)
+        timer = StepTimer(
+            trace_steps,
+            device_waiter(device) if config.profile else lambda: None,
+            threads=plan.placement.threads if device.type == "cpu" else None,
+        )
         timer.profiler = make_profiler(config.profile_trace, plan.placement.cluster.rank, device)
         backend = plan.placement.backend
         timer.memory = WindowPeak(device, lambda: model_state_bytes(backend.model, backend))
-        return cls(step=resumed.step if resumed else 0, start_step=resumed.step if resumed else 0,
-                   progress=resumed.progress if resumed else Progress(), epoch_step_losses=step_losses,
-                   checkpointer=checkpointer, timer=timer)
+        return cls(
+            step=resumed.step if resumed else 0,
+            start_step=resumed.step if resumed else 0,
+            progress=resumed.progress if resumed else Progress(),
+            epoch_step_losses=step_losses,
+            checkpointer=checkpointer,
+            timer=timer,
+        )
 
     def record_loss(self, plan: RunPlan, epoch: int, loss: torch.Tensor, samples: int) -> None:
         """Count one finished step: its loss joins the epoch's per-step sums (on the device, reduced
@@ -265,16 +307,37 @@ class RunState:
                 history["pending"] = [0.0, 0.0]
 
 
-def _train_epochs(plan: RunPlan, state: RunState, model: nn.Module, optimizer: torch.optim.Optimizer,
-                  preemption: PreemptionWatcher, watchers: Callback) -> None:
+def _train_epochs(
+    plan: RunPlan,
+    state: RunState,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    preemption: PreemptionWatcher,
+    watchers: Callback,
+) -> None:
     config, (backend, cluster, device, _, _) = plan.config, plan.placement
     # The sampler's epoch: every rank draws the same permutation from (seed, epoch) and takes its own
     # slice of each global batch, so the ranks' samples are disjoint and a global batch holds the
     # same samples at any world size (harness.data.sharding). One loader for the whole run, so worker
     # processes start once and prefetch across epochs; a resumed run starts at its checkpoint's step.
-    stream = to_device_ahead(iterate_batches(plan.train_set, RankSchedule(
-        len(plan.train_set), cluster.world_size, cluster.rank, plan.local_batch, config.seed, plan.total_steps,
-        first_step=state.step), config.num_workers, device.type == "cuda", config.prefetch), device)
+    stream = to_device_ahead(
+        iterate_batches(
+            plan.train_set,
+            RankSchedule(
+                len(plan.train_set),
+                cluster.world_size,
+                cluster.rank,
+                plan.local_batch,
+                config.seed,
+                plan.total_steps,
+                first_step=state.step,
+            ),
+            config.num_workers,
+            device.type == "cuda",
+            config.prefetch,
+        ),
+        device,
+    )
     timing_warmup = plan.timing_warmup(state.start_step)
     progress_bar = _progress_bar(plan.total_steps - state.start_step, cluster.is_main and sys.stderr.isatty())
     for epoch in range(state.step // plan.epoch_steps, plan.num_epochs):
@@ -314,8 +377,15 @@ def _train_epochs(plan: RunPlan, state: RunState, model: nn.Module, optimizer: t
         progress_bar.close()
 
 
-def _train_step(plan: RunPlan, state: RunState, model: nn.Module, optimizer: torch.optim.Optimizer,
-                images: torch.Tensor, labels: torch.Tensor, epoch: int) -> Tuple[torch.Tensor, float]:
+def _train_step(
+    plan: RunPlan,
+    state: RunState,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    epoch: int,
+) -> tuple[torch.Tensor, float]:
     """One optimizer step on this rank's batch, its phases timed; (this rank's loss, the step's LR)."""
     backend, device, timer = plan.placement.backend, plan.placement.device, state.timer
     images = plan.transform(images, epoch, state.step)  # on the device already (to_device_ahead)
@@ -330,8 +400,12 @@ def _train_step(plan: RunPlan, state: RunState, model: nn.Module, optimizer: tor
         sync = first + plan.micro_batch >= plan.local_batch
         with backend.no_sync(sync):
             with plan.precision.autocast(device), annotate("forward"):  # named in a --profile-trace
-                micro_loss = F.cross_entropy(model(images[first:first + plan.micro_batch]),
-                                             labels[first:first + plan.micro_batch]) / plan.config.grad_accum
+                micro_loss = (
+                    F.cross_entropy(
+                        model(images[first : first + plan.micro_batch]), labels[first : first + plan.micro_batch]
+                    )
+                    / plan.config.grad_accum
+                )
             with annotate("backward"):
                 backend.backward(micro_loss, sync)
         loss += micro_loss.detach().float()
@@ -352,8 +426,9 @@ def _synchronised(plan: RunPlan) -> float:
     return time.perf_counter()
 
 
-def _end_epoch(plan: RunPlan, state: RunState, epoch: int, epoch_start: float, progress_bar: Any,
-               watchers: Callback) -> None:
+def _end_epoch(
+    plan: RunPlan, state: RunState, epoch: int, epoch_start: float, progress_bar: Any, watchers: Callback
+) -> None:
     """Close the timed window, reduce the epoch's losses (one collective), evaluate, log, checkpoint."""
     config, (backend, cluster, device, _, _) = plan.config, plan.placement
     epoch_end = _synchronised(plan)
@@ -371,19 +446,31 @@ def _end_epoch(plan: RunPlan, state: RunState, epoch: int, epoch_start: float, p
     last = epoch == plan.num_epochs - 1
     evaluated = last or bool(config.eval_every and (epoch + 1) % config.eval_every == 0)
     if evaluated:
-        state.progress.evaluation = evaluate(backend.evaluation_model(plan.make_model), plan.test_set, backend,
-                                             cluster, device, plan.precision)
+        state.progress.evaluation = evaluate(
+            backend.evaluation_model(plan.make_model), plan.test_set, backend, cluster, device, plan.precision
+        )
     lr = plan.lr_at(state.step - 1)
     if cluster.is_main:
-        line = (f"epoch {epoch + 1}/{plan.num_epochs} | train loss {state.progress.train_losses[-1]:.4f} | "
-                f"lr {lr:.4g} | {throughput or float('nan'):,.0f} samples/s | {state.epoch_times[-1]:.1f} s")
+        line = (
+            f"epoch {epoch + 1}/{plan.num_epochs} | train loss {state.progress.train_losses[-1]:.4f} | "
+            f"lr {lr:.4g} | {throughput or float('nan'):,.0f} samples/s | {state.epoch_times[-1]:.1f} s"
+        )
         if evaluated:
             evaluation = state.progress.evaluation
             line += f" | eval loss {evaluation['eval_loss']:.4f} acc {100 * evaluation['eval_accuracy']:.2f}%"
         (progress_bar.write if progress_bar is not None else log.info)(line)
-    watchers.on_epoch_end(EpochEnd(epoch, state.step, state.progress.train_losses[-1], lr,
-                                   dict(state.progress.evaluation) if evaluated else None, throughput, cluster.rank,
-                                   cluster.world_size))
+    watchers.on_epoch_end(
+        EpochEnd(
+            epoch,
+            state.step,
+            state.progress.train_losses[-1],
+            lr,
+            dict(state.progress.evaluation) if evaluated else None,
+            throughput,
+            cluster.rank,
+            cluster.world_size,
+        )
+    )
     if state.checkpointer is not None:
         _checkpoint(plan, state, "epoch end")
 
@@ -397,10 +484,16 @@ def _checkpoint(plan: RunPlan, state: RunState, reason: str) -> float:
 def _preempted(state: RunState, preemption: PreemptionWatcher, total_steps: int, is_main: bool) -> Preempted:
     """The exception that ends a preempted run, once its checkpoint (if any) is written."""
     checkpointer = state.checkpointer
-    saved = (f"checkpoint {checkpointer.last_path} is written; resubmit with --resume auto to continue"
-             if checkpointer is not None else "nothing was saved (no --checkpoint-dir)")
-    return Preempted(f"stopped by {preemption.signal_name()} after step {state.step} of {total_steps}; {saved} "
-                     f"(exit status {EXIT_PREEMPTED})", is_main)
+    saved = (
+        f"checkpoint {checkpointer.last_path} is written; resubmit with --resume auto to continue"
+        if checkpointer is not None
+        else "nothing was saved (no --checkpoint-dir)"
+    )
+    return Preempted(
+        f"stopped by {preemption.signal_name()} after step {state.step} of {total_steps}; {saved} "
+        f"(exit status {EXIT_PREEMPTED})",
+        is_main,
+    )
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:
@@ -411,23 +504,24 @@ def _progress_bar(total: int, enabled: bool) -> Any:
     return tqdm(total=total, unit="step", leave=False, dynamic_ncols=True)
 
 
-def _calibration_batches(plan: RunPlan) -> List[Any]:
+def _calibration_batches(plan: RunPlan) -> list[Any]:
     """The rank's last --calibration-steps + 1 micro-batches of the run, on the device, for calibration."""
     config, cluster, device = plan.config, plan.placement.cluster, plan.placement.device
     steps = config.calibration_steps
     if not steps:
         return []
     last_epoch = (plan.total_steps - 1) // plan.epoch_steps
-    batches = train_batches(len(plan.train_set), cluster.world_size, cluster.rank, plan.local_batch, config.seed,
-                            last_epoch)[:plan.total_steps - last_epoch * plan.epoch_steps]
+    batches = train_batches(
+        len(plan.train_set), cluster.world_size, cluster.rank, plan.local_batch, config.seed, last_epoch
+    )[: plan.total_steps - last_epoch * plan.epoch_steps]
     chosen = []
-    for indices in batches[-(steps + 1):]:
-        images, labels = plan.train_set.fetch(indices[:plan.micro_batch])
+    for indices in batches[-(steps + 1) :]:
+        images, labels = plan.train_set.fetch(indices[: plan.micro_batch])
         chosen.append((plan.transform(images.to(device), last_epoch, 0), labels.to(device)))
     return chosen
 
 
-def _finish(plan: RunPlan, state: RunState, started: float) -> Dict[str, Any]:
+def _finish(plan: RunPlan, state: RunState, started: float) -> dict[str, Any]:
     """Measure what the timed window could not (compute per step, every rank's breakdown); the run's record."""
     config, (backend, cluster, device, _, _) = plan.config, plan.placement
     if state.timer.profiler is not None:
@@ -441,12 +535,20 @@ def _finish(plan: RunPlan, state: RunState, started: float) -> Dict[str, Any]:
         with plan.precision.autocast(device):
             return F.cross_entropy(model(batch[0]), batch[1]) * config.grad_accum  # a whole step's compute
 
-    compute_per_step = calibrated_compute_per_step(plan.make_model(), compute_loss, calibration, device) \
-        if calibration else None
+    compute_per_step = (
+        calibrated_compute_per_step(plan.make_model(), compute_loss, calibration, device) if calibration else None
+    )
     if compute_per_step is not None:
         compute_per_step *= config.grad_accum  # calibrated on one micro-batch; a step runs grad_accum of them
-    breakdown = gather_breakdown(backend.all_reduce_sum, cluster.rank, cluster.world_size, device, state.timer,
-                                 compute_per_step, config.calibration_steps,
-                                 exact=device.type == "cpu" or config.profile,
-                                 peak_memory=state.timer.memory.result())
+    breakdown = gather_breakdown(
+        backend.all_reduce_sum,
+        cluster.rank,
+        cluster.world_size,
+        device,
+        state.timer,
+        compute_per_step,
+        config.calibration_steps,
+        exact=device.type == "cpu" or config.profile,
+        peak_memory=state.timer.memory.result(),
+    )
     return run_record(plan, state, started, breakdown)

@@ -33,8 +33,9 @@ def scaled_lr(base_lr: float, global_batch: int, base_batch: int, rule: str) -> 
     raise ValueError(f"unknown LR scaling rule {rule!r}; choose one of {', '.join(SCALING_RULES)}")
 
 
-def learning_rate(step: int, *, base_lr: float, peak_lr: float, warmup_steps: int, total_steps: int,
-                  schedule: str) -> float:
+def learning_rate(
+    step: int, *, base_lr: float, peak_lr: float, warmup_steps: int, total_steps: int, schedule: str
+) -> float:
     """LR for 0-based optimizer step `step` of `total_steps`."""
     if step < warmup_steps:
         # Ramp so that step 0 uses base_lr and step `warmup_steps` reaches peak_lr.

@@ -25,7 +25,8 @@ from __future__ import annotations
 import resource
 import sys
 import types
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from collections.abc import Iterable, Iterator
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -35,21 +36,35 @@ RSS_PEAK = "rss_peak"
 MODEL_STATE = ("weights", "gradients", "optimizer", "framework")  # model_state_bytes' parts, in order
 # Objects whose attributes hold no training state; walking into them (a module's globals, a class's
 # methods) would reach every tensor of the process.
-_OPAQUE = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, types.FunctionType,
-           types.BuiltinFunctionType, types.MethodType, types.CodeType, types.FrameType)
+_OPAQUE = (
+    str,
+    bytes,
+    int,
+    float,
+    complex,
+    bool,
+    type(None),
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.CodeType,
+    types.FrameType,
+)
 _MOST_OBJECTS = 2_000_000  # a bound on the walk; a backend's graph is tens of thousands
 
 
 class WindowPeak:
     """The highest peak memory of the timed windows: reset as a window opens, read as it closes."""
 
-    def __init__(self, device: torch.device, count_model_state: Optional[Callable[[], Dict[str, int]]] = None) -> None:
+    def __init__(self, device: torch.device, count_model_state: Optional[Callable[[], dict[str, int]]] = None) -> None:
         self.device = device
         self.bytes = 0.0
         self.source = CUDA_ALLOCATOR
         self.whole_process = False  # a reset was refused: the figure starts with the process
         self._count_model_state = count_model_state
-        self.model_state: Optional[Dict[str, int]] = None  # model_state_bytes, once counted
+        self.model_state: Optional[dict[str, int]] = None  # model_state_bytes, once counted
 
     def see_model_state(self) -> None:
         """Count the model's state (outside the timed window: the walk takes tens of milliseconds), once."""
@@ -70,7 +85,7 @@ class WindowPeak:
         peak, self.source = peak_memory(self.device)
         self.bytes = max(self.bytes, peak)
 
-    def result(self) -> Tuple[float, str, bool]:
+    def result(self) -> tuple[float, str, bool]:
         """(peak bytes, source, whether it is the whole process's): a run whose window never
         opened (fewer steps than the timing warm-up) reports the process's peak so far."""
         if self.bytes == 0.0:
@@ -79,7 +94,7 @@ class WindowPeak:
         return self.bytes, self.source, self.whole_process
 
 
-def peak_memory(device: torch.device) -> Tuple[float, str]:
+def peak_memory(device: torch.device) -> tuple[float, str]:
     """(this rank's peak memory in bytes, its source: CUDA_ALLOCATOR or RSS_PEAK)."""
     if device.type == "cpu":
         return float(_resident_peak()), RSS_PEAK
@@ -99,7 +114,7 @@ def _resident_peak() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, kB elsewhere
 
 
-def model_state_bytes(model: nn.Module, framework: Any) -> Dict[str, int]:
+def model_state_bytes(model: nn.Module, framework: Any) -> dict[str, int]:
     """The bytes of the model's state this rank holds now, by MODEL_STATE part: the weights (the
     model's parameters and buffers, their local shards, and tensors a parameter carries, such as
     ZeRO-3's partition), their gradients (the parameters' `.grad`), the optimizer's state (the
@@ -109,12 +124,15 @@ def model_state_bytes(model: nn.Module, framework: Any) -> Dict[str, int]:
     count once, in the first part that holds them (DDP's gradients are views of its buckets)."""
     parameters = list(model.parameters())
     reachable, optimizers = _reachable(framework)
-    parts = [_storages(_carried(tensor) for tensor in [*parameters, *model.buffers()]),
-             _storages(_carried(p.grad) for p in parameters if p.grad is not None),
-             # the state's values: its keys are the parameters the optimizer steps (ZeRO's float32 partitions)
-             _storages(_carried(tensor) for optimizer in optimizers
-                       for tensor in _reachable(list(optimizer.state.values()))[0]),
-             _storages(_carried(tensor) for tensor in reachable)]
+    parts = [
+        _storages(_carried(tensor) for tensor in [*parameters, *model.buffers()]),
+        _storages(_carried(p.grad) for p in parameters if p.grad is not None),
+        # the state's values: its keys are the parameters the optimizer steps (ZeRO's float32 partitions)
+        _storages(
+            _carried(tensor) for optimizer in optimizers for tensor in _reachable(list(optimizer.state.values()))[0]
+        ),
+        _storages(_carried(tensor) for tensor in reachable),
+    ]
     counted: set = set()
     sizes = []
     for part in parts:
@@ -129,10 +147,10 @@ def _carried(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
     yield from (value for value in vars(tensor).values() if isinstance(value, torch.Tensor))
 
 
-def _storages(groups: Iterable[Iterable[torch.Tensor]]) -> Dict[Tuple[str, int], int]:
+def _storages(groups: Iterable[Iterable[torch.Tensor]]) -> dict[tuple[str, int], int]:
     """{(device, address): bytes} of the storages behind the tensors; a wrapper subclass such as
     FSDP's DTensor by the local tensors it wraps."""
-    found: Dict[Tuple[str, int], int] = {}
+    found: dict[tuple[str, int], int] = {}
     pending = [tensor for group in groups for tensor in group]
     while pending:
         tensor = pending.pop()
@@ -150,11 +168,11 @@ def _storages(groups: Iterable[Iterable[torch.Tensor]]) -> Dict[Tuple[str, int],
     return found
 
 
-def _reachable(root: Any) -> Tuple[List[torch.Tensor], List[torch.optim.Optimizer]]:
+def _reachable(root: Any) -> tuple[list[torch.Tensor], list[torch.optim.Optimizer]]:
     """Every tensor reachable from `root` through containers and object attributes (not through
     modules, classes or functions), and the torch optimizers met on the way."""
-    tensors: List[torch.Tensor] = []
-    optimizers: List[torch.optim.Optimizer] = []
+    tensors: list[torch.Tensor] = []
+    optimizers: list[torch.optim.Optimizer] = []
     seen, pending = set(), [root]
     while pending and len(seen) < _MOST_OBJECTS:
         obj = pending.pop()
@@ -176,20 +194,33 @@ def _reachable(root: Any) -> Tuple[List[torch.Tensor], List[torch.optim.Optimize
     return tensors, optimizers
 
 
-def memory_section(peak_bytes_per_rank: List[float], source: str, whole_process: bool,
-                   model_state_per_rank: Optional[Dict[str, List[float]]] = None) -> Dict[str, Any]:
+def memory_section(
+    peak_bytes_per_rank: list[float],
+    source: str,
+    whole_process: bool,
+    model_state_per_rank: Optional[dict[str, list[float]]] = None,
+) -> dict[str, Any]:
     """The record's `memory` section from every rank's peak and model state (gathered by
     harness.training.timing; a model state below 0 was not counted on that rank)."""
     measured = "resident-set peak" if source == RSS_PEAK else "allocator's peak"
-    scope = (f"the process's {measured} since it started (the kernel refused to reset it)" if whole_process
-             else f"the {measured} over the timed window (reset as it opened)")
-    section: Dict[str, Any] = {"peak_bytes_per_rank": [int(value) for value in peak_bytes_per_rank],
-                               "source": source, "scope": scope, "model_state_bytes_per_rank": None}
+    scope = (
+        f"the process's {measured} since it started (the kernel refused to reset it)"
+        if whole_process
+        else f"the {measured} over the timed window (reset as it opened)"
+    )
+    section: dict[str, Any] = {
+        "peak_bytes_per_rank": [int(value) for value in peak_bytes_per_rank],
+        "source": source,
+        "scope": scope,
+        "model_state_bytes_per_rank": None,
+    }
     if model_state_per_rank and all(value >= 0 for values in model_state_per_rank.values() for value in values):
         parts = {part: [int(value) for value in values] for part, values in model_state_per_rank.items()}
         section["model_state_bytes_per_rank"] = {**parts, "total": [sum(column) for column in zip(*parts.values())]}
-        section["model_state_scope"] = ("live tensors when a warm-up step's gradients were averaged: weights "
-                                        "(or this rank's shard), the parameters' gradients, the optimizer's state, "
-                                        "and the framework's other tensors (copies, flat buffers, gradient "
-                                        "partitions, buckets), each storage once")
+        section["model_state_scope"] = (
+            "live tensors when a warm-up step's gradients were averaged: weights "
+            "(or this rank's shard), the parameters' gradients, the optimizer's state, "
+            "and the framework's other tensors (copies, flat buffers, gradient "
+            "partitions, buckets), each storage once"
+        )
     return section

@@ -40,17 +40,18 @@ equals the step-time ratio, the classic strong-scaling speedup. One formula serv
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 
-def _definitions(doc: str) -> Dict[str, str]:
+def _definitions(doc: str) -> dict[str, str]:
     """name -> definition text (whitespace collapsed) of the `- **name**: text` items above."""
     block = doc.split("Definitions", 1)[1]
     items = re.findall(r"^- \*\*(.+?)\*\*(.*?)(?=^- \*\*|^\s*$)", block, flags=re.M | re.S)
     return {name: " ".join(f"**{name}**{text}".split()) for name, text in items}
 
 
-DEFINITIONS: Dict[str, str] = _definitions(__doc__ or "")
+DEFINITIONS: dict[str, str] = _definitions(__doc__ or "")
 
 # Contention thresholds (see **contention** above).
 CPU_SHARE_BELOW = 0.8
@@ -67,8 +68,9 @@ def speedup(throughput: float, baseline_throughput: float) -> Optional[float]:
     return throughput / baseline_throughput
 
 
-def scaling_efficiency(throughput: float, workers: int, baseline_throughput: float,
-                       baseline_workers: int = 1) -> Optional[float]:
+def scaling_efficiency(
+    throughput: float, workers: int, baseline_throughput: float, baseline_workers: int = 1
+) -> Optional[float]:
     """speedup / (workers / baseline_workers): 1.0 when throughput grows in proportion to the workers.
 
     With a baseline of one worker this is the textbook speedup(N) / N; a larger baseline (e.g. when
@@ -102,7 +104,7 @@ def parallel_efficiency(useful: Sequence[float], runtime: float) -> Optional[flo
     return balance * communication
 
 
-def pop_metrics(useful: Sequence[float], runtime: float) -> Dict[str, Optional[float]]:
+def pop_metrics(useful: Sequence[float], runtime: float) -> dict[str, Optional[float]]:
     """The three POP multiplicative metrics, keyed as they appear in results records."""
     return {
         "load_balance": load_balance(useful),
@@ -122,8 +124,9 @@ def accelerator_utilisation(runtime: float, data_wait: float) -> Optional[float]
 STEP_PHASES = ("data_wait", "forward_backward", "communication", "optimizer", "other")
 
 
-def rank_breakdown(runtime: float, data_wait: float, forward_backward: float, communication: float,
-                   optimizer: float) -> Dict[str, float]:
+def rank_breakdown(
+    runtime: float, data_wait: float, forward_backward: float, communication: float, optimizer: float
+) -> dict[str, float]:
     """One rank's timed window (seconds, totals over its steps) as STEP_PHASES plus `useful`.
 
     `other` is what the measured phases leave of the window (never negative: the phases are
@@ -140,8 +143,13 @@ def rank_breakdown(runtime: float, data_wait: float, forward_backward: float, co
     }
 
 
-def contention_reasons(cpu_share: Sequence[Optional[float]], runqueue_wait: Sequence[Optional[float]],
-                       load_average: Optional[float], cores: int, steal: Optional[float]) -> List[str]:
+def contention_reasons(
+    cpu_share: Sequence[Optional[float]],
+    runqueue_wait: Sequence[Optional[float]],
+    load_average: Optional[float],
+    cores: int,
+    steal: Optional[float],
+) -> list[str]:
     """Why a run counts as measured under contention (empty: it does not); see **contention** above.
 
     `cpu_share` and `runqueue_wait` are per rank (None where not measured), `load_average` the
@@ -150,12 +158,15 @@ def contention_reasons(cpu_share: Sequence[Optional[float]], runqueue_wait: Sequ
     reasons = []
     for rank, share in enumerate(cpu_share):
         if share is not None and share < CPU_SHARE_BELOW:
-            reasons.append(f"rank {rank} had the CPU {share:.0%} of its compute time x threads "
-                           f"(< {CPU_SHARE_BELOW:.0%})")
+            reasons.append(
+                f"rank {rank} had the CPU {share:.0%} of its compute time x threads (< {CPU_SHARE_BELOW:.0%})"
+            )
     for rank, wait in enumerate(runqueue_wait):
         if wait is not None and wait > RUNQUEUE_WAIT_ABOVE:
-            reasons.append(f"rank {rank}'s threads waited for a CPU {wait:.0%} of the time they could run "
-                           f"(> {RUNQUEUE_WAIT_ABOVE:.0%})")
+            reasons.append(
+                f"rank {rank}'s threads waited for a CPU {wait:.0%} of the time they could run "
+                f"(> {RUNQUEUE_WAIT_ABOVE:.0%})"
+            )
     if load_average is not None and cores > 0 and load_average > LOAD_PER_CORE_ABOVE * cores:
         reasons.append(f"load average {load_average:.1f} on {cores} cores (> {LOAD_PER_CORE_ABOVE:g} per core)")
     if steal is not None and steal > STEAL_ABOVE:
@@ -163,19 +174,36 @@ def contention_reasons(cpu_share: Sequence[Optional[float]], runqueue_wait: Sequ
     return reasons
 
 
-def contention_summary(measures: Mapping[str, Any]) -> Dict[str, Any]:
+def contention_summary(measures: Mapping[str, Any]) -> dict[str, Any]:
     """A record's `contention` section from its per-rank measures (see harness.training.contention):
     the measures, whether the run is flagged and why."""
-    reasons = contention_reasons(measures.get("cpu_share", []), measures.get("runqueue_wait_share", []),
-                                 measures.get("load_average"), measures.get("cores", 0),
-                                 measures.get("steal_share"))
-    return {**measures, "flagged": bool(reasons), "reasons": reasons,
-            "thresholds": {"cpu_share_below": CPU_SHARE_BELOW, "runqueue_wait_above": RUNQUEUE_WAIT_ABOVE,
-                           "load_per_core_above": LOAD_PER_CORE_ABOVE, "steal_above": STEAL_ABOVE}}
+    reasons = contention_reasons(
+        measures.get("cpu_share", []),
+        measures.get("runqueue_wait_share", []),
+        measures.get("load_average"),
+        measures.get("cores", 0),
+        measures.get("steal_share"),
+    )
+    return {
+        **measures,
+        "flagged": bool(reasons),
+        "reasons": reasons,
+        "thresholds": {
+            "cpu_share_below": CPU_SHARE_BELOW,
+            "runqueue_wait_above": RUNQUEUE_WAIT_ABOVE,
+            "load_per_core_above": LOAD_PER_CORE_ABOVE,
+            "steal_above": STEAL_ABOVE,
+        },
+    }
 
 
-def suspect_weak_efficiency(efficiency: Optional[float], baseline_contended: bool, row_contended: bool,
-                            baseline_ci95: Optional[float], baseline_throughput: float) -> Optional[str]:
+def suspect_weak_efficiency(
+    efficiency: Optional[float],
+    baseline_contended: bool,
+    row_contended: bool,
+    baseline_ci95: Optional[float],
+    baseline_throughput: float,
+) -> Optional[str]:
     """Why a weak-scaling efficiency above SUSPECT_WEAK_EFFICIENCY cannot be taken at face value
     (None when it is not above): the likeliest cause, from what the records say."""
     if efficiency is None or efficiency <= SUSPECT_WEAK_EFFICIENCY:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -15,18 +15,25 @@ CNN_DROPOUT = (0.25, 0.5)  # the workshop CNN's rates after the conv block and a
 class WorkshopCNN(nn.Module):
     """conv32-conv64-maxpool-dropout-fc128-dropout-fc10, the classic MNIST example network."""
 
-    def __init__(self, channels: int = 1, size: int = 28, num_classes: int = 10,
-                 dropout: Optional[float] = None) -> None:
+    def __init__(
+        self, channels: int = 1, size: int = 28, num_classes: int = 10, dropout: Optional[float] = None
+    ) -> None:
         super().__init__()
         conv_dropout, fc_dropout = CNN_DROPOUT if dropout is None else (dropout, dropout)
         pooled = (size - 4) // 2  # two 3x3 valid convolutions, then 2x2 max-pooling
         self.features = nn.Sequential(
-            nn.Conv2d(channels, 32, 3), nn.ReLU(),
-            nn.Conv2d(32, 64, 3), nn.ReLU(),
-            nn.MaxPool2d(2), nn.Dropout(conv_dropout), nn.Flatten(),
+            nn.Conv2d(channels, 32, 3),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Dropout(conv_dropout),
+            nn.Flatten(),
         )
         self.classifier = nn.Sequential(
-            nn.Linear(64 * pooled * pooled, 128), nn.ReLU(), nn.Dropout(fc_dropout),
+            nn.Linear(64 * pooled * pooled, 128),
+            nn.ReLU(),
+            nn.Dropout(fc_dropout),
             nn.Linear(128, num_classes),
         )
 
@@ -42,10 +49,11 @@ def _resnet(factory_name: str) -> Callable[..., nn.Module]:
         if channels != 3:  # grayscale digits: a first convolution that takes one channel
             model.conv1 = nn.Conv2d(channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
         return model
+
     return build
 
 
-MODELS: Dict[str, Callable[..., nn.Module]] = {
+MODELS: dict[str, Callable[..., nn.Module]] = {
     "cnn": lambda channels, size, num_classes, dropout: WorkshopCNN(channels, size, num_classes, dropout),
     "resnet18": _resnet("resnet18"),
     "resnet50": _resnet("resnet50"),

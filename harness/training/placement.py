@@ -6,7 +6,7 @@ any rank waits for another.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Type
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -38,14 +38,15 @@ def check_config(config: TrainConfig) -> None:
         check_trace_directory(config.profile_trace)
 
 
-def check_device(backend: Type[Backend], device: torch.device) -> None:
+def check_device(backend: type[Backend], device: torch.device) -> None:
     """Raise UsageError if `backend` does not run on this device's kind (Backend.devices)."""
     kind = kind_of(device)
     _refuse_unless(backend, lambda cls: kind in cls.devices, f"{kind} devices", ", or --device cpu")
 
 
-def _refuse_unless(backend: Type[Backend], supports: Callable[[Type[Backend]], bool], what: str,
-                   alternative: str = "") -> None:
+def _refuse_unless(
+    backend: type[Backend], supports: Callable[[type[Backend]], bool], what: str, alternative: str = ""
+) -> None:
     """One line naming the backends that support `what` when `backend` does not."""
     if not supports(backend):
         others = " or ".join(name for name, cls in BACKENDS.items() if supports(cls))

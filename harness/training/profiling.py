@@ -49,8 +49,9 @@ def check_trace_directory(directory: str) -> None:
             pass
         os.unlink(probe)
     except OSError as exc:
-        raise UsageError(f"--profile-trace {directory} cannot be written ({exc.strerror}); choose a writable "
-                         "directory") from None
+        raise UsageError(
+            f"--profile-trace {directory} cannot be written ({exc.strerror}); choose a writable directory"
+        ) from None
 
 
 class RankProfiler:
@@ -63,8 +64,10 @@ class RankProfiler:
         if device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._profiler = torch.profiler.profile(
-            activities=activities, schedule=torch.profiler.schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE),
-            on_trace_ready=self._export)
+            activities=activities,
+            schedule=torch.profiler.schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE),
+            on_trace_ready=self._export,
+        )
         self._running = False
         self.exported = False
 
@@ -96,17 +99,29 @@ class RankProfiler:
         """Stop profiling and write this rank's step timeline beside its trace."""
         self._stop()
         if not self.exported:  # too few timed steps to record any: an empty trace keeps the rank's row
-            atomic_write(rank_trace_path(self.directory, self.rank),
-                         lambda tmp: _write_json(tmp, {"traceEvents": [], "baseTimeNanoseconds": time.time_ns()}))
+            atomic_write(
+                rank_trace_path(self.directory, self.rank),
+                lambda tmp: _write_json(tmp, {"traceEvents": [], "baseTimeNanoseconds": time.time_ns()}),
+            )
         # perf_counter has an arbitrary zero; the offset to the wall clock puts the phases on the
         # profiler's clock (Kineto's timestamps are wall-clock microseconds from baseTimeNanoseconds).
         wall_offset = time.time_ns() - time.perf_counter_ns()
         origin = timer.origin or 0.0
         steps = [[round(wall_offset + (origin + instant) * 1e9) for instant in instants] for instants in timer.trace]
-        atomic_write(rank_steps_path(self.directory, self.rank), lambda tmp: _write_json(tmp, {
-            "rank": self.rank, "phases": list(TRACE_PHASES), "clock": "unix_ns",
-            "doc": "per traced step: the instants wait start, data ready, last gradient, gradients averaged, "
-                   "stepped (Unix nanoseconds); phase k runs from instant k to k+1", "steps": steps}))
+        atomic_write(
+            rank_steps_path(self.directory, self.rank),
+            lambda tmp: _write_json(
+                tmp,
+                {
+                    "rank": self.rank,
+                    "phases": list(TRACE_PHASES),
+                    "clock": "unix_ns",
+                    "doc": "per traced step: the instants wait start, data ready, last gradient, gradients averaged, "
+                    "stepped (Unix nanoseconds); phase k runs from instant k to k+1",
+                    "steps": steps,
+                },
+            ),
+        )
 
 
 def _write_json(path: str, value: Any) -> None:

@@ -16,7 +16,8 @@ import socket
 import sys
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -25,12 +26,41 @@ if TYPE_CHECKING:
     from .loop import RunPlan, RunState
 
 # Two-sided 95% Student-t quantiles for 1..30 degrees of freedom; the normal 1.96 beyond.
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-        2.045, 2.042)
+_T95 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 
 
-def mean_and_ci95(values: Sequence[float]) -> Dict[str, Any]:
+def mean_and_ci95(values: Sequence[float]) -> dict[str, Any]:
     """Mean and half-width of its 95% confidence interval (None with fewer than two values)."""
     n = len(values)
     if n == 0:
@@ -43,23 +73,28 @@ def mean_and_ci95(values: Sequence[float]) -> Dict[str, Any]:
     return {"mean": mean, "ci95": quantile * std / math.sqrt(n), "n": n}
 
 
-def library_versions() -> Dict[str, str]:
+def library_versions() -> dict[str, str]:
     """Versions of Python and the libraries every run uses."""
     import numpy
     import torch
 
     from ..version import __version__
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
-            "harness": __version__, "cuda": torch.version.cuda or "none"}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "harness": __version__,
+        "cuda": torch.version.cuda or "none",
+    }
 
 
-def host_info() -> Dict[str, Any]:
+def host_info() -> dict[str, Any]:
     """Where the run happened."""
     return {"hostname": socket.gethostname(), "platform": platform.platform(), "argv": sys.argv}
 
 
-def run_record(plan: "RunPlan", state: "RunState", started: float, breakdown: Dict[str, Any]) -> Dict[str, Any]:
+def run_record(plan: RunPlan, state: RunState, started: float, breakdown: dict[str, Any]) -> dict[str, Any]:
     """The results record of a run that has trained (`breakdown`: its gathered step breakdown,
     harness.training.timing.gather_breakdown): counts over the whole run, timings of this segment."""
     config, (backend, cluster, device, threads, cpu_malloc) = plan.config, plan.placement
@@ -67,55 +102,82 @@ def run_record(plan: "RunPlan", state: "RunState", started: float, breakdown: Di
     throughput = timer.steps * plan.global_batch / timer.seconds if timer.seconds else None
     history = {key: progress.history[key] for key in ("step", "loss", "lr")}
     return {
-        "run_id": uuid.uuid4().hex[:12], "started": started, "wall_time": time.time() - started,
-        "backend": config.backend, "launcher": cluster.launcher, "world_size": cluster.world_size,
-        "local_world_size": cluster.local_world_size, "local_batch": plan.local_batch,
-        "micro_batch": plan.local_batch // config.grad_accum, "grad_accum": config.grad_accum,
-        "global_batch": plan.global_batch, "model": config.model, "dataset": config.dataset,
-        "train_set_size": len(plan.train_set), "device": device.type,
+        "run_id": uuid.uuid4().hex[:12],
+        "started": started,
+        "wall_time": time.time() - started,
+        "backend": config.backend,
+        "launcher": cluster.launcher,
+        "world_size": cluster.world_size,
+        "local_world_size": cluster.local_world_size,
+        "local_batch": plan.local_batch,
+        "micro_batch": plan.local_batch // config.grad_accum,
+        "grad_accum": config.grad_accum,
+        "global_batch": plan.global_batch,
+        "model": config.model,
+        "dataset": config.dataset,
+        "train_set_size": len(plan.train_set),
+        "device": device.type,
         "threads_per_rank": threads if device.type == "cpu" else None,
         "gradient_bytes": state.gradient_bytes,
-        "lr_base": config.lr, "base_batch": plan.base_batch, "lr_effective": plan.peak_lr,
+        "lr_base": config.lr,
+        "base_batch": plan.base_batch,
+        "lr_effective": plan.peak_lr,
         "warmup_steps": plan.warmup_steps,
         # Counts cover the whole run, each step once, however many segments (resumes) it took;
         # timings (timed_*, throughput, epoch_*, wall_time) cover this segment only.
-        "steps": state.step, "epochs": plan.num_epochs, "steps_per_epoch": plan.epoch_steps,
+        "steps": state.step,
+        "epochs": plan.num_epochs,
+        "steps_per_epoch": plan.epoch_steps,
         "samples_seen": state.step * plan.global_batch,
-        "resumed_from_step": state.start_step, "segments": progress.segments,
+        "resumed_from_step": state.start_step,
+        "segments": progress.segments,
         "checkpoint_seconds": state.checkpointer.seconds if state.checkpointer is not None else 0.0,
-        "timed_steps": timer.steps, "timed_seconds": timer.seconds,
+        "timed_steps": timer.steps,
+        "timed_seconds": timer.seconds,
         "timing_warmup_steps": plan.timing_warmup(state.start_step),
-        "throughput": throughput, "throughput_ci95": mean_and_ci95(state.epoch_throughputs)["ci95"],
+        "throughput": throughput,
+        "throughput_ci95": mean_and_ci95(state.epoch_throughputs)["ci95"],
         "throughput_per_worker": throughput / cluster.world_size if throughput else None,
-        "epoch_times": state.epoch_times, "epoch_throughputs": state.epoch_throughputs,
+        "epoch_times": state.epoch_times,
+        "epoch_throughputs": state.epoch_throughputs,
         **breakdown,
-        "train_loss": progress.train_losses[-1], "train_losses": progress.train_losses,
+        "train_loss": progress.train_losses[-1],
+        "train_losses": progress.train_losses,
         "history": {"log_every": plan.log_every, **history},
         "lr_final": plan.lr_at(state.step - 1),
         "skipped_steps": backend.skipped_steps,
         **progress.evaluation,
         "math": backend.math_settings(config),
-        "tuning": {**backend.tuning(), "cpu_malloc": cpu_malloc, "channels_last_weights": plan.channels_last_weights,
-                   "compile": backend.compiled},
+        "tuning": {
+            **backend.tuning(),
+            "cpu_malloc": cpu_malloc,
+            "channels_last_weights": plan.channels_last_weights,
+            "compile": backend.compiled,
+        },
         "versions": {**library_versions(), **backend.versions()},
         "host": host_info(),
         **({"gpu": _gpu_facts(device, config)} if device.type == "cuda" else {}),
-        "config": config.to_dict(), "tags": dict(config.tags),
+        "config": config.to_dict(),
+        "tags": dict(config.tags),
     }
 
 
-def _gpu_facts(device: "torch.device", config: "TrainConfig") -> Dict[str, Any]:
+def _gpu_facts(device: torch.device, config: TrainConfig) -> dict[str, Any]:
     """What a GPU run's record states about the hardware and its software."""
     import torch
 
     nccl = torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else None
-    return {"name": torch.cuda.get_device_name(device), "cuda": torch.version.cuda,
-            "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
-            "ranks_per_gpu": config.procs_per_gpu, "profile_synchronised": config.profile,
-            "channels_last": config.channels_last}
+    return {
+        "name": torch.cuda.get_device_name(device),
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
+        "ranks_per_gpu": config.procs_per_gpu,
+        "profile_synchronised": config.profile,
+        "channels_last": config.channels_last,
+    }
 
 
-def append_record(path: str, record: Dict[str, Any]) -> None:
+def append_record(path: str, record: dict[str, Any]) -> None:
     """Append one record as one line: a single write under an exclusive lock, then fsync.
 
     A reader never sees half a record, and concurrent jobs appending to one file do not interleave.
@@ -135,7 +197,7 @@ def append_record(path: str, record: Dict[str, Any]) -> None:
 JOB_RESULTS = "results.jsonl"  # what the job templates in submissions/ write at the top of a job's directory
 
 
-def read_results(paths: Iterable[str]) -> List[Dict[str, Any]]:
+def read_results(paths: Iterable[str]) -> list[dict[str, Any]]:
     """The records of results files that must exist (a missing one is a UsageError naming the fix).
 
     A directory stands for the results.jsonl of a job directory that the job templates write (its
@@ -149,7 +211,7 @@ def read_results(paths: Iterable[str]) -> List[Dict[str, Any]]:
     return read_records(paths)
 
 
-def read_records(paths: Iterable[str]) -> List[Dict[str, Any]]:
+def read_records(paths: Iterable[str]) -> list[dict[str, Any]]:
     """All records of the given JSONL files, in file order."""
     records = []
     for path in paths:

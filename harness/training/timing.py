@@ -25,7 +25,8 @@ the optimizer step.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -66,7 +67,7 @@ class GradientClock:
         else:
             self.instant = time.perf_counter()
 
-    def take(self) -> Tuple[Optional[float], Optional[Any]]:
+    def take(self) -> tuple[Optional[float], Optional[Any]]:
         """This step's last-gradient instant (CPU) or event (GPU), and forget it for the next step."""
         taken = (self.instant, self.event)
         self.instant = self.event = None
@@ -84,8 +85,9 @@ class StepTimer:
     phases exact at the cost of overlap; on the CPU, and without --profile, it does nothing.
     """
 
-    def __init__(self, trace_steps: int, phase_sync: Callable[[], None] = lambda: None,
-                 threads: Optional[int] = None) -> None:
+    def __init__(
+        self, trace_steps: int, phase_sync: Callable[[], None] = lambda: None, threads: Optional[int] = None
+    ) -> None:
         self.trace_steps = trace_steps
         self.phase_sync = phase_sync
         self.clock: Optional[GradientClock] = None  # set by watch(); without it the whole phase is compute
@@ -93,7 +95,7 @@ class StepTimer:
         self.memory: Optional[WindowPeak] = None  # the peak memory of the windows, reset as each opens
         self.cpu = CpuMeter(threads)
         # per traced step: wait start, data ready, last gradient, gradients ready, stepped
-        self.trace: List[List[float]] = []
+        self.trace: list[list[float]] = []
         self.origin: Optional[float] = None  # when the first timed window opened (the trace's zero)
         self.seconds = self.data_wait = self.forward_backward = self.communication = self.optimizer = 0.0
         self.steps = 0
@@ -101,8 +103,8 @@ class StepTimer:
         self._window_steps = 0
         self._stepped_before = False  # an optimizer step has run: the optimizer's state exists
         self._window_start = self._wait_start = self._data_ready = self._gradients_ready = 0.0
-        self._last_gradient: Tuple[Optional[float], Optional[Any]] = (None, None)
-        self._pending: List[Tuple[Any, Any, float, Optional[List[float]]]] = []  # GPU: resolved at close
+        self._last_gradient: tuple[Optional[float], Optional[Any]] = (None, None)
+        self._pending: list[tuple[Any, Any, float, Optional[list[float]]]] = []  # GPU: resolved at close
 
     def watch(self, parameters: Iterable[nn.Parameter], device: torch.device) -> None:
         """Mark each step's last parameter gradient of these (the real model's) parameters."""
@@ -121,7 +123,7 @@ class StepTimer:
         if self.profiler is not None:
             self.profiler.start()
 
-    def close_window(self) -> Optional[Tuple[float, int]]:
+    def close_window(self) -> Optional[tuple[float, int]]:
         """Stop timing (after a barrier, with the device's work done): the window's (seconds, steps),
         or None if none was open."""
         if not self._window_open:
@@ -180,7 +182,13 @@ class StepTimer:
         self.cpu.add_compute(stepped - self._data_ready - waited)
         traced = None
         if len(self.trace) < self.trace_steps:
-            instants = (self._wait_start, self._data_ready, self._gradients_ready - waited, self._gradients_ready, stepped)
+            instants = (
+                self._wait_start,
+                self._data_ready,
+                self._gradients_ready - waited,
+                self._gradients_ready,
+                stepped,
+            )
             traced = [value - self.origin for value in instants]
             self.trace.append(traced)
         if event is not None:  # GPU: the gap between the events is known once the device has run them
@@ -205,8 +213,12 @@ class StepTimer:
             self.clock.remove()
 
 
-def calibrated_compute_per_step(model: nn.Module, compute_loss: Callable[[nn.Module, Any], torch.Tensor],
-                                batches: Sequence[Any], device: torch.device) -> Optional[float]:
+def calibrated_compute_per_step(
+    model: nn.Module,
+    compute_loss: Callable[[nn.Module, Any], torch.Tensor],
+    batches: Sequence[Any],
+    device: torch.device,
+) -> Optional[float]:
     """Median seconds of one forward + backward on this rank on a fresh, hook-free copy of the model,
     after training (--calibration-steps): a cross-check of the window's forward + backward only.
 
@@ -217,7 +229,7 @@ def calibrated_compute_per_step(model: nn.Module, compute_loss: Callable[[nn.Mod
         return None
     model.train()
     wait_for_device = device_waiter(device)
-    seconds: List[float] = []
+    seconds: list[float] = []
     for batch in batches:
         wait_for_device()
         start = time.perf_counter()
@@ -231,12 +243,29 @@ def calibrated_compute_per_step(model: nn.Module, compute_loss: Callable[[nn.Mod
 
 # The model state's parts are columns of their own: "optimizer" is also a phase.
 STATE_COLUMNS = tuple(f"model_state_{part}" for part in MODEL_STATE)
-SCALARS = ("runtime", "data_wait", "forward_backward", "communication", "optimizer", "calibrated", "memory",
-           *STATE_COLUMNS, "cpu_share", "runqueue_wait_share", "load_average", "steal_share")
+SCALARS = (
+    "runtime",
+    "data_wait",
+    "forward_backward",
+    "communication",
+    "optimizer",
+    "calibrated",
+    "memory",
+    *STATE_COLUMNS,
+    "cpu_share",
+    "runqueue_wait_share",
+    "load_average",
+    "steal_share",
+)
 
 
-def _gather(all_reduce_sum: Callable[[torch.Tensor], torch.Tensor], rank: int, world_size: int,
-            device: torch.device, values: List[float]) -> torch.Tensor:
+def _gather(
+    all_reduce_sum: Callable[[torch.Tensor], torch.Tensor],
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    values: list[float],
+) -> torch.Tensor:
     """A [quantity x rank] table of every rank's `values`: one allreduce, each rank filling its column."""
     mine = torch.tensor(values, dtype=torch.float64)
     table = torch.zeros(len(mine), world_size, dtype=torch.float64, device=device)
@@ -244,69 +273,104 @@ def _gather(all_reduce_sum: Callable[[torch.Tensor], torch.Tensor], rank: int, w
     return all_reduce_sum(table).cpu()
 
 
-def gather_breakdown(all_reduce_sum: Callable[[torch.Tensor], torch.Tensor], rank: int, world_size: int,
-                     device: torch.device, timer: StepTimer, compute_per_step: Optional[float],
-                     calibration_steps: int, exact: bool, peak_memory: Tuple[float, str, bool]) -> Dict[str, Any]:
+def gather_breakdown(
+    all_reduce_sum: Callable[[torch.Tensor], torch.Tensor],
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    timer: StepTimer,
+    compute_per_step: Optional[float],
+    calibration_steps: int,
+    exact: bool,
+    peak_memory: tuple[float, str, bool],
+) -> dict[str, Any]:
     """Every rank's phase totals, CPU measures, trace and peak memory ((bytes, source, whole process):
     harness.training.memory) gathered in one collective; AU, the POP metrics and the contention verdict."""
     steps = timer.steps
-    scalars = [timer.seconds, timer.data_wait, timer.forward_backward, timer.communication, timer.optimizer,
-               compute_per_step if compute_per_step is not None else -1.0,  # -1: not measured
-               peak_memory[0], *_model_state(timer), *timer.cpu.values()]
+    scalars = [
+        timer.seconds,
+        timer.data_wait,
+        timer.forward_backward,
+        timer.communication,
+        timer.optimizer,
+        compute_per_step if compute_per_step is not None else -1.0,  # -1: not measured
+        peak_memory[0],
+        *_model_state(timer),
+        *timer.cpu.values(),
+    ]
     trace = [value for instants in timer.trace for value in instants]
     trace += [-1.0] * (5 * timer.trace_steps - len(trace))  # -1: this rank traced fewer steps
     table = _gather(all_reduce_sum, rank, world_size, device, scalars + trace)
-    columns = dict(zip(SCALARS, table[:len(scalars)].tolist()))
+    columns = dict(zip(SCALARS, table[: len(scalars)].tolist()))
     ranks = [rank_breakdown(*(columns[key][r] for key in SCALARS[:5])) for r in range(world_size)]
     per_rank = {key: [one[key] for one in ranks] for key in ranks[0]}
     per_step = {key: (sum(values) / len(values) / steps if steps else None) for key, values in per_rank.items()}
-    breakdown: Dict[str, Any] = {
+    breakdown: dict[str, Any] = {
         "au": accelerator_utilisation(sum(columns["runtime"]), sum(columns["data_wait"])),
-        **(pop_metrics(per_rank["useful"], max(columns["runtime"])) if steps else
-           {"load_balance": None, "communication_efficiency": None, "parallel_efficiency": None}),
+        **(
+            pop_metrics(per_rank["useful"], max(columns["runtime"]))
+            if steps
+            else {"load_balance": None, "communication_efficiency": None, "parallel_efficiency": None}
+        ),
         "step_breakdown": {
-            "seconds_per_step": per_step, "per_rank_seconds": per_rank, "timed_steps": steps,
+            "seconds_per_step": per_step,
+            "per_rank_seconds": per_rank,
+            "timed_steps": steps,
             "communication_method": "last parameter gradient to gradients averaged, in the timed window",
             "calibration_steps": calibration_steps,
             "compute_per_step_calibrated": [c if c >= 0 else None for c in columns["calibrated"]],
             "exact": exact,
         },
         "contention": _contention(columns, timer.cpu.threads),
-        "memory": memory_section(columns["memory"], peak_memory[1], peak_memory[2],
-                                 {part: columns[column] for part, column in zip(MODEL_STATE, STATE_COLUMNS)}),
+        "memory": memory_section(
+            columns["memory"],
+            peak_memory[1],
+            peak_memory[2],
+            {part: columns[column] for part, column in zip(MODEL_STATE, STATE_COLUMNS)},
+        ),
     }
     if timer.trace_steps:
-        breakdown["timeline"] = _timeline(table[len(scalars):], timer.trace_steps, world_size)
+        breakdown["timeline"] = _timeline(table[len(scalars) :], timer.trace_steps, world_size)
     return breakdown
 
 
-def _model_state(timer: StepTimer) -> List[float]:
+def _model_state(timer: StepTimer) -> list[float]:
     """This rank's model state by part (harness.training.memory), -1 each where it was not counted."""
     counted = timer.memory.model_state if timer.memory is not None else None
     return [float(counted[part]) if counted else -1.0 for part in MODEL_STATE]
 
 
-def _measured(values: Sequence[float]) -> List[Optional[float]]:
+def _measured(values: Sequence[float]) -> list[Optional[float]]:
     return [value if value >= 0 else None for value in values]
 
 
-def _contention(columns: Dict[str, List[float]], threads: Optional[int]) -> Dict[str, Any]:
+def _contention(columns: dict[str, list[float]], threads: Optional[int]) -> dict[str, Any]:
     loads = [value for value in columns["load_average"] if value >= 0]
     steals = [value for value in columns["steal_share"] if value >= 0]
-    return contention_summary({
-        "cpu_share": _measured(columns["cpu_share"]), "runqueue_wait_share": _measured(columns["runqueue_wait_share"]),
-        "load_average": max(loads) if loads else None, "cores": node_cores(),
-        "steal_share": max(steals) if steals else None, "threads_per_rank": threads,
-    })
+    return contention_summary(
+        {
+            "cpu_share": _measured(columns["cpu_share"]),
+            "runqueue_wait_share": _measured(columns["runqueue_wait_share"]),
+            "load_average": max(loads) if loads else None,
+            "cores": node_cores(),
+            "steal_share": max(steals) if steals else None,
+            "threads_per_rank": threads,
+        }
+    )
 
 
-def _timeline(instants: torch.Tensor, trace_steps: int, world_size: int) -> Dict[str, Any]:
+def _timeline(instants: torch.Tensor, trace_steps: int, world_size: int) -> dict[str, Any]:
     table = instants.view(trace_steps, 5, world_size)
     return {
         "phases": list(TRACE_PHASES),
         "doc": "per rank, per traced step: [start, end] seconds of each phase from the first timed "
-               "window's opening (a barrier, so the ranks' clocks share that zero)",
-        "per_rank": [[[[table[s, p, r].item(), table[s, p + 1, r].item()] for p in range(len(TRACE_PHASES))]
-                      for s in range(trace_steps) if table[s, 0, r].item() >= 0]
-                     for r in range(world_size)],
+        "window's opening (a barrier, so the ranks' clocks share that zero)",
+        "per_rank": [
+            [
+                [[table[s, p, r].item(), table[s, p + 1, r].item()] for p in range(len(TRACE_PHASES))]
+                for s in range(trace_steps)
+                if table[s, 0, r].item() >= 0
+            ]
+            for r in range(world_size)
+        ],
     }

@@ -14,20 +14,59 @@ The top layer: it may use every layer below; nothing below imports it.
 
 from ..lazy import lazy_exports
 
-__getattr__, __dir__ = lazy_exports(__name__, {
-    **{name: "exercise" for name in (
-        "parse_args", "digits", "Digits", "build_model", "evaluate", "report", "todo", "TodoNotDone",
-        "use_launcher_environment", "skip_deepspeed_shm_op", "exercise_text", "todo_blocks")},
-    "check_script": "checker",
-    "start_exercise": "my_exercises", "exercise_steps": "my_exercises",
-    "start_engines": "engines", "Engines": "engines",
-    "run_demo": "demo",
-    **{name: "figures" for name in (
-        "accuracy_figure", "epoch_loss_figure", "run_colours", "sharding_figure", "padded_evaluation_figure",
-        "loading_figure", "packing_figure")},
-    **{name: "pipeline" for name in (
-        "compare_loading", "loading_table", "measure_loading", "padded_evaluation", "sample_correctness",
-        "write_image_tree")},
-    **{name: "packing" for name in ("packing_rows", "packing_table", "packings", "run_packing_study", "mps_daemon")},
-})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        **{
+            name: "exercise"
+            for name in (
+                "parse_args",
+                "digits",
+                "Digits",
+                "build_model",
+                "evaluate",
+                "report",
+                "todo",
+                "TodoNotDone",
+                "use_launcher_environment",
+                "skip_deepspeed_shm_op",
+                "exercise_text",
+                "todo_blocks",
+            )
+        },
+        "check_script": "checker",
+        "start_exercise": "my_exercises",
+        "exercise_steps": "my_exercises",
+        "start_engines": "engines",
+        "Engines": "engines",
+        "run_demo": "demo",
+        **{
+            name: "figures"
+            for name in (
+                "accuracy_figure",
+                "epoch_loss_figure",
+                "run_colours",
+                "sharding_figure",
+                "padded_evaluation_figure",
+                "loading_figure",
+                "packing_figure",
+            )
+        },
+        **{
+            name: "pipeline"
+            for name in (
+                "compare_loading",
+                "loading_table",
+                "measure_loading",
+                "padded_evaluation",
+                "sample_correctness",
+                "write_image_tree",
+            )
+        },
+        **{
+            name: "packing"
+            for name in ("packing_rows", "packing_table", "packings", "run_packing_study", "mps_daemon")
+        },
+    },
+)
 __all__ = __dir__()

@@ -15,13 +15,13 @@ import subprocess
 import sys
 import threading
 import time
-from typing import List, Optional, Tuple
+from typing import Optional
 
 from ..backends import BACKENDS, get_backend
 from ..errors import UsageError
 from ..process.launchers import launch_environment
-from ..training.launch import launch_command
 from ..study.report import RUN_COLUMNS, markdown_table
+from ..training.launch import launch_command
 from ..training.record import read_records
 
 # Every backend trains the same experiment: the same global batch, so every row's accuracy is
@@ -35,17 +35,18 @@ PROGRESS_LINE = re.compile(r"^(?:\[\d+\]<std(?:out|err)>:\s*)?(epoch \d+/\d+ \|.
 VERBOSE_VARIABLE = "HARNESS_VERBOSE"
 
 
-def demo_runs() -> List[Tuple[str, int]]:
+def demo_runs() -> list[tuple[str, int]]:
     """(backend, ranks) for every registered backend: each at 2 ranks, a single-process one at 1."""
     return [(name, min(DEMO_RANKS, cls.max_world_size or DEMO_RANKS)) for name, cls in BACKENDS.items()]
 
 
-def _run_quietly(command: List[str], log_path: str) -> Optional[int]:
+def _run_quietly(command: list[str], log_path: str) -> Optional[int]:
     """Run `command`, all its output to `log_path`, progress lines also to stdout; its exit status
     (None: killed at RUN_TIMEOUT_S)."""
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, env=launch_environment(), stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True)
+        process = subprocess.Popen(
+            command, env=launch_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         timer = threading.Timer(RUN_TIMEOUT_S, process.kill)
         timer.start()
         try:
@@ -73,7 +74,7 @@ def run_demo(results: Optional[str] = None, epochs: int = 3, verbose: bool = Fal
     results = results or os.path.join("runs", f"{stamp}.jsonl")
     log_dir = os.path.splitext(results)[0]  # runs/demo-<time>/<backend>.log beside runs/demo-<time>.jsonl
     os.makedirs(log_dir, exist_ok=True)
-    failed: List[str] = []
+    failed: list[str] = []
     for backend, ranks in demo_runs():
         try:
             get_backend(backend).check_available()
@@ -83,8 +84,11 @@ def run_demo(results: Optional[str] = None, epochs: int = 3, verbose: bool = Fal
             continue
         command = launch_command(ranks, backend, [*DEMO_FLAGS, "--epochs", str(epochs), "--results", results])
         log_path = os.path.join(log_dir, f"{backend}.log")
-        print(f"== {backend} on {ranks} process(es) ({BACKENDS[backend].local_launcher} launcher"
-              f"{'' if verbose else f'; full output in {log_path}'})", flush=True)
+        print(
+            f"== {backend} on {ranks} process(es) ({BACKENDS[backend].local_launcher} launcher"
+            f"{'' if verbose else f'; full output in {log_path}'})",
+            flush=True,
+        )
         started = time.monotonic()
         if verbose:
             status: Optional[int] = subprocess.run(command, env=launch_environment(), timeout=RUN_TIMEOUT_S).returncode
@@ -101,9 +105,11 @@ def run_demo(results: Optional[str] = None, epochs: int = 3, verbose: bool = Fal
     records = read_records([results]) if os.path.exists(results) else []
     print(f"\nCNN on digits, global batch 64, {epochs} epochs (records: {results})\n")
     print(markdown_table(records, RUN_COLUMNS))
-    print("\nThe 2-rank rows train the same model (same global batches, averaged gradients, no clipping), so their"
-          "\nlosses agree; the 1-rank row differs only through dropout's random masks, which are drawn per rank"
-          "\n(with --dropout 0 every row agrees to rounding: see tests/test_equivalence.py).")
+    print(
+        "\nThe 2-rank rows train the same model (same global batches, averaged gradients, no clipping), so their"
+        "\nlosses agree; the 1-rank row differs only through dropout's random masks, which are drawn per rank"
+        "\n(with --dropout 0 every row agrees to rounding: see tests/test_equivalence.py)."
+    )
     if failed:
         print(f"\nfailed or skipped: {', '.join(failed)}")
     return 1 if failed else 0

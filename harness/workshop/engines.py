@@ -41,8 +41,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional
 
 from ..errors import UsageError, unknown_choice
 from ..process.launchers import OPENMPI_ENV, free_port, site_launcher
@@ -58,7 +59,7 @@ ENGINE_STARTERS = ("mpi", "slurm", "pbs")
 # What each MPI's mpiexec needs so that N engines share the node's cores: no binding of a rank to
 # one core (its torch threads would all run there), and more ranks than cores allowed. Keyed by the
 # MPI families of harness.process.launchers.MPI_FAMILIES (what mpi_flavour tells), and "unknown".
-MPI_ARGUMENTS: Dict[str, List[str]] = {
+MPI_ARGUMENTS: dict[str, list[str]] = {
     "openmpi": ["--bind-to", "none", "--oversubscribe"],
     "mpich": ["-bind-to", "none"],
     "pals": ["--cpu-bind", "none"],
@@ -67,11 +68,11 @@ MPI_ARGUMENTS: Dict[str, List[str]] = {
 # Batch scripts that start the engines as one MPI job on compute nodes, through the batch system's
 # site launcher. {n}, {cluster_id} and {program_and_args} are ipyparallel's; {directives} and
 # {launch} are filled in by batch_script.
-BATCH_TEMPLATES: Dict[str, str] = {
+BATCH_TEMPLATES: dict[str, str] = {
     "slurm": "#!/bin/sh\n#SBATCH --job-name=ipengine-{cluster_id}\n#SBATCH --ntasks={n}\n#SBATCH --export=ALL\n"
-             "{directives}\n" + f"{site_launcher('slurm').executable} {{launch}} {{program_and_args}} --mpi\n",
-    "pbs": "#!/bin/sh\n#PBS -N ipengine\n#PBS -V\n{directives}\ncd \"$PBS_O_WORKDIR\"\n"
-           + f"{site_launcher('pbs').executable} -n {{n}} {{launch}} {{program_and_args}} --mpi\n",
+    "{directives}\n" + f"{site_launcher('slurm').executable} {{launch}} {{program_and_args}} --mpi\n",
+    "pbs": '#!/bin/sh\n#PBS -N ipengine\n#PBS -V\n{directives}\ncd "$PBS_O_WORKDIR"\n'
+    + f"{site_launcher('pbs').executable} -n {{n}} {{launch}} {{program_and_args}} --mpi\n",
 }
 BATCH_PREFIX = {"slurm": "#SBATCH", "pbs": "#PBS"}
 log = logging.getLogger("harness")
@@ -96,7 +97,7 @@ def mpi_flavour(mpiexec: str) -> str:
     return "unknown"
 
 
-def default_placement(gpus: int, engines: Optional[int] = None) -> Tuple[int, int]:
+def default_placement(gpus: int, engines: Optional[int] = None) -> tuple[int, int]:
     """(engines, ranks per GPU) for a node with `gpus` GPUs: one engine per GPU when there are
     several, two sharing the one GPU, two on the CPU without one. `engines` overrides the count;
     the ranks per GPU then follow from it."""
@@ -106,7 +107,7 @@ def default_placement(gpus: int, engines: Optional[int] = None) -> Tuple[int, in
     return count, (-(-count // gpus) if gpus else 1)
 
 
-def engine_environment(master_port: int) -> Dict[str, str]:
+def engine_environment(master_port: int) -> dict[str, str]:
     """What the engines get in their environment besides the notebook's."""
     return {**OPENMPI_ENV, "MASTER_PORT": str(master_port), "PYTHONUNBUFFERED": "1"}
 
@@ -137,21 +138,28 @@ class Engines:
     procs_per_gpu: int
     device: str  # "cuda" or "cpu"
     master_port: int
-    command: List[str]  # what started the engines
+    command: list[str]  # what started the engines
     _stopped: bool = field(default=False, repr=False)
 
     @property
-    def train_options(self) -> Dict[str, Any]:
+    def train_options(self) -> dict[str, Any]:
         """TrainConfig fields this placement needs (ranks sharing a GPU say so)."""
         return {"procs_per_gpu": self.procs_per_gpu} if self.procs_per_gpu > 1 else {}
 
     def describe(self) -> str:
         """One line: how many ranks, where, started by which command."""
-        where = (f"{self.procs_per_gpu} per GPU" if self.device == "cuda" and self.procs_per_gpu > 1
-                 else "one per GPU" if self.device == "cuda" else "on the CPU")
+        where = (
+            f"{self.procs_per_gpu} per GPU"
+            if self.device == "cuda" and self.procs_per_gpu > 1
+            else "one per GPU"
+            if self.device == "cuda"
+            else "on the CPU"
+        )
         return f"{self.ranks} MPI engines ({where}), MASTER_PORT {self.master_port}: {shlex.join(self.command)}"
 
-    def run(self, function: Callable[..., Any], *args: Any, timeout: float = RUN_TIMEOUT_S, **kwargs: Any) -> List[Any]:
+    def run(
+        self, function: Callable[..., Any], *args: Any, timeout: float = RUN_TIMEOUT_S, **kwargs: Any
+    ) -> list[Any]:
         """`function(*args, **kwargs)` on every engine at once; the results in rank order.
 
         Waits at most `timeout` seconds: an engine that hangs (a collective waiting for a dead peer)
@@ -161,11 +169,13 @@ class Engines:
         try:
             return result.get(timeout=timeout)
         except TimeoutError:
-            raise EnginesError(f"the engines did not finish {getattr(function, '__name__', function)} within "
-                               f"{timeout:.0f} s; one of them hangs: call engines.stop() and start new "
-                               "engines") from None
+            raise EnginesError(
+                f"the engines did not finish {getattr(function, '__name__', function)} within "
+                f"{timeout:.0f} s; one of them hangs: call engines.stop() and start new "
+                "engines"
+            ) from None
 
-    def stop(self) -> List[int]:
+    def stop(self) -> list[int]:
         """Stop controller and engines, then kill what is left of this cluster; the pids killed.
 
         Safe to call twice, and after a failure."""
@@ -183,7 +193,7 @@ class Engines:
                 killed = kill_processes_with_environment(CLUSTER_VARIABLE, self.cluster.cluster_id)
         return killed
 
-    def __enter__(self) -> "Engines":
+    def __enter__(self) -> Engines:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -196,9 +206,15 @@ def _gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def start_engines(n: Optional[int] = None, launcher: str = "mpi", timeout: float = ENGINE_TIMEOUT_S,
-                  mpiexec: Optional[str] = None, directives: Sequence[str] = (), launch_args: Sequence[str] = (),
-                  activate: bool = True) -> Engines:
+def start_engines(
+    n: Optional[int] = None,
+    launcher: str = "mpi",
+    timeout: float = ENGINE_TIMEOUT_S,
+    mpiexec: Optional[str] = None,
+    directives: Sequence[str] = (),
+    launch_args: Sequence[str] = (),
+    activate: bool = True,
+) -> Engines:
     """Start `n` MPI engines (default: see default_placement) and connect to them.
 
     launcher "mpi" runs mpiexec on this node; "slurm" and "pbs" submit the engines as a batch job
@@ -222,8 +238,9 @@ def start_engines(n: Optional[int] = None, launcher: str = "mpi", timeout: float
     if launcher == "mpi":
         mpiexec = mpiexec or shutil.which("mpiexec") or shutil.which("mpirun")
         if mpiexec is None:
-            raise UsageError("mpiexec is not installed; install OpenMPI or MPICH (`make setup` does) or load your "
-                             "site's MPI module")
+            raise UsageError(
+                "mpiexec is not installed; install OpenMPI or MPICH (`make setup` does) or load your site's MPI module"
+            )
         config.MPILauncher.mpi_cmd = [mpiexec]
         config.MPILauncher.mpi_args = MPI_ARGUMENTS[mpi_flavour(mpiexec)]
         config.MPILauncher.environment = engine_environment(port)
@@ -239,8 +256,10 @@ def start_engines(n: Optional[int] = None, launcher: str = "mpi", timeout: float
     except BaseException as exc:
         output = _engine_output(cluster)
         _stop_quietly(cluster)
-        raise EnginesError(f"{count} engines did not start within {timeout:.0f} s ({type(exc).__name__}: {exc}); "
-                           f"the engines' output ends with:\n{output}") from exc
+        raise EnginesError(
+            f"{count} engines did not start within {timeout:.0f} s ({type(exc).__name__}: {exc}); "
+            f"the engines' output ends with:\n{output}"
+        ) from exc
     view = client[:]
     view.block = True
     if activate:
@@ -286,7 +305,7 @@ def _stop_quietly(cluster: Any) -> None:
     kill_processes_with_environment(CLUSTER_VARIABLE, cluster.cluster_id)
 
 
-def processes_with_environment(name: str, value: str) -> List[int]:
+def processes_with_environment(name: str, value: str) -> list[int]:
     """Pids of this user's processes whose environment has `name`=`value` (not this process)."""
     import psutil
 
@@ -302,7 +321,7 @@ def processes_with_environment(name: str, value: str) -> List[int]:
     return found
 
 
-def kill_processes_with_environment(name: str, value: str, grace: float = STOP_GRACE_S) -> List[int]:
+def kill_processes_with_environment(name: str, value: str, grace: float = STOP_GRACE_S) -> list[int]:
     """End the processes carrying `name`=`value` in their environment: SIGTERM, then SIGKILL after
     `grace` seconds for those still alive. Returns the pids signalled. Only processes started with
     that marker (an ipyparallel cluster's id, a test's own variable) are touched."""

@@ -34,8 +34,9 @@ import json
 import os
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import List, NoReturn, Optional, Protocol, Sequence, Tuple
+from typing import NoReturn, Optional, Protocol
 
 import numpy as np
 import torch
@@ -43,8 +44,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from ..process.discovery import ClusterEnv, detect_cluster
 from ..data.builtin import load_digits
+from ..process.discovery import ClusterEnv, detect_cluster
 from ..training.models import WorkshopCNN
 
 
@@ -69,7 +70,7 @@ class ExerciseObserver(Protocol):
 
 
 # Registered through add_observer only; a normal run leaves it empty and pays an empty loop per event.
-_observers: List[ExerciseObserver] = []
+_observers: list[ExerciseObserver] = []
 
 
 def add_observer(observer: ExerciseObserver) -> None:
@@ -108,15 +109,15 @@ class TodoBlock:
     number: Optional[int]
 
 
-def todo_blocks(text: str, name: str = "solution") -> List[TodoBlock]:
+def todo_blocks(text: str, name: str = "solution") -> list[TodoBlock]:
     """The TODO blocks of a solution's text in order, the exercised ones numbered from 1. Raises
     ValueError for an unclosed, nested or stray marker, a key used twice, or an `exercise: only`
     line naming a key that has no block."""
     lines = text.splitlines()
     only = [re.findall(r"TODO\(([a-z0-9-]+)\)", match["keys"]) for match in map(EXERCISE_ONLY.match, lines) if match]
     exercised = set(only[0]) if only else None
-    found: List[Tuple[str, str, int, int]] = []
-    start: Optional[Tuple[int, re.Match]] = None
+    found: list[tuple[str, str, int, int]] = []
+    start: Optional[tuple[int, re.Match]] = None
     for index, line in enumerate(lines):
         opening, closing = TODO_START.match(line), TODO_END.match(line)
         if opening and start is not None:
@@ -151,12 +152,12 @@ def exercise_text(solution: str, name: str = "solution") -> str:
     comment lines (the hint) and `workshop.todo(N, "title")` in place of its code; a given block keeps its
     code, its title as a plain comment. The `exercise: only` line is left out."""
     lines = solution.splitlines()
-    output: List[str] = []
+    output: list[str] = []
     position = 0
     for block in todo_blocks(solution, name):
-        output.extend(lines[position:block.first])
+        output.extend(lines[position : block.first])
         indent = TODO_START.match(lines[block.first])["indent"]  # type: ignore[index]
-        body = lines[block.first + 1:block.last]
+        body = lines[block.first + 1 : block.last]
         if block.number is None:
             output.append(f"{indent}# {block.title[0].upper()}{block.title[1:]}")
             output.extend(body)
@@ -186,27 +187,43 @@ def parse_args(description: str, warmup: bool = False, argv: Optional[Sequence[s
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--epochs", type=int, default=3, help="passes over the training set (default: 3)")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per process and step (default: 32)")
-    parser.add_argument("--lr", type=float, default=0.03,
-                        help="learning rate for one process's batch of --batch-size (default: 0.03)")
+    parser.add_argument(
+        "--lr", type=float, default=0.03, help="learning rate for one process's batch of --batch-size (default: 0.03)"
+    )
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the weights and the data order (default: 0)")
-    parser.add_argument("--dropout", type=float, default=None,
-                        help="both dropout rates of the CNN; 0 turns dropout off (default: 0.25 and 0.5)")
-    parser.add_argument("--train-samples", type=int, default=None,
-                        help="train on the first N of the 1,500 training images only (default: all)")
+    parser.add_argument(
+        "--dropout",
+        type=float,
+        default=None,
+        help="both dropout rates of the CNN; 0 turns dropout off (default: 0.25 and 0.5)",
+    )
+    parser.add_argument(
+        "--train-samples",
+        type=int,
+        default=None,
+        help="train on the first N of the 1,500 training images only (default: all)",
+    )
     parser.add_argument("--save", default="model.pt", help="file the trained weights are saved to (default: model.pt)")
     # The deepspeed launcher passes --local_rank=N to every rank unless told --no_local_rank; the
     # steps read the local rank from the environment (LOCAL_RANK), as under every other launcher.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     if warmup:
-        parser.add_argument("--warmup-epochs", type=float, default=1.0,
-                            help="epochs over which the LR ramps up from --lr to the scaled LR (default: 1)")
+        parser.add_argument(
+            "--warmup-epochs",
+            type=float,
+            default=1.0,
+            help="epochs over which the LR ramps up from --lr to the scaled LR (default: 1)",
+        )
     if argv is None and _in_notebook():
         argv = []
     args = parser.parse_args(argv)
     training_images = len(load_digits("train"))
-    for flag, value, low in (("--epochs", args.epochs, 1), ("--batch-size", args.batch_size, 1),
-                             ("--train-samples", args.train_samples, 1)):
+    for flag, value, low in (
+        ("--epochs", args.epochs, 1),
+        ("--batch-size", args.batch_size, 1),
+        ("--train-samples", args.train_samples, 1),
+    ):
         if value is not None and value < low:
             parser.error(f"{flag} must be at least {low}, got {value}")
     if args.train_samples is not None and args.train_samples > training_images:
@@ -240,11 +257,11 @@ class Digits(Dataset):
         for observer in _observers:
             observer.batch_fetched(self.split, indices)
 
-    def __getitem__(self, index: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         self._observe([int(index)])
         return self.images[index], self.labels[index]
 
-    def __getitems__(self, indices: Sequence[int]) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         indices = [int(index) for index in indices]
         self._observe(indices)
         return [(self.images[index], self.labels[index]) for index in indices]
@@ -273,9 +290,13 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> torc
         for images, labels in loader:
             images, labels = images.to(device), labels.to(device)
             logits = model(images)
-            sums += torch.stack([F.cross_entropy(logits, labels, reduction="sum"),
-                                 (logits.argmax(1) == labels).sum().float(),
-                                 torch.tensor(float(len(labels)), device=device)])
+            sums += torch.stack(
+                [
+                    F.cross_entropy(logits, labels, reduction="sum"),
+                    (logits.argmax(1) == labels).sum().float(),
+                    torch.tensor(float(len(labels)), device=device),
+                ]
+            )
     model.train(was_training)
     for observer in _observers:
         observer.evaluated(sums)
@@ -288,8 +309,11 @@ def report(epoch: int, train_sums: torch.Tensor, test_sums: torch.Tensor) -> Non
         observer.reported(epoch, train_sums, test_sums)
     train_loss, train_samples = train_sums.tolist()
     test_loss, correct, test_samples = test_sums.tolist()
-    print(f"epoch {epoch + 1}: train loss {train_loss / train_samples:.4f} | test loss {test_loss / test_samples:.4f}, "
-          f"accuracy {correct / test_samples:.1%} ({test_samples:.0f} images)", flush=True)
+    print(
+        f"epoch {epoch + 1}: train loss {train_loss / train_samples:.4f} | test loss {test_loss / test_samples:.4f}, "
+        f"accuracy {correct / test_samples:.1%} ({test_samples:.0f} images)",
+        flush=True,
+    )
 
 
 def use_launcher_environment() -> ClusterEnv:
@@ -299,9 +323,14 @@ def use_launcher_environment() -> ClusterEnv:
     under srun, mpiexec or horovodrun it lets torch.distributed's env:// find the other ranks. A
     process started without a launcher is rank 0 of 1."""
     cluster = detect_cluster()
-    for name, value in (("RANK", cluster.rank), ("WORLD_SIZE", cluster.world_size),
-                        ("LOCAL_RANK", cluster.local_rank), ("LOCAL_WORLD_SIZE", cluster.local_world_size),
-                        ("MASTER_ADDR", cluster.master_addr), ("MASTER_PORT", cluster.master_port)):
+    for name, value in (
+        ("RANK", cluster.rank),
+        ("WORLD_SIZE", cluster.world_size),
+        ("LOCAL_RANK", cluster.local_rank),
+        ("LOCAL_WORLD_SIZE", cluster.local_world_size),
+        ("MASTER_ADDR", cluster.master_addr),
+        ("MASTER_PORT", cluster.master_port),
+    ):
         os.environ.setdefault(name, str(value))
     return cluster
 

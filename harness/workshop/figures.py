@@ -5,7 +5,8 @@ notebook displays one by evaluating it).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Mapping, Optional, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
@@ -19,14 +20,19 @@ def _figure(size: Any = FIGSIZE) -> Any:
     return Figure(figsize=size, layout="constrained")
 
 
-def run_colours(labels: Iterable[str]) -> Dict[str, str]:
+def run_colours(labels: Iterable[str]) -> dict[str, str]:
     """One colour per run label, in order (the palette's grey left for reference lines): pass the
     same mapping to every figure of a notebook so that a run keeps its colour from one to the next."""
     return {label: PALETTE[1 + i % (len(PALETTE) - 1)] for i, label in enumerate(labels)}
 
 
-def accuracy_figure(records: Sequence[Mapping[str, Any]], labels: Sequence[str], chance: float = 0.1,
-                    title: str = "Final test accuracy", colours: Optional[Mapping[str, str]] = None) -> Any:
+def accuracy_figure(
+    records: Sequence[Mapping[str, Any]],
+    labels: Sequence[str],
+    chance: float = 0.1,
+    title: str = "Final test accuracy",
+    colours: Optional[Mapping[str, str]] = None,
+) -> Any:
     """Each run's final eval accuracy (%) as a labelled bar, with the accuracy of guessing dashed.
     `colours`: label -> colour (run_colours), so that each run looks as in the notebook's other figures."""
     from matplotlib import rc_context
@@ -50,8 +56,12 @@ def accuracy_figure(records: Sequence[Mapping[str, Any]], labels: Sequence[str],
     return fig
 
 
-def epoch_loss_figure(records: Sequence[Mapping[str, Any]], labels: Sequence[str],
-                      title: str = "Training loss per epoch", colours: Optional[Mapping[str, str]] = None) -> Any:
+def epoch_loss_figure(
+    records: Sequence[Mapping[str, Any]],
+    labels: Sequence[str],
+    title: str = "Training loss per epoch",
+    colours: Optional[Mapping[str, str]] = None,
+) -> Any:
     """Each run's training loss per epoch (the record's `train_losses`: the mean over every sample
     of the epoch) against the epoch, on a log scale: runs with different batches compared after
     the same samples seen. `colours`: label -> colour (run_colours)."""
@@ -63,8 +73,13 @@ def epoch_loss_figure(records: Sequence[Mapping[str, Any]], labels: Sequence[str
         ax = fig.add_subplot()
         for record, label in zip(records, labels):
             losses = record["train_losses"]
-            ax.plot(range(1, len(losses) + 1), losses, marker="o", color=colours[label],
-                    label=f"{label} ({record['steps_per_epoch']} steps/epoch)")
+            ax.plot(
+                range(1, len(losses) + 1),
+                losses,
+                marker="o",
+                color=colours[label],
+                label=f"{label} ({record['steps_per_epoch']} steps/epoch)",
+            )
         ax.set_yscale("log")
         _plain_log_labels(ax, [loss for record in records for loss in record["train_losses"]])
         ax.set_xticks(range(1, max(len(record["train_losses"]) for record in records) + 1))
@@ -86,8 +101,9 @@ def _plain_log_labels(ax: Any, values: Sequence[float]) -> None:
         ax.yaxis.set_minor_formatter(plain)
 
 
-def sharding_figure(num_samples: int, global_batch: int, world_sizes: Sequence[int], seed: int = 0,
-                    epoch: int = 0) -> Any:
+def sharding_figure(
+    num_samples: int, global_batch: int, world_sizes: Sequence[int], seed: int = 0, epoch: int = 0
+) -> Any:
     """One epoch of harness sharding at several world sizes with the same global batch: each row is
     one world size, each cell a position in the epoch's order labelled with the sample it holds,
     coloured by the rank that trains it; thick lines separate steps (global batches); grey cells are
@@ -118,8 +134,10 @@ def sharding_figure(num_samples: int, global_batch: int, world_sizes: Sequence[i
         ax.set_ylim(len(world_sizes) - 0.1, -0.2)
         ax.set_yticks([row + 0.4 for row in range(len(world_sizes))])
         ax.set_yticklabels([f"{world} rank(s)\n{global_batch // world} per rank" for world in world_sizes])
-        ax.set_xlabel(f"position in epoch {epoch}'s order (sample id in each cell); "
-                      f"black lines end each global batch of {global_batch}")
+        ax.set_xlabel(
+            f"position in epoch {epoch}'s order (sample id in each cell); "
+            f"black lines end each global batch of {global_batch}"
+        )
         ax.set_xticks([])
         ranks = max(world_sizes)
         handles = [Patch(color=PALETTE[1 + rank % (len(PALETTE) - 1)], label=f"rank {rank}") for rank in range(ranks)]
@@ -139,10 +157,21 @@ def padded_evaluation_figure(evaluations: Sequence[Any]) -> Any:
     with rc_context(SLIDE_STYLE):
         fig = _figure()
         ax = fig.add_subplot()
-        ax.plot(worlds, [100 * e.padded_accuracy for e in evaluations], marker="o", color=PALETTE[3],
-                label="DistributedSampler (padded, mean of ranks)")
-        ax.plot(worlds, [100 * e.exact_accuracy for e in evaluations], marker="s", color=PALETTE[1], linestyle="--",
-                label="harness (every sample once)")
+        ax.plot(
+            worlds,
+            [100 * e.padded_accuracy for e in evaluations],
+            marker="o",
+            color=PALETTE[3],
+            label="DistributedSampler (padded, mean of ranks)",
+        )
+        ax.plot(
+            worlds,
+            [100 * e.exact_accuracy for e in evaluations],
+            marker="s",
+            color=PALETTE[1],
+            linestyle="--",
+            label="harness (every sample once)",
+        )
         ax.set_xscale("log", base=2)
         ax.set_xticks(worlds)
         ax.set_xticklabels([str(w) for w in worlds])
@@ -150,8 +179,14 @@ def padded_evaluation_figure(evaluations: Sequence[Any]) -> Any:
         ax.set_xlabel("ranks evaluating")
         ax.set_ylabel("test accuracy reported (%)")
         twin = ax.twinx()
-        twin.bar(worlds, [e.duplicates for e in evaluations], width=[w * 0.35 for w in worlds], alpha=0.3,
-                 color="grey", label="samples counted twice")
+        twin.bar(
+            worlds,
+            [e.duplicates for e in evaluations],
+            width=[w * 0.35 for w in worlds],
+            alpha=0.3,
+            color="grey",
+            label="samples counted twice",
+        )
         twin.set_ylabel("samples counted twice")
         twin.grid(False)
         ax.set_zorder(twin.get_zorder() + 1)
@@ -168,15 +203,19 @@ def loading_figure(measurements: Sequence[Any]) -> Any:
     (harness.workshop.pipeline.LoadingMeasurement items)."""
     from matplotlib import rc_context
 
-    labels = [f"{m.source}\n{m.num_workers} worker(s)" + (f", prefetch {m.prefetch}" if m.num_workers else "")
-              for m in measurements]
+    labels = [
+        f"{m.source}\n{m.num_workers} worker(s)" + (f", prefetch {m.prefetch}" if m.num_workers else "")
+        for m in measurements
+    ]
     colours = {"per-sample": PALETTE[3], "prepared": PALETTE[1]}
     with rc_context(SLIDE_STYLE):
         fig = _figure((FIGSIZE[0] + 4, FIGSIZE[1]))
         left, right = fig.subplots(1, 2)
         positions = np.arange(len(measurements))
-        for ax, values, label in ((left, [m.throughput for m in measurements], "training throughput (samples/s)"),
-                                  (right, [m.au for m in measurements], "AU = compute / (compute + data wait)")):
+        for ax, values, label in (
+            (left, [m.throughput for m in measurements], "training throughput (samples/s)"),
+            (right, [m.au for m in measurements], "AU = compute / (compute + data wait)"),
+        ):
             bars = ax.barh(positions, values, color=[colours[m.source] for m in measurements])
             ax.bar_label(bars, labels=[f"{v:,.0f}" if v > 2 else f"{v:.2f}" for v in values], padding=3)
             ax.set_yticks(positions)
@@ -190,7 +229,7 @@ def loading_figure(measurements: Sequence[Any]) -> Any:
     return fig
 
 
-def packing_figure(rows: Sequence[Dict[str, Any]], title: str = "Several ranks per device") -> Any:
+def packing_figure(rows: Sequence[dict[str, Any]], title: str = "Several ranks per device") -> Any:
     """Throughput (samples/s) per placement (harness.workshop.packing.packing_rows): the mean over
     repeats with its 95% interval as an error bar, and the speedup over the first placement
     written on each bar."""
@@ -202,16 +241,31 @@ def packing_figure(rows: Sequence[Dict[str, Any]], title: str = "Several ranks p
         ax = fig.add_subplot()
         labels = [row["placement"].replace(" (", "\n(") for row in rows]
         errors = [row.get("ci95") or 0.0 for row in rows]
-        ax.bar(range(len(rows)), [row["samples/s"] for row in rows], color=PALETTE[1], width=0.6,
-               yerr=errors, capsize=10, error_kw={"linewidth": 2, "ecolor": "black"})
+        ax.bar(
+            range(len(rows)),
+            [row["samples/s"] for row in rows],
+            color=PALETTE[1],
+            width=0.6,
+            yerr=errors,
+            capsize=10,
+            error_kw={"linewidth": 2, "ecolor": "black"},
+        )
         for x, (row, error) in enumerate(zip(rows, errors)):  # above the error bar, not on it
-            ax.annotate(f"{row['samples/s']:,.0f}" + (f" ± {error:,.0f}" if error else "")
-                        + f"\n(x{row['speedup']:.2f})", (x, row["samples/s"] + error), xytext=(0, 4),
-                        textcoords="offset points", ha="center", va="bottom")
+            ax.annotate(
+                f"{row['samples/s']:,.0f}" + (f" ± {error:,.0f}" if error else "") + f"\n(x{row['speedup']:.2f})",
+                (x, row["samples/s"] + error),
+                xytext=(0, 4),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+            )
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels(labels)
-        ax.set_xlabel("placement: ranks per GPU (MPS shares each GPU)" if on_gpus
-                      else "placement: ranks x torch threads per rank, sharing the cores")
+        ax.set_xlabel(
+            "placement: ranks per GPU (MPS shares each GPU)"
+            if on_gpus
+            else "placement: ranks x torch threads per rank, sharing the cores"
+        )
         ax.set_ylabel("throughput (samples/s, all ranks)")
         runs = min(row["runs"] for row in rows)
         ax.set_ylim(0, max(row["samples/s"] + error for row, error in zip(rows, errors)) * 1.35)

@@ -13,7 +13,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import List, Optional, Union
+from typing import Optional, Union
 
 from ..errors import UsageError, unknown_choice
 
@@ -26,7 +26,7 @@ EXERCISE_PATH = re.compile(r"(?<![\w./-])exercises/(?=[0-9][0-9]_)")
 DISTRIBUTED_IMPORT = re.compile(r"^\s*(?:import|from)\s+(?:horovod|deepspeed|torch\.distributed)\b", re.M)
 
 
-def exercise_steps(exercises: Path = EXERCISES) -> List[str]:
+def exercise_steps(exercises: Path = EXERCISES) -> list[str]:
     """The steps there are exercises for, by name: ["01_serial", "02_ddp", ...]."""
     if not exercises.is_dir():
         raise UsageError(f"{exercises} is missing; run this from the kit's clone (make exercises writes it)")
@@ -38,7 +38,7 @@ def resolve_step(step: str, exercises: Path = EXERCISES) -> str:
     steps = exercise_steps(exercises)
     wanted = Path(str(step).strip()).name
     for suffix in (".py", ".ipynb"):
-        wanted = wanted[:-len(suffix)] if wanted.endswith(suffix) else wanted
+        wanted = wanted[: -len(suffix)] if wanted.endswith(suffix) else wanted
     for name in steps:
         number, _, title = name.partition("_")
         if wanted in (name, number, title) or (wanted.isdigit() and int(wanted) == int(number)):
@@ -77,9 +77,13 @@ def _notebook_copy(source: Path, directory: Path) -> str:
     return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
 
 
-def start_exercise(step: Union[str, int], notebook: bool = False, force: bool = False,
-                   directory: Optional[Union[str, os.PathLike]] = None,
-                   exercises: Union[str, os.PathLike] = EXERCISES) -> List[Path]:
+def start_exercise(
+    step: Union[str, int],
+    notebook: bool = False,
+    force: bool = False,
+    directory: Optional[Union[str, os.PathLike]] = None,
+    exercises: Union[str, os.PathLike] = EXERCISES,
+) -> list[Path]:
     """Copy the exercise of `step` ("02", "02_ddp", "ddp") to DIRECTORY/NN_name.py (default
     my-exercises/ in the kit) for the attendee to work on, and with `notebook` also its .ipynb
     form. Returns the paths written. Raises UsageError for an unknown step, or when a copy is
@@ -88,7 +92,9 @@ def start_exercise(step: Union[str, int], notebook: bool = False, force: bool = 
     target = Path(directory) if directory is not None else MY_EXERCISES
     name = resolve_step(str(step), exercises)
     if target.resolve() == exercises.resolve():
-        raise UsageError(f"{target} is the generated exercises/ folder; copy into my-exercises/ (leave out --directory)")
+        raise UsageError(
+            f"{target} is the generated exercises/ folder; copy into my-exercises/ (leave out --directory)"
+        )
     suffixes = [".py", ".ipynb"] if notebook else [".py"]
     sources = [exercises / f"{name}{suffix}" for suffix in suffixes]
     missing = [str(source) for source in sources if not source.is_file()]
@@ -98,8 +104,10 @@ def start_exercise(step: Union[str, int], notebook: bool = False, force: bool = 
     if existing and not force:
         shown = " and ".join(_from_here(path) for path in existing)
         one = len(existing) == 1
-        raise UsageError(f"{shown} {'is' if one else 'are'} already there (your work); edit {'it' if one else 'them'}, "
-                         f"or pass --force to replace it with a fresh copy of exercises/{name}")
+        raise UsageError(
+            f"{shown} {'is' if one else 'are'} already there (your work); edit {'it' if one else 'them'}, "
+            f"or pass --force to replace it with a fresh copy of exercises/{name}"
+        )
     target.mkdir(parents=True, exist_ok=True)
     written = []
     for source in sources:
@@ -118,6 +126,9 @@ def start_command(step: str, notebook: bool = False, force: bool = False, direct
         print(f"wrote {_from_here(path)} (your copy of exercises/{path.name}; `make exercises` never touches it)")
     # harness check judges data-parallel scripts only; step 1 is serial.
     checked = DISTRIBUTED_IMPORT.search(written[0].read_text())
-    print(f"next: python {script}   (it stops at the first TODO left to do)"
-          + (f"; when all are done: harness check {script}" if checked else ""), flush=True)
+    print(
+        f"next: python {script}   (it stops at the first TODO left to do)"
+        + (f"; when all are done: harness check {script}" if checked else ""),
+        flush=True,
+    )
     return 0

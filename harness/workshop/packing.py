@@ -21,11 +21,12 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Optional
 
-from ..process.discovery import cpu_cores
 from ..errors import UsageError
+from ..process.discovery import cpu_cores
 
 GPU_RANKS_PER_DEVICE = (1, 2, 4)
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -49,14 +50,17 @@ class Packing:
             return f"{self.ranks_per_device} rank(s) per GPU ({self.ranks} ranks)"
         return f"{self.ranks} rank(s) x {self.threads} thread(s)"
 
-    def train_args(self) -> List[str]:
+    def train_args(self) -> list[str]:
         """The `harness train` flags that make a run take this placement."""
-        placement = (["--procs-per-gpu", str(self.ranks_per_device)] if self.device == "cuda"
-                     else ["--threads", str(self.threads)])
+        placement = (
+            ["--procs-per-gpu", str(self.ranks_per_device)]
+            if self.device == "cuda"
+            else ["--threads", str(self.threads)]
+        )
         return [*placement, "--tag", f"{PLACEMENT_TAG}={self.ranks_per_device}"]
 
 
-def packings(cores: Optional[int] = None, gpus: Optional[int] = None, max_ranks: int = 8) -> List[Packing]:
+def packings(cores: Optional[int] = None, gpus: Optional[int] = None, max_ranks: int = 8) -> list[Packing]:
     """The placements to compare on a node with `cores` cores and `gpus` GPUs (default: this one's).
 
     GPUs: 1, 2 and 4 ranks per GPU on every GPU. CPU: 1, 2, 4, ... ranks (at most `max_ranks` and
@@ -67,8 +71,10 @@ def packings(cores: Optional[int] = None, gpus: Optional[int] = None, max_ranks:
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus:
-        return [Packing(gpus * per_gpu, max(1, cores // (gpus * per_gpu)), per_gpu, "cuda")
-                for per_gpu in GPU_RANKS_PER_DEVICE]
+        return [
+            Packing(gpus * per_gpu, max(1, cores // (gpus * per_gpu)), per_gpu, "cuda")
+            for per_gpu in GPU_RANKS_PER_DEVICE
+        ]
     found, ranks = [], 1
     while ranks <= min(cores, max_ranks):
         found.append(Packing(ranks, cores // ranks, ranks, "cpu"))
@@ -108,11 +114,15 @@ def mps_daemon(gpus: int, control: Optional[str] = None) -> Iterator[MpsState]:
         for path in variables.values():
             os.makedirs(path)
         environment = {**os.environ, **variables}
-        started = subprocess.run([control, "-d"], env=environment, capture_output=True, text=True,
-                                 timeout=MPS_TIMEOUT_S)
+        started = subprocess.run(
+            [control, "-d"], env=environment, capture_output=True, text=True, timeout=MPS_TIMEOUT_S
+        )
         if started.returncode != 0:
-            yield MpsState(False, f"{MPS_CONTROL} -d failed (exit {started.returncode}): "
-                                  f"{(started.stderr or started.stdout).strip()[:200]}")
+            yield MpsState(
+                False,
+                f"{MPS_CONTROL} -d failed (exit {started.returncode}): "
+                f"{(started.stderr or started.stdout).strip()[:200]}",
+            )
             return
         previous = {name: os.environ.get(name) for name in variables}
         os.environ.update(variables)
@@ -124,12 +134,19 @@ def mps_daemon(gpus: int, control: Optional[str] = None) -> Iterator[MpsState]:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
-            subprocess.run([control], input="quit\n", env=environment, capture_output=True, text=True,
-                           timeout=MPS_TIMEOUT_S)
+            subprocess.run(
+                [control], input="quit\n", env=environment, capture_output=True, text=True, timeout=MPS_TIMEOUT_S
+            )
 
 
-def run_packing_study(train_args: Sequence[str], results: str, plan: Optional[Sequence[Packing]] = None,
-                      backend: str = "ddp", repeats: int = 1, launcher: Optional[str] = None) -> Dict[str, Any]:
+def run_packing_study(
+    train_args: Sequence[str],
+    results: str,
+    plan: Optional[Sequence[Packing]] = None,
+    backend: str = "ddp",
+    repeats: int = 1,
+    launcher: Optional[str] = None,
+) -> dict[str, Any]:
     """Train every placement of `plan` (default: packings()) `repeats` times, interleaved (every
     placement once, then all again), each a one-run `harness.run_sweep` appending to `results`.
     Prints one line per run, numbered over the whole study. Returns {"records", "mps", "failed"}:
@@ -142,32 +159,47 @@ def run_packing_study(train_args: Sequence[str], results: str, plan: Optional[Se
     if any(flag in train_args for flag in ("--threads", "--procs-per-gpu")):
         raise UsageError("a packing study sets --threads and --procs-per-gpu per placement; drop them from train_args")
     gpus = plan[0].ranks // plan[0].ranks_per_device if plan[0].device == "cuda" else 0
-    records: List[Dict[str, Any]] = []
-    failed: List[str] = []
+    records: list[dict[str, Any]] = []
+    failed: list[str] = []
     total = repeats * len(plan)
     with mps_daemon(gpus) as mps:
         for repeat in range(repeats):
             for index, packing in enumerate(plan):
                 label = f"{packing.label()}, repeat {repeat + 1}/{repeats}"
-                args = [*train_args, *packing.train_args(), "--tag", f"mps={'on' if mps.running else 'off'}",
-                        "--tag", f"{REPEAT_TAG}={repeat}"]
-                result = _run_placement(backend, packing, args, results, launcher,
-                                        f"[{repeat * len(plan) + index + 1}/{total}] {label}")
+                args = [
+                    *train_args,
+                    *packing.train_args(),
+                    "--tag",
+                    f"mps={'on' if mps.running else 'off'}",
+                    "--tag",
+                    f"{REPEAT_TAG}={repeat}",
+                ]
+                result = _run_placement(
+                    backend, packing, args, results, launcher, f"[{repeat * len(plan) + index + 1}/{total}] {label}"
+                )
                 records += result.records
                 failed += [f"{label}: {failure}" for failure in result.failed]
     return {"records": records, "mps": mps, "failed": failed}
 
 
-def _run_placement(backend: str, packing: Packing, train_args: List[str], results: str, launcher: Optional[str],
-                   progress: str) -> Any:
+def _run_placement(
+    backend: str, packing: Packing, train_args: list[str], results: str, launcher: Optional[str], progress: str
+) -> Any:
     """One run of the study as a sweep of one run; its SweepResult.
 
     The line announcing the run is the study's: the sweep's own would number the run within its
     one-run sweep ("[1/1] ... repeat 1/1"), so it is left out."""
     from ..study.sweep import SweepSettings, plan_sweep, run_sweep
 
-    settings = SweepSettings(backends=[backend], ranks=[packing.ranks], scaling="weak", results=results,
-                             launcher=launcher, train_args=train_args, repeats=1)  # the study repeats, interleaved
+    settings = SweepSettings(
+        backends=[backend],
+        ranks=[packing.ranks],
+        scaling="weak",
+        results=results,
+        launcher=launcher,
+        train_args=train_args,
+        repeats=1,
+    )  # the study repeats, interleaved
     command = plan_sweep(settings)[0].command
     print(f"== {progress}: {shlex.join(command[:4])} ... {shlex.join(packing.train_args()[:2])}", flush=True)
     with contextlib.redirect_stdout(io.StringIO()):  # only the sweep's own progress line; runs print to the terminal
@@ -178,7 +210,7 @@ def _placement(record: Mapping[str, Any]) -> int:
     return int(record.get("tags", {}).get(PLACEMENT_TAG, record["world_size"]))
 
 
-def packing_rows(records: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+def packing_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per placement: its label, ranks, threads, ranks per device, the throughput's mean
     over repeats and the half-width of its 95% interval ("ci95", None from one run), the speedup
     of the mean over the placement with the fewest ranks per device, and "apart": whether the two
@@ -186,7 +218,7 @@ def packing_rows(records: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     (None for the first row, or without intervals)."""
     from ..training.record import mean_and_ci95
 
-    groups: Dict[int, List[Mapping[str, Any]]] = {}
+    groups: dict[int, list[Mapping[str, Any]]] = {}
     for record in records:
         if record.get("throughput"):
             groups.setdefault(_placement(record), []).append(record)
@@ -194,11 +226,20 @@ def packing_rows(records: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     for per_device in sorted(groups):
         runs = groups[per_device]
         spread = mean_and_ci95([run["throughput"] for run in runs])
-        rows.append({"placement": _placement_label(runs[0], per_device), "ranks per device": per_device,
-                     "ranks": runs[0]["world_size"], "threads per rank": runs[0].get("threads_per_rank"),
-                     "device": runs[0].get("device"), "runs": len(runs), "samples/s": spread["mean"],
-                     "ci95": spread["ci95"], "per rank": spread["mean"] / runs[0]["world_size"],
-                     "mps": runs[0].get("tags", {}).get("mps")})
+        rows.append(
+            {
+                "placement": _placement_label(runs[0], per_device),
+                "ranks per device": per_device,
+                "ranks": runs[0]["world_size"],
+                "threads per rank": runs[0].get("threads_per_rank"),
+                "device": runs[0].get("device"),
+                "runs": len(runs),
+                "samples/s": spread["mean"],
+                "ci95": spread["ci95"],
+                "per rank": spread["mean"] / runs[0]["world_size"],
+                "mps": runs[0].get("tags", {}).get("mps"),
+            }
+        )
     for row in rows:
         row["speedup"] = row["samples/s"] / rows[0]["samples/s"]
         row["apart"] = None if row is rows[0] else _apart(row, rows[0])
@@ -226,9 +267,13 @@ def packing_table(records: Sequence[Mapping[str, Any]]) -> str:
     rows = packing_rows(records)
     keys = ("ranks per device", "ranks", "threads per rank", "device", "mps", "runs")
     columns = [(key, lambda row, key=key: row[key]) for key in keys]
-    columns += [("samples/s ± 95%", lambda row: f"{row['samples/s']:,.0f} ± "
-                 + ("-" if row["ci95"] is None else f"{row['ci95']:,.0f}")),
-                ("per rank", lambda row: row["per rank"]), ("speedup", lambda row: row["speedup"]),
-                ("95% intervals apart",
-                 lambda row: None if row["apart"] is None else ("yes" if row["apart"] else "no"))]
+    columns += [
+        (
+            "samples/s ± 95%",
+            lambda row: f"{row['samples/s']:,.0f} ± " + ("-" if row["ci95"] is None else f"{row['ci95']:,.0f}"),
+        ),
+        ("per rank", lambda row: row["per rank"]),
+        ("speedup", lambda row: row["speedup"]),
+        ("95% intervals apart", lambda row: None if row["apart"] is None else ("yes" if row["apart"] else "no")),
+    ]
     return markdown_table(rows, columns)

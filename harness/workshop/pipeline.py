@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -42,8 +43,9 @@ def sample_correctness(config: TrainConfig, model_file: str) -> np.ndarray:
     correctly (bool per sample, in order), scored in this process."""
     from ..training.evaluate import load_model_file
 
-    test_set = load_split(config.dataset, "test", DataOptions(config.data_dir, config.model, config.image_size,
-                                                               config.timeout))
+    test_set = load_split(
+        config.dataset, "test", DataOptions(config.data_dir, config.model, config.image_size, config.timeout)
+    )
     channels, size, _ = test_set.shape
     model = load_model_file(model_file, config, channels, size, test_set.num_classes).eval()
     normalise = test_set.normaliser(torch.device("cpu"))
@@ -58,9 +60,21 @@ def padded_indices(num_samples: int, world_size: int, shuffle: bool = True, seed
     from torch.utils.data import DistributedSampler
 
     dataset = range(num_samples)  # the sampler needs only len()
-    return np.concatenate([np.fromiter(DistributedSampler(dataset, num_replicas=world_size, rank=rank,  # type: ignore[arg-type]
-                                                          shuffle=shuffle, seed=seed), dtype=np.int64)
-                           for rank in range(world_size)])
+    return np.concatenate(
+        [
+            np.fromiter(
+                DistributedSampler(
+                    dataset,
+                    num_replicas=world_size,
+                    rank=rank,  # type: ignore[arg-type]
+                    shuffle=shuffle,
+                    seed=seed,
+                ),
+                dtype=np.int64,
+            )
+            for rank in range(world_size)
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -87,13 +101,20 @@ def padded_evaluation(correct: np.ndarray, world_size: int, shuffle: bool = True
     if world_size < 1:
         raise UsageError(f"world_size must be a positive integer, got {world_size}")
     indices = padded_indices(len(correct), world_size, shuffle, seed)
-    return PaddedEvaluation(world_size, len(correct), len(indices), len(indices) - len(np.unique(indices)),
-                            float(correct[indices].mean()), float(correct.mean()))
+    return PaddedEvaluation(
+        world_size,
+        len(correct),
+        len(indices),
+        len(indices) - len(np.unique(indices)),
+        float(correct[indices].mean()),
+        float(correct.mean()),
+    )
 
 
 # -- per-sample image files against prepared arrays -------------------------------------------------
 
-def write_image_tree(data_dir: str, dataset: str = "digits", size: Optional[int] = None) -> Dict[str, int]:
+
+def write_image_tree(data_dir: str, dataset: str = "digits", size: Optional[int] = None) -> dict[str, int]:
     """Write `dataset` (an embedded one) as PNG files, DATA_DIR/train/<class>/<n>.png and
     DATA_DIR/val/<class>/<n>.png, the layout of `--dataset imagefolder`; the images written per split.
 
@@ -137,28 +158,37 @@ class LoadingMeasurement:
     data_wait_ms: float  # per step
     compute_ms: float  # per step: forward, backward, optimizer
 
-    def as_dict(self) -> Dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _per_sample_batches(data_dir: str, image_size: int, arrays: ImageArrays, batch_size: int, num_workers: int,
-                        prefetch: int, seed: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+def _per_sample_batches(
+    data_dir: str, image_size: int, arrays: ImageArrays, batch_size: int, num_workers: int, prefetch: int, seed: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The textbook pipeline: every sample opened, decoded, resized and normalised on its own."""
     from torch.utils.data import DataLoader, RandomSampler
     from torchvision import datasets, transforms
 
-    transform = transforms.Compose([transforms.Resize(image_size), transforms.CenterCrop(image_size),
-                                    transforms.ToTensor(), transforms.Normalize(arrays.mean, arrays.std)])
+    transform = transforms.Compose(
+        [
+            transforms.Resize(image_size),
+            transforms.CenterCrop(image_size),
+            transforms.ToTensor(),
+            transforms.Normalize(arrays.mean, arrays.std),
+        ]
+    )
     images = datasets.ImageFolder(os.path.join(data_dir, "train"), transform=transform)
     sampler = RandomSampler(images, generator=torch.Generator().manual_seed(seed))
     extra = {"prefetch_factor": prefetch, "persistent_workers": False} if num_workers else {}
     while True:  # epochs, until the caller has its steps
-        yield from DataLoader(images, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                              drop_last=True, **extra)
+        yield from DataLoader(
+            images, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=True, **extra
+        )
 
 
-def _prepared_batches(arrays: ImageArrays, batch_size: int, num_workers: int, prefetch: int, seed: int,
-                      steps: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+def _prepared_batches(
+    arrays: ImageArrays, batch_size: int, num_workers: int, prefetch: int, seed: int, steps: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The harness's pipeline: one index into the uint8 array per batch, one normalisation per batch."""
     from ..data.loader import iterate_batches
     from ..data.sharding import RankSchedule
@@ -169,21 +199,51 @@ def _prepared_batches(arrays: ImageArrays, batch_size: int, num_workers: int, pr
         yield normalise(images), labels
 
 
-def measure_loading(data_dir: str, source: str, num_workers: int = 0, prefetch: int = 2, batch_size: int = 64,
-                    steps: int = 30, warmup_steps: int = 5, image_size: int = 28, threads: int = 1,
-                    seed: int = 0, device: str = "auto") -> LoadingMeasurement:
+def measure_loading(
+    data_dir: str,
+    source: str,
+    num_workers: int = 0,
+    prefetch: int = 2,
+    batch_size: int = 64,
+    steps: int = 30,
+    warmup_steps: int = 5,
+    image_size: int = 28,
+    threads: int = 1,
+    seed: int = 0,
+    device: str = "auto",
+) -> LoadingMeasurement:
     """Train the workshop CNN for `warmup_steps` + `steps` steps on the image tree in `data_dir`
     (write_image_tree), fed by `source`; time the last `steps`. `threads` torch threads compute
     (on the CPU); `num_workers` loader processes prefetch `prefetch` batches each. Runs in this
     process, on GPU 0 when there is one (device "auto"), else on the CPU."""
-    return compare_loading(data_dir, [(source, num_workers)], rounds=1, prefetch=prefetch, batch_size=batch_size,
-                           steps=steps, warmup_steps=warmup_steps, image_size=image_size, threads=threads, seed=seed,
-                           device=device)[0]
+    return compare_loading(
+        data_dir,
+        [(source, num_workers)],
+        rounds=1,
+        prefetch=prefetch,
+        batch_size=batch_size,
+        steps=steps,
+        warmup_steps=warmup_steps,
+        image_size=image_size,
+        threads=threads,
+        seed=seed,
+        device=device,
+    )[0]
 
 
-def compare_loading(data_dir: str, configurations: Sequence[Tuple[str, int]], rounds: int = 3, prefetch: int = 2,
-                    batch_size: int = 64, steps: int = 10, warmup_steps: int = 3, image_size: int = 28,
-                    threads: int = 1, seed: int = 0, device: str = "auto") -> List[LoadingMeasurement]:
+def compare_loading(
+    data_dir: str,
+    configurations: Sequence[tuple[str, int]],
+    rounds: int = 3,
+    prefetch: int = 2,
+    batch_size: int = 64,
+    steps: int = 10,
+    warmup_steps: int = 3,
+    image_size: int = 28,
+    threads: int = 1,
+    seed: int = 0,
+    device: str = "auto",
+) -> list[LoadingMeasurement]:
     """measure_loading for every (source, num_workers) of `configurations`, `rounds` times
     interleaved (each configuration once, then all again), `steps` timed steps a round; each
     configuration's rounds add up to one measurement, in the order given.
@@ -201,28 +261,49 @@ def compare_loading(data_dir: str, configurations: Sequence[Tuple[str, int]], ro
     # The prepared arrays (decoded once by `harness data prepare`, here on first use) give the
     # normalisation statistics to both sources, so both feed the model the same numbers.
     arrays = load_split("imagefolder", "train", DataOptions(data_dir, "cnn", image_size, 600.0))
-    target = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                          "cpu" if device == "auto" else device)
+    target = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
+    )
     totals = {configuration: np.zeros(3) for configuration in configurations}  # data wait, compute, elapsed (s)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         for _ in range(rounds):
             for source, workers in configurations:
-                batches = (_per_sample_batches(data_dir, image_size, arrays, batch_size, workers, prefetch, seed)
-                           if source == "per-sample" else
-                           _prepared_batches(arrays, batch_size, workers, prefetch, seed, warmup_steps + steps))
+                batches = (
+                    _per_sample_batches(data_dir, image_size, arrays, batch_size, workers, prefetch, seed)
+                    if source == "per-sample"
+                    else _prepared_batches(arrays, batch_size, workers, prefetch, seed, warmup_steps + steps)
+                )
                 totals[source, workers] += _timed_steps(batches, arrays, image_size, target, warmup_steps, steps, seed)
     finally:
         torch.set_num_threads(previous_threads)
     timed = rounds * steps
-    return [LoadingMeasurement(source, workers, prefetch, batch_size, timed, timed * batch_size / elapsed,
-                               computed / (computed + waited), 1000 * waited / timed, 1000 * computed / timed)
-            for (source, workers), (waited, computed, elapsed) in totals.items()]
+    return [
+        LoadingMeasurement(
+            source,
+            workers,
+            prefetch,
+            batch_size,
+            timed,
+            timed * batch_size / elapsed,
+            computed / (computed + waited),
+            1000 * waited / timed,
+            1000 * computed / timed,
+        )
+        for (source, workers), (waited, computed, elapsed) in totals.items()
+    ]
 
 
-def _timed_steps(batches: Iterator[Tuple[torch.Tensor, torch.Tensor]], arrays: ImageArrays, image_size: int,
-                 target: torch.device, warmup_steps: int, steps: int, seed: int) -> np.ndarray:
+def _timed_steps(
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    arrays: ImageArrays,
+    image_size: int,
+    target: torch.device,
+    warmup_steps: int,
+    steps: int,
+    seed: int,
+) -> np.ndarray:
     """Train a fresh workshop CNN for `warmup_steps` + `steps` steps from `batches`, then close them;
     the data wait, compute and elapsed seconds of the last `steps`."""
     from ..training.models import build_model
@@ -258,18 +339,21 @@ def _timed_steps(batches: Iterator[Tuple[torch.Tensor, torch.Tensor]], arrays: I
     return np.array([waited, computed, elapsed])
 
 
-def loading_table(measurements: List[LoadingMeasurement]) -> str:
+def loading_table(measurements: list[LoadingMeasurement]) -> str:
     """Markdown: one row per measurement, throughput relative to the first row."""
     from ..study.report import markdown_table
 
     first = measurements[0].throughput if measurements else math.nan
-    return markdown_table([m.as_dict() for m in measurements], (
-        ("source", lambda r: r["source"]),
-        ("loader workers", lambda r: r["num_workers"]),
-        ("prefetch", lambda r: r["prefetch"] if r["num_workers"] else None),
-        ("samples/s", lambda r: r["throughput"]),
-        ("vs first row", lambda r: r["throughput"] / first),
-        ("AU", lambda r: r["au"]),
-        ("data wait ms/step", lambda r: r["data_wait_ms"]),
-        ("compute ms/step", lambda r: r["compute_ms"]),
-    ))
+    return markdown_table(
+        [m.as_dict() for m in measurements],
+        (
+            ("source", lambda r: r["source"]),
+            ("loader workers", lambda r: r["num_workers"]),
+            ("prefetch", lambda r: r["prefetch"] if r["num_workers"] else None),
+            ("samples/s", lambda r: r["throughput"]),
+            ("vs first row", lambda r: r["throughput"] / first),
+            ("AU", lambda r: r["au"]),
+            ("data wait ms/step", lambda r: r["data_wait_ms"]),
+            ("compute ms/step", lambda r: r["compute_ms"]),
+        ),
+    )

@@ -4,7 +4,8 @@ down by the fixture's finalizer, and from its record by the next start if this p
 from __future__ import annotations
 
 import functools
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 import pytest
 
@@ -15,7 +16,7 @@ from .slurm_nodes import NamespaceSlurm
 NODES = 2
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _why_no_namespaces() -> Optional[str]:
     try:
         check_namespaces()

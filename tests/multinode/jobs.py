@@ -19,7 +19,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Optional
 
 from harness.process.launchers import launch_environment
 
@@ -33,11 +34,11 @@ RENDEZVOUS_PORT = 29600  # on node 1's own network namespace, which nothing else
 # to that node's daemon fails: by default after 300 s idle + 9 probes x 20 s = 8 min, all the while
 # waiting for the daemon to confirm the job's end. Sites set these in openmpi-mca-params.conf.
 OPENMPI_KEEPALIVE = {"oob_tcp_keepalive_time": "5", "oob_tcp_keepalive_intvl": "2", "oob_tcp_keepalive_probes": "3"}
-NodeCommand = Tuple[int, List[str]]  # (node, argv)
+NodeCommand = tuple[int, list[str]]  # (node, argv)
 _ENV_LINE = re.compile(r'\{"default_threads"[^{}]*\}')  # one rank's line; ranks' lines may interleave
 
 
-def discovered(output: str) -> Dict[int, dict]:
+def discovered(output: str) -> dict[int, dict]:
     """`harness env`'s JSON line of every rank, by rank (launchers may prefix lines with a rank tag)."""
     rows = [json.loads(match) for match in _ENV_LINE.findall(output)]
     return {row["rank"]: row for row in rows}
@@ -48,7 +49,7 @@ def _tool(name: str) -> str:
     return beside if os.access(beside, os.X_OK) else name
 
 
-def _mca(parameters: Dict[str, str]) -> List[str]:
+def _mca(parameters: dict[str, str]) -> list[str]:
     return [word for name, value in parameters.items() for word in ("--mca", name, value)]
 
 
@@ -56,18 +57,21 @@ def _hosts(cluster: NetnsCluster) -> str:
     return ",".join(f"{host}:{RANKS_PER_NODE}" for host in cluster.hostnames)
 
 
-def openmpi_site_settings(cluster: NetnsCluster, hostfile: str, slots: int = RANKS_PER_NODE) -> Dict[str, str]:
+def openmpi_site_settings(cluster: NetnsCluster, hostfile: str, slots: int = RANKS_PER_NODE) -> dict[str, str]:
     """What a site's openmpi-mca-params.conf would say, as OMPI_MCA_* variables (which mpirun reads,
     however deep under a batch system's mpiexec): every node with `slots` in a default hostfile
     (written to `hostfile`; mpirun fills a node's slots before the next), the cluster's ssh, and
     the keepalive that notices a lost node."""
     with open(hostfile, "w") as handle:
         handle.writelines(f"{host} slots={slots}\n" for host in cluster.hostnames)
-    return {"OMPI_MCA_orte_default_hostfile": hostfile, "OMPI_MCA_plm_rsh_agent": RSH_AGENT,
-            **{f"OMPI_MCA_{name}": value for name, value in OPENMPI_KEEPALIVE.items()}}
+    return {
+        "OMPI_MCA_orte_default_hostfile": hostfile,
+        "OMPI_MCA_plm_rsh_agent": RSH_AGENT,
+        **{f"OMPI_MCA_{name}": value for name, value in OPENMPI_KEEPALIVE.items()},
+    }
 
 
-def multinode_commands(launcher: str, cluster: NetnsCluster, harness_args: Sequence[str]) -> List[NodeCommand]:
+def multinode_commands(launcher: str, cluster: NetnsCluster, harness_args: Sequence[str]) -> list[NodeCommand]:
     """The commands that run `python -m harness HARNESS_ARGS` as RANKS_PER_NODE ranks on every node."""
     program = ["-m", "harness", *harness_args]
     nodes, ranks = len(cluster.hostnames), RANKS_PER_NODE * len(cluster.hostnames)
@@ -75,48 +79,141 @@ def multinode_commands(launcher: str, cluster: NetnsCluster, harness_args: Seque
     if launcher == "mpirun":
         root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
         # Ranks on node 2 get mpirun's environment only through -x (as on a real cluster).
-        return [(1, ["mpirun", *root, "--mca", "plm_rsh_agent", RSH_AGENT, *_mca(OPENMPI_KEEPALIVE),
-                     "-H", _hosts(cluster), "-np", str(ranks),
-                     # The simulated nodes share this machine's cores: ranks waiting in MPI must yield them.
-                     "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1",
-                     "-x", "PYTHONUNBUFFERED=1", "-x", "OMP_NUM_THREADS=1",
-                     sys.executable, *program])]
+        return [
+            (
+                1,
+                [
+                    "mpirun",
+                    *root,
+                    "--mca",
+                    "plm_rsh_agent",
+                    RSH_AGENT,
+                    *_mca(OPENMPI_KEEPALIVE),
+                    "-H",
+                    _hosts(cluster),
+                    "-np",
+                    str(ranks),
+                    # The simulated nodes share this machine's cores: ranks waiting in MPI must yield them.
+                    "--bind-to",
+                    "none",
+                    "--mca",
+                    "mpi_yield_when_idle",
+                    "1",
+                    "-x",
+                    "PYTHONUNBUFFERED=1",
+                    "-x",
+                    "OMP_NUM_THREADS=1",
+                    sys.executable,
+                    *program,
+                ],
+            )
+        ]
     if launcher == "horovodrun":
-        return [(1, [_tool("horovodrun"), "--gloo", "-np", str(ranks), "-H", _hosts(cluster),
-                     "--gloo-timeout-seconds", "60", sys.executable, *program])]
+        return [
+            (
+                1,
+                [
+                    _tool("horovodrun"),
+                    "--gloo",
+                    "-np",
+                    str(ranks),
+                    "-H",
+                    _hosts(cluster),
+                    "--gloo-timeout-seconds",
+                    "60",
+                    sys.executable,
+                    *program,
+                ],
+            )
+        ]
     if launcher == "torchrun":
-        return [(node, [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank",
-                        str(node - 1), "--nproc-per-node", str(RANKS_PER_NODE), "--master-addr", master,
-                        "--master-port", str(RENDEZVOUS_PORT), *program]) for node in range(1, nodes + 1)]
+        return [
+            (
+                node,
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nnodes",
+                    str(nodes),
+                    "--node-rank",
+                    str(node - 1),
+                    "--nproc-per-node",
+                    str(RANKS_PER_NODE),
+                    "--master-addr",
+                    master,
+                    "--master-port",
+                    str(RENDEZVOUS_PORT),
+                    *program,
+                ],
+            )
+            for node in range(1, nodes + 1)
+        ]
     if launcher == "deepspeed":
         hostfile = os.path.join(cluster.directory, "hostfile")
         with open(hostfile, "w") as handle:
             handle.writelines(f"{host} slots={RANKS_PER_NODE}\n" for host in cluster.hostnames)
-        return [(node, [_tool("deepspeed"), "--hostfile", hostfile, "--no_ssh", "--node_rank", str(node - 1),
-                        "--master_addr", master, "--master_port", str(RENDEZVOUS_PORT), "--no_local_rank",
-                        "--module", *program[1:]]) for node in range(1, nodes + 1)]
+        return [
+            (
+                node,
+                [
+                    _tool("deepspeed"),
+                    "--hostfile",
+                    hostfile,
+                    "--no_ssh",
+                    "--node_rank",
+                    str(node - 1),
+                    "--master_addr",
+                    master,
+                    "--master_port",
+                    str(RENDEZVOUS_PORT),
+                    "--no_local_rank",
+                    "--module",
+                    *program[1:],
+                ],
+            )
+            for node in range(1, nodes + 1)
+        ]
     raise ValueError(f"no multi-node command for launcher {launcher!r}; choose one of {MULTINODE_LAUNCHERS}")
 
 
 class ClusterJob:
     """Launcher processes started on nodes; their output is read (and marker lines timed) as it comes."""
 
-    def __init__(self, cluster: NetnsCluster, commands: List[NodeCommand], env: Optional[Dict[str, str]] = None,
-                 markers: Sequence[str] = (), cwd: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        cluster: NetnsCluster,
+        commands: list[NodeCommand],
+        env: Optional[dict[str, str]] = None,
+        markers: Sequence[str] = (),
+        cwd: Optional[str] = None,
+    ) -> None:
         self.cluster = cluster
         self.commands = commands
         self.markers = list(markers)
         self.started = time.monotonic()
-        self.seen: Dict[str, float] = {}  # marker -> seconds from the start to its first line
-        self.lines: List[str] = []
+        self.seen: dict[str, float] = {}  # marker -> seconds from the start to its first line
+        self.lines: list[str] = []
         self.ended: Optional[float] = None
-        self.statuses: Optional[List[int]] = None  # the watched launchers' exit statuses, once ended
+        self.statuses: Optional[list[int]] = None  # the watched launchers' exit statuses, once ended
         self._lock = threading.Lock()
-        self.processes = [cluster.popen(node, argv, env=launch_environment(env), cwd=cwd, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, errors="replace")
-                          for node, argv in commands]
-        self._readers = [threading.Thread(target=self._read, args=(node, process), daemon=True)
-                         for (node, _), process in zip(commands, self.processes)]
+        self.processes = [
+            cluster.popen(
+                node,
+                argv,
+                env=launch_environment(env),
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+            )
+            for node, argv in commands
+        ]
+        self._readers = [
+            threading.Thread(target=self._read, args=(node, process), daemon=True)
+            for (node, _), process in zip(commands, self.processes)
+        ]
         for reader in self._readers:
             reader.start()
 
@@ -137,12 +234,13 @@ class ClusterJob:
             time.sleep(0.1)
         return True
 
-    def wait(self, limit: float, nodes: Optional[Sequence[int]] = None) -> Optional[List[int]]:
+    def wait(self, limit: float, nodes: Optional[Sequence[int]] = None) -> Optional[list[int]]:
         """Exit statuses of the launchers (on `nodes`, default all) once they ended; None if one was
         still running `limit` s from now: then every process on every node is killed."""
         deadline = time.monotonic() + limit
-        watched = [process for (node, _), process in zip(self.commands, self.processes)
-                   if nodes is None or node in nodes]
+        watched = [
+            process for (node, _), process in zip(self.commands, self.processes) if nodes is None or node in nodes
+        ]
         for process in watched:
             try:
                 process.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -184,8 +282,14 @@ class ClusterJob:
         return self.output[-characters:]
 
 
-def run_job(cluster: NetnsCluster, launcher: str, harness_args: Sequence[str], limit: float,
-            env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None) -> Tuple[Optional[List[int]], ClusterJob]:
+def run_job(
+    cluster: NetnsCluster,
+    launcher: str,
+    harness_args: Sequence[str],
+    limit: float,
+    env: Optional[dict[str, str]] = None,
+    cwd: Optional[str] = None,
+) -> tuple[Optional[list[int]], ClusterJob]:
     """Run `harness HARNESS_ARGS` across the cluster under `launcher` to its end (or kill it at `limit`)."""
     job = ClusterJob(cluster, multinode_commands(launcher, cluster, harness_args), env=env, cwd=cwd)
     return job.wait(limit), job

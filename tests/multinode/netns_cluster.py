@@ -27,7 +27,8 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENTER_NODE = os.path.join(HERE, "enter_node.sh")
@@ -64,10 +65,11 @@ def _start_time(pid: int) -> Optional[str]:
         return None
 
 
-def namespace_pids(namespace: str) -> List[int]:
+def namespace_pids(namespace: str) -> list[int]:
     """Processes whose network namespace is `namespace` (empty if it does not exist)."""
-    result = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True,
-                            timeout=COMMAND_TIMEOUT_S)
+    result = subprocess.run(
+        ["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+    )
     return [int(word) for word in result.stdout.split() if word.isdigit()]
 
 
@@ -85,10 +87,13 @@ def kill_namespace_processes(namespace: str, timeout: float = 10.0) -> None:
         pids = namespace_pids(namespace)
 
 
-def _teardown(record: Dict) -> None:
+def _teardown(record: dict) -> None:
     """Remove what a record lists: the processes in its namespaces, then the namespaces."""
-    existing = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                                  timeout=COMMAND_TIMEOUT_S).stdout.split())
+    existing = set(
+        subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+        ).stdout.split()
+    )
     for namespace in record["namespaces"]:
         if namespace in existing:
             kill_namespace_processes(namespace)
@@ -96,7 +101,7 @@ def _teardown(record: Dict) -> None:
             _ip("netns", "delete", namespace, check=False)
 
 
-def remove_stale_clusters() -> List[str]:
+def remove_stale_clusters() -> list[str]:
     """Tear down every recorded cluster whose owning process is gone; return their tags."""
     removed = []
     if not os.path.isdir(RECORDS_DIR):
@@ -130,8 +135,22 @@ def check_namespaces() -> None:
         _ip("link", "add", "p0", "type", "veth", "peer", "name", "p1", namespace=probe)
         _ip("link", "add", "b0", "type", "bridge", namespace=probe)
         # As enter_node.sh enters a node.
-        subprocess.run(["nsenter", f"--net=/run/netns/{probe}", "unshare", "--uts", "--mount", "--propagation",
-                        "private", "hostname", "probe"], check=True, capture_output=True, timeout=COMMAND_TIMEOUT_S)
+        subprocess.run(
+            [
+                "nsenter",
+                f"--net=/run/netns/{probe}",
+                "unshare",
+                "--uts",
+                "--mount",
+                "--propagation",
+                "private",
+                "hostname",
+                "probe",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=COMMAND_TIMEOUT_S,
+        )
     except (RuntimeError, subprocess.CalledProcessError, OSError) as exc:
         raise NamespacesUnavailable(f"this machine does not allow network namespaces here ({exc})") from None
     finally:
@@ -156,7 +175,7 @@ class NetnsCluster:
         self.record_path = os.path.join(RECORDS_DIR, f"{self.tag}.json")
 
     # -- life cycle -------------------------------------------------------------------------
-    def start(self) -> "NetnsCluster":
+    def start(self) -> NetnsCluster:
         """Create the switch and the nodes, after removing stale clusters; on failure undo it all."""
         check_namespaces()
         remove_stale_clusters()
@@ -204,8 +223,12 @@ class NetnsCluster:
 
     def _write_record(self) -> None:
         os.makedirs(RECORDS_DIR, exist_ok=True)
-        record = {"tag": self.tag, "owner_pid": os.getpid(), "owner_start": _start_time(os.getpid()),
-                  "namespaces": [*self.namespaces, self.switch]}
+        record = {
+            "tag": self.tag,
+            "owner_pid": os.getpid(),
+            "owner_start": _start_time(os.getpid()),
+            "namespaces": [*self.namespaces, self.switch],
+        }
         with open(self.record_path + ".tmp", "w") as handle:
             json.dump(record, handle)
         os.replace(self.record_path + ".tmp", self.record_path)
@@ -229,14 +252,14 @@ class NetnsCluster:
             _teardown(record)
             os.unlink(self.record_path)
 
-    def __enter__(self) -> "NetnsCluster":
+    def __enter__(self) -> NetnsCluster:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     # -- running commands on nodes ------------------------------------------------------------
-    def environ(self, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    def environ(self, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
         """This process's environment for node commands: NETNS_CLUSTER_DIR for the cluster's ssh, and
         its `ssh` first on PATH (horovodrun and the deepspeed launcher run plain `ssh`)."""
         env = dict(os.environ)
@@ -247,18 +270,26 @@ class NetnsCluster:
             env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
         return env
 
-    def command(self, node: int, argv: Sequence[str]) -> List[str]:
+    def command(self, node: int, argv: Sequence[str]) -> list[str]:
         """`argv` as a command that runs on node `node` (1-based)."""
         return [ENTER_NODE, self.directory, self.hostnames[node - 1], *argv]
 
-    def run(self, node: int, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT_S,
-            env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        node: int,
+        argv: Sequence[str],
+        timeout: float = COMMAND_TIMEOUT_S,
+        env: Optional[dict[str, str]] = None,
+        cwd: Optional[str] = None,
+    ) -> subprocess.CompletedProcess:
         """Run `argv` on node `node` to completion (TimeoutExpired after `timeout`), capturing text output."""
-        return subprocess.run(self.command(node, argv), capture_output=True, text=True, timeout=timeout,
-                              env=self.environ(env), cwd=cwd)
+        return subprocess.run(
+            self.command(node, argv), capture_output=True, text=True, timeout=timeout, env=self.environ(env), cwd=cwd
+        )
 
-    def popen(self, node: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
-              **kwargs) -> subprocess.Popen:
+    def popen(
+        self, node: int, argv: Sequence[str], env: Optional[dict[str, str]] = None, **kwargs
+    ) -> subprocess.Popen:
         """Start `argv` on node `node`; the Popen's pid is the command's own (enter_node.sh execs)."""
         return subprocess.Popen(self.command(node, argv), env=self.environ(env), **kwargs)
 
@@ -280,7 +311,7 @@ class NetnsCluster:
         """SIGKILL every process on node `node` (a crashed node; pull its link first to silence it)."""
         kill_namespace_processes(self.namespaces[node - 1])
 
-    def pids(self, node: int) -> List[int]:
+    def pids(self, node: int) -> list[int]:
         """Processes running on node `node`."""
         return namespace_pids(self.namespaces[node - 1])
 
@@ -288,26 +319,36 @@ class NetnsCluster:
         """Shape the traffic towards node `node` (every node if None): `latency_ms` of added one-way
         delay (netem) and at most `rate_mbit` (a token bucket); 0 for neither removes the shaping.
         Raises ShapingUnavailable if the kernel lacks netem and a latency was asked for."""
-        for index in ([node] if node else range(1, len(self.namespaces) + 1)):
+        for index in [node] if node else range(1, len(self.namespaces) + 1):
             port = self.port(index)
             _ip("-n", self.switch, "link", "show", port)  # fail early for an unknown node
-            subprocess.run(["ip", "netns", "exec", self.switch, "tc", "qdisc", "del", "dev", port, "root"],
-                           capture_output=True, timeout=COMMAND_TIMEOUT_S)
+            subprocess.run(
+                ["ip", "netns", "exec", self.switch, "tc", "qdisc", "del", "dev", port, "root"],
+                capture_output=True,
+                timeout=COMMAND_TIMEOUT_S,
+            )
             if latency_ms > 0:
                 self._tc(port, ["root", "handle", "1:", "netem", "delay", f"{latency_ms}ms"], "netem")
             if rate_mbit > 0:
                 parent = ["parent", "1:1", "handle", "10:"] if latency_ms > 0 else ["root"]
                 # burst: at least one rate-millisecond of bytes, never below a jumbo frame's
                 burst = max(16 * 1024, int(rate_mbit * 1e6 / 8 / 1000))
-                self._tc(port, [*parent, "tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "100ms"],
-                         "tbf")
+                self._tc(
+                    port, [*parent, "tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "100ms"], "tbf"
+                )
 
-    def _tc(self, port: str, spec: List[str], kind: str) -> None:
-        result = subprocess.run(["ip", "netns", "exec", self.switch, "tc", "qdisc", "add", "dev", port, *spec],
-                                capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    def _tc(self, port: str, spec: list[str], kind: str) -> None:
+        result = subprocess.run(
+            ["ip", "netns", "exec", self.switch, "tc", "qdisc", "add", "dev", port, *spec],
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+        )
         if result.returncode != 0 and "unknown" in result.stderr.lower():
-            raise ShapingUnavailable(f"this kernel has no '{kind}' queueing discipline (CONFIG_NET_SCH_"
-                                     f"{kind.upper()}): {result.stderr.strip()}")
+            raise ShapingUnavailable(
+                f"this kernel has no '{kind}' queueing discipline (CONFIG_NET_SCH_"
+                f"{kind.upper()}): {result.stderr.strip()}"
+            )
         if result.returncode != 0:
             raise RuntimeError(f"tc qdisc add {' '.join(spec)} failed: {result.stderr.strip()}")
 

@@ -13,10 +13,17 @@ import os
 import signal
 import subprocess
 import time
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
-from ..slurm_cluster import (COMMON_SETTINGS, START_TIMEOUT_S, STOP_TIMEOUT_S, _alive, check_installed,
-                             write_conf_and_key)
+from ..slurm_cluster import (
+    COMMON_SETTINGS,
+    START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    _alive,
+    check_installed,
+    write_conf_and_key,
+)
 from .netns_cluster import NetnsCluster
 
 CTLD_PORT = 6817  # node 1's own network namespace: nothing else listens there
@@ -40,55 +47,78 @@ class NamespaceSlurm:
         for sub in ("munge", "state", "log", *per_node):
             os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
         path, hosts = self.directory, self.cluster.hostnames
-        nodes = [f"NodeName={host} NodeAddr={address} CPUs={os.cpu_count() or 1} State=UNKNOWN"
-                 for host, address in zip(hosts, self.cluster.addresses)]
+        nodes = [
+            f"NodeName={host} NodeAddr={address} CPUs={os.cpu_count() or 1} State=UNKNOWN"
+            for host, address in zip(hosts, self.cluster.addresses)
+        ]
         lines = [
-            "ClusterName=harnessnetns", f"SlurmctldHost={hosts[0]}({self.cluster.addresses[0]})",
-            "AuthType=auth/munge", f"AuthInfo=socket={self.munge_socket}", "CredType=cred/munge",
-            "SlurmUser=root", "SlurmdUser=root", f"SlurmctldPort={CTLD_PORT}", f"SlurmdPort={SLURMD_PORT}",
+            "ClusterName=harnessnetns",
+            f"SlurmctldHost={hosts[0]}({self.cluster.addresses[0]})",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            "CredType=cred/munge",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"SlurmctldPort={CTLD_PORT}",
+            f"SlurmdPort={SLURMD_PORT}",
             f"StateSaveLocation={path}/state",
             # %n: the node's name, so the slurmds, sharing one filesystem, keep their files apart
-            f"SlurmdSpoolDir={path}/spool/%n", f"SlurmdPidFile={path}/slurmd.%n.pid",
+            f"SlurmdSpoolDir={path}/spool/%n",
+            f"SlurmdPidFile={path}/slurmd.%n.pid",
             f"SlurmdLogFile={path}/log/slurmd.%n.log",
             # Each node's own /tmp, as on a cluster: mpi/pmix makes its step directories there, by job
             # and step, so in one shared /tmp the nodes' steps would collide.
             f"TmpFS={path}/tmp/%n",
-            f"SlurmctldPidFile={self._pid_file('slurmctld')}", f"SlurmctldLogFile={path}/log/slurmctld.log",
-            *COMMON_SETTINGS, *nodes,
+            f"SlurmctldPidFile={self._pid_file('slurmctld')}",
+            f"SlurmctldLogFile={path}/log/slurmctld.log",
+            *COMMON_SETTINGS,
+            *nodes,
             f"PartitionName=debug Nodes={','.join(hosts)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4",
         ]
         write_conf_and_key(self.conf, os.path.join(self.directory, "munge"), lines)
 
-    def environ(self, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    def environ(self, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
         """The environment for Slurm's clients and daemons: SLURM_CONF set (plus `extra`)."""
         return {**os.environ, "SLURM_CONF": self.conf, **(extra or {})}
 
-    def run(self, argv: Sequence[str], timeout: float = 60, env: Optional[Dict[str, str]] = None,
-            cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+    def run(
+        self, argv: Sequence[str], timeout: float = 60, env: Optional[dict[str, str]] = None, cwd: Optional[str] = None
+    ) -> subprocess.CompletedProcess:
         """Run a client command (srun, sbatch, sinfo, ...) on node 1."""
         return self.cluster.run(1, argv, timeout=timeout, env=self.environ(env), cwd=cwd)
 
-    def _start_daemon(self, node: int, argv: List[str], pid_file: str) -> None:
+    def _start_daemon(self, node: int, argv: list[str], pid_file: str) -> None:
         result = self.cluster.run(node, argv, timeout=30, env=self.environ())
         if result.returncode != 0:
-            raise RuntimeError(f"{argv[0]} on {self.cluster.hostnames[node - 1]} did not start "
-                               f"(exit {result.returncode}): {(result.stderr or result.stdout).strip()[-2000:]}")
+            raise RuntimeError(
+                f"{argv[0]} on {self.cluster.hostnames[node - 1]} did not start "
+                f"(exit {result.returncode}): {(result.stderr or result.stdout).strip()[-2000:]}"
+            )
         deadline = time.monotonic() + START_TIMEOUT_S
         while _pid(pid_file) is None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{argv[0]} wrote no pid file within {START_TIMEOUT_S:.0f} s\n{self.log_tail()}")
             time.sleep(0.1)
 
-    def start(self) -> "NamespaceSlurm":
+    def start(self) -> NamespaceSlurm:
         """Start munged, slurmctld and the slurmds; wait until every node takes jobs; undo on failure."""
         check_installed()
         self._write_conf()
         munge = os.path.join(self.directory, "munge")
         try:
-            self._start_daemon(1, ["munged", "--force", f"--key-file={munge}/munge.key",
-                                   f"--socket={self.munge_socket}", f"--pid-file={self._pid_file('munged')}",
-                                   f"--log-file={munge}/munged.log", f"--seed-file={munge}/munged.seed"],
-                               self._pid_file("munged"))
+            self._start_daemon(
+                1,
+                [
+                    "munged",
+                    "--force",
+                    f"--key-file={munge}/munge.key",
+                    f"--socket={self.munge_socket}",
+                    f"--pid-file={self._pid_file('munged')}",
+                    f"--log-file={munge}/munged.log",
+                    f"--seed-file={munge}/munged.seed",
+                ],
+                self._pid_file("munged"),
+            )
             self._start_daemon(1, ["slurmctld", "-f", self.conf], self._pid_file("slurmctld"))
             for node, host in enumerate(self.cluster.hostnames, start=1):
                 self._start_daemon(node, ["slurmd", "-f", self.conf], self._pid_file("slurmd", host))
@@ -100,7 +130,7 @@ class NamespaceSlurm:
 
     def _wait_until_idle(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        states: List[str] = []
+        states: list[str] = []
         while time.monotonic() < deadline:
             result = self.run(["sinfo", "-h", "-N", "-o", "%N %T"], timeout=20)
             states = result.stdout.split("\n")

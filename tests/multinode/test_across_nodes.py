@@ -16,7 +16,7 @@ import contextlib
 import json
 import threading
 import time
-from typing import Dict, Iterator, List, Tuple
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -38,20 +38,25 @@ TRAIN_LIMIT_S = 300
 DISTRIBUTED = [name for name, cls in BACKENDS.items() if cls.max_world_size is None]
 
 
-def _training_runs() -> List[Tuple[str, str]]:
+def _training_runs() -> list[tuple[str, str]]:
     """Every distributed backend once, under its own launcher where no other backend took it yet,
     else under another it runs under; then any launcher left under a backend it can start, so that
     every multi-node launcher runs a training."""
-    runs: List[Tuple[str, str]] = []
+    runs: list[tuple[str, str]] = []
     unused = list(MULTINODE_LAUNCHERS)
     for name in DISTRIBUTED:
         cls = BACKENDS[name]
-        launcher = cls.local_launcher if cls.local_launcher in unused else next(
-            (choice for choice in unused if choice in cls.local_launchers), cls.local_launcher)
+        launcher = (
+            cls.local_launcher
+            if cls.local_launcher in unused
+            else next((choice for choice in unused if choice in cls.local_launchers), cls.local_launcher)
+        )
         runs.append((name, launcher))
         unused = [choice for choice in unused if choice != launcher]
-    runs += [(next(name for name in DISTRIBUTED if launcher in BACKENDS[name].local_launchers), launcher)
-             for launcher in unused]
+    runs += [
+        (next(name for name in DISTRIBUTED if launcher in BACKENDS[name].local_launchers), launcher)
+        for launcher in unused
+    ]
     return runs
 
 
@@ -81,16 +86,20 @@ def test_every_rank_discovers_its_node_and_node1_as_the_rendezvous(cluster, laun
         where = f"{launcher}, rank {rank}: {row}"
         assert row["hostname"] == cluster.hostnames[node], where
         assert (row["local_rank"], row["local_world_size"], row["world_size"]) == (
-            rank % RANKS_PER_NODE, RANKS_PER_NODE, RANKS), where
+            rank % RANKS_PER_NODE,
+            RANKS_PER_NODE,
+            RANKS,
+        ), where
         assert cluster.address(row["master_addr"]) == cluster.addresses[0], where
 
 
 @pytest.fixture(scope="module")
-def single_process(tmp_path_factory) -> Dict[str, torch.Tensor]:
+def single_process(tmp_path_factory) -> dict[str, torch.Tensor]:
     """The `none` baseline's weights with the 4-rank global batch (run on this machine, no namespace)."""
     path = tmp_path_factory.mktemp("reference") / "model.pt"
-    launch(1, "none", [*COMMON, *OPTIMIZERS["sgd"], "--batch-size", str(RANKS * LOCAL_BATCH),
-                       "--save-model", str(path)])
+    launch(
+        1, "none", [*COMMON, *OPTIMIZERS["sgd"], "--batch-size", str(RANKS * LOCAL_BATCH), "--save-model", str(path)]
+    )
     return torch.load(path, weights_only=True)
 
 
@@ -99,16 +108,35 @@ def single_process(tmp_path_factory) -> Dict[str, torch.Tensor]:
 def test_backend_trains_across_nodes_like_one_process(cluster, single_process, tmp_path, backend, launcher):
     model, results = tmp_path / "model.pt", tmp_path / "results.jsonl"
     started = time.monotonic()
-    statuses, job = run_job(cluster, launcher, ["train", "--backend", backend, *COMMON, *OPTIMIZERS["sgd"],
-                                                "--batch-size", str(LOCAL_BATCH), "--save-model", str(model),
-                                                "--results", str(results)], TRAIN_LIMIT_S, cwd=REPO)
+    statuses, job = run_job(
+        cluster,
+        launcher,
+        [
+            "train",
+            "--backend",
+            backend,
+            *COMMON,
+            *OPTIMIZERS["sgd"],
+            "--batch-size",
+            str(LOCAL_BATCH),
+            "--save-model",
+            str(model),
+            "--results",
+            str(results),
+        ],
+        TRAIN_LIMIT_S,
+        cwd=REPO,
+    )
     assert statuses is not None, f"{backend} via {launcher}: still running after {TRAIN_LIMIT_S} s\n{job.tail()}"
     assert set(statuses) == {0}, f"{backend} via {launcher}: a finished run exited {statuses}\n{job.tail()}"
     print(f"\n{backend} via {launcher} on {NODES} nodes x {RANKS_PER_NODE}: {time.monotonic() - started:.0f} s")
     with open(results) as handle:
         record = json.loads(handle.read().splitlines()[-1])
     assert (record["world_size"], record["local_world_size"], record["host"]["hostname"]) == (
-        RANKS, RANKS_PER_NODE, cluster.hostnames[0])
+        RANKS,
+        RANKS_PER_NODE,
+        cluster.hostnames[0],
+    )
     name, value = worst(update_differences(torch.load(model, weights_only=True), single_process, _initial()))
     assert value <= UPDATE_BOUND, f"{backend} via {launcher}: {name} differs by {value:.3g} of its update"
 
@@ -119,10 +147,22 @@ def test_a_preempted_run_across_nodes_exits_3_through_mpirun(cluster):
     MPI for: every rank stops at the same step after rank 0's SIGTERM and exits with 3, which mpirun
     passes on (finished runs exit 0 under every launcher above; tests/test_exit_status.py has every
     pair on one node)."""
-    args = ["train", "--backend", "horovod", *COMMON, *OPTIMIZERS["sgd"], "--batch-size", str(LOCAL_BATCH),
-            "--max-steps", "200", "--timeout", str(TIMEOUT_S)]
-    job = ClusterJob(cluster, multinode_commands("mpirun", cluster, args), env={"HARNESS_TEST_SIGNAL": "TERM@2:0"},
-                     cwd=REPO)
+    args = [
+        "train",
+        "--backend",
+        "horovod",
+        *COMMON,
+        *OPTIMIZERS["sgd"],
+        "--batch-size",
+        str(LOCAL_BATCH),
+        "--max-steps",
+        "200",
+        "--timeout",
+        str(TIMEOUT_S),
+    ]
+    job = ClusterJob(
+        cluster, multinode_commands("mpirun", cluster, args), env={"HARNESS_TEST_SIGNAL": "TERM@2:0"}, cwd=REPO
+    )
     assert job.wait(TRAIN_LIMIT_S) is not None, f"still running after {TRAIN_LIMIT_S} s\n{job.tail()}"
     assert "stopped by SIGTERM after step" in job.output, job.tail()
     assert job.statuses == [EXIT_PREEMPTED], job.tail()
@@ -135,10 +175,28 @@ def _cut_node_off_mid_run(cluster: NetnsCluster, backend: str, launcher: str, no
     when a node's network or power fails. (Killing them instead would also kill the cluster's ssh
     session to the node, a local process here, and its exit would tell mpirun at once, which a real
     ssh over a dead network does not.)"""
-    args = ["train", "--backend", backend, *COMMON, *OPTIMIZERS["sgd"], "--batch-size", str(LOCAL_BATCH),
-            "--max-steps", "100000", "--epochs", "1000", "--timeout", str(TIMEOUT_S)]
-    job = ClusterJob(cluster, multinode_commands(launcher, cluster, args), env={"HARNESS_TEST_SIGNAL": "CONT@3:0"},
-                     markers=[TRAINING_MARKER, LOST], cwd=REPO)
+    args = [
+        "train",
+        "--backend",
+        backend,
+        *COMMON,
+        *OPTIMIZERS["sgd"],
+        "--batch-size",
+        str(LOCAL_BATCH),
+        "--max-steps",
+        "100000",
+        "--epochs",
+        "1000",
+        "--timeout",
+        str(TIMEOUT_S),
+    ]
+    job = ClusterJob(
+        cluster,
+        multinode_commands(launcher, cluster, args),
+        env={"HARNESS_TEST_SIGNAL": "CONT@3:0"},
+        markers=[TRAINING_MARKER, LOST],
+        cwd=REPO,
+    )
     if not job.wait_for(TRAINING_MARKER, TRAIN_LIMIT_S):
         job.kill()
         pytest.fail(f"{backend} via {launcher}: never reached step 3\n{job.tail()}")
@@ -147,7 +205,7 @@ def _cut_node_off_mid_run(cluster: NetnsCluster, backend: str, launcher: str, no
     return job
 
 
-def _left_running(cluster: NetnsCluster, node: int, grace_s: float = 2.0) -> List[int]:
+def _left_running(cluster: NetnsCluster, node: int, grace_s: float = 2.0) -> list[int]:
     """The processes still on `node` once `grace_s` has passed (exiting ones get that long)."""
     deadline = time.monotonic() + grace_s
     while (pids := cluster.pids(node)) and time.monotonic() < deadline:
@@ -156,7 +214,7 @@ def _left_running(cluster: NetnsCluster, node: int, grace_s: float = 2.0) -> Lis
 
 
 @pytest.fixture(scope="module")
-def lost_node_jobs(tmp_path_factory) -> Iterator[Dict[Tuple[str, str], Tuple[ClusterJob, List[int]]]]:
+def lost_node_jobs(tmp_path_factory) -> Iterator[dict[tuple[str, str], tuple[ClusterJob, list[int]]]]:
     """Each run of TRAINING (every distributed backend, every multi-node launcher) on a cluster of
     its own, node 2's link pulled once it trains; then (job, what is left on node 1) per run, once
     node 1's launcher ended (or, killed, overstayed). After its link is pulled a job only waits (for
@@ -191,8 +249,10 @@ def test_a_lost_node_ends_the_job_within_the_timeout(lost_node_jobs, backend, la
     tail = job.tail()
     assert job.statuses is not None, f"{backend} via {launcher}: the job hung after node 2 was lost\n{tail}"
     took = job.seconds_since("node lost")
-    print(f"\n{backend} via {launcher}: node 1's launcher exited {took:.1f} s after node 2 was lost "
-          f"(status {job.statuses})")
+    print(
+        f"\n{backend} via {launcher}: node 1's launcher exited {took:.1f} s after node 2 was lost "
+        f"(status {job.statuses})"
+    )
     assert all(status != 0 for status in job.statuses), tail
     assert took <= TIMEOUT_S + SLACK_S, tail
     if launcher != "mpirun":  # mpirun ends the ranks itself, often before --timeout is up

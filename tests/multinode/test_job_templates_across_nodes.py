@@ -15,16 +15,30 @@ import glob
 import json
 import os
 import time
-from typing import Dict, Iterator, List
+from collections.abc import Iterator
 
 import pytest
 
 from harness.study.sites import load_site
 
 from ..conftest import REPO
-from ..test_job_templates import (JOB_TIMEOUT_S, POLARIS, POLARIS_STUDY, QUICK_TRAIN_ARGS, SLURM_CPU, STUDY,
-                                  assert_job_directory, difference_from_uninterrupted, has_checkpoint, job_events,
-                                  job_outputs, read_text, sbatch, slurm_job_field, wait_for)
+from ..test_job_templates import (
+    JOB_TIMEOUT_S,
+    POLARIS,
+    POLARIS_STUDY,
+    QUICK_TRAIN_ARGS,
+    SLURM_CPU,
+    STUDY,
+    assert_job_directory,
+    difference_from_uninterrupted,
+    has_checkpoint,
+    job_events,
+    job_outputs,
+    read_text,
+    sbatch,
+    slurm_job_field,
+    wait_for,
+)
 from ..test_job_templates_pbs import EmulatedPbs, qsub_variables
 from .conftest import NODES
 from .jobs import openmpi_site_settings
@@ -68,41 +82,56 @@ def pbs(cluster, tmp_path) -> Iterator[EmulatedPbs]:
         emulation.stop()
 
 
-def study_settings(job_dir: str) -> Dict[str, str]:
+def study_settings(job_dir: str) -> dict[str, str]:
     """The tiny study both templates run: ddp on one node, then on both, saving the last run's model."""
     model = os.path.join(job_dir, "model.pt")
-    return dict(STUDY, BACKENDS="ddp", RANKS=f"{RANKS_PER_NODE} {SPANNING}", STEPS=str(STEPS), CHECKPOINT_EVERY="5",
-                JOB_DIR=job_dir, TRAIN_ARGS=f"{QUICK_TRAIN_ARGS} --save-model {model}")
+    return dict(
+        STUDY,
+        BACKENDS="ddp",
+        RANKS=f"{RANKS_PER_NODE} {SPANNING}",
+        STEPS=str(STEPS),
+        CHECKPOINT_EVERY="5",
+        JOB_DIR=job_dir,
+        TRAIN_ARGS=f"{QUICK_TRAIN_ARGS} --save-model {model}",
+    )
 
 
-def discovery_by_job(job_dir: str) -> Dict[str, List[dict]]:
+def discovery_by_job(job_dir: str) -> dict[str, list[dict]]:
     """Every job's `harness env` lines, by job number."""
     found = {}
     for path in glob.glob(os.path.join(job_dir, "discovery-*.jsonl")):
-        number = os.path.basename(path)[len("discovery-"):-len(".jsonl")]
+        number = os.path.basename(path)[len("discovery-") : -len(".jsonl")]
         found[number] = [json.loads(line) for line in read_text(path).splitlines()]
     return found
 
 
-def assert_spans_both_nodes(cluster: NetnsCluster, job_dir: str, launcher: str, master: str) -> List[dict]:
+def assert_spans_both_nodes(cluster: NetnsCluster, job_dir: str, launcher: str, master: str) -> list[dict]:
     """The study's records and every job's discovery: ranks fill node 1, then node 2, meeting at
     `master`; the one-node run on one node, the other across both; returns the records."""
-    records = assert_job_directory(job_dir, ["ddp"], [RANKS_PER_NODE, SPANNING], launcher=launcher,
-                                   launch_word="srun" if launcher == "slurm" else "mpiexec")
+    records = assert_job_directory(
+        job_dir,
+        ["ddp"],
+        [RANKS_PER_NODE, SPANNING],
+        launcher=launcher,
+        launch_word="srun" if launcher == "slurm" else "mpiexec",
+    )
     discoveries = discovery_by_job(job_dir)
     assert len(discoveries) == 2, sorted(discoveries)  # the first job, and the one that continued it
     for rows in discoveries.values():
         assert sorted((row["rank"], row["hostname"], row["local_rank"], row["master_addr"]) for row in rows) == [
             (rank, cluster.hostnames[rank // RANKS_PER_NODE], rank % RANKS_PER_NODE, master)
-            for rank in range(SPANNING)]
+            for rank in range(SPANNING)
+        ]
     # A record names rank 0's host; local_world_size < world_size: its ranks were on several nodes.
     assert sorted((r["world_size"], r["local_world_size"], r["host"]["hostname"]) for r in records) == [
-        (RANKS_PER_NODE, RANKS_PER_NODE, cluster.hostnames[0]), (SPANNING, RANKS_PER_NODE, cluster.hostnames[0])]
+        (RANKS_PER_NODE, RANKS_PER_NODE, cluster.hostnames[0]),
+        (SPANNING, RANKS_PER_NODE, cluster.hostnames[0]),
+    ]
     assert all(r["steps"] == STEPS for r in records)
     return records
 
 
-def assert_resumed_with_uninterrupted_weights(records: List[dict], job_dir: str, references: str) -> float:
+def assert_resumed_with_uninterrupted_weights(records: list[dict], job_dir: str, references: str) -> float:
     """The spanning run was stopped after a checkpoint and resumed once; its final weights are an
     uninterrupted run's. Returns the step it resumed from."""
     spanning = next(r for r in records if r["world_size"] == SPANNING)
@@ -115,28 +144,48 @@ def assert_resumed_with_uninterrupted_weights(records: List[dict], job_dir: str,
 
 
 def wait_for_study(job_dir: str, scratch: str) -> None:
-    wait_for(lambda: any(event[2] == "study complete" for event in job_events(job_dir)), JOB_TIMEOUT_S,
-             "the continuation finishing the study",
-             lambda: job_outputs(scratch) + read_text(os.path.join(job_dir, "jobs.txt")))
+    wait_for(
+        lambda: any(event[2] == "study complete" for event in job_events(job_dir)),
+        JOB_TIMEOUT_S,
+        "the continuation finishing the study",
+        lambda: job_outputs(scratch) + read_text(os.path.join(job_dir, "jobs.txt")),
+    )
 
 
 def wait_for_spanning_checkpoint(job_dir: str, scratch: str) -> None:
     """Until the 2-node run has checkpointed; fails at once if the job ended first."""
+
     def checkpointed() -> bool:
         return has_checkpoint(os.path.join(job_dir, "checkpoints", SPANNING_RUN))
 
-    wait_for(lambda: checkpointed() or any(event[2].startswith("end: ") for event in job_events(job_dir)),
-             CHECKPOINT_WAIT_S, "the 2-node run's first checkpoint", lambda: job_outputs(scratch))
+    wait_for(
+        lambda: checkpointed() or any(event[2].startswith("end: ") for event in job_events(job_dir)),
+        CHECKPOINT_WAIT_S,
+        "the 2-node run's first checkpoint",
+        lambda: job_outputs(scratch),
+    )
     assert checkpointed(), job_outputs(scratch)
 
 
 @pytest.mark.slow
-def test_slurm_cpu_template_on_two_nodes_signalled_everywhere_continues_to_the_end(cluster, slurm, references,
-                                                                                   tmp_path):
+def test_slurm_cpu_template_on_two_nodes_signalled_everywhere_continues_to_the_end(
+    cluster, slurm, references, tmp_path
+):
     job_dir, scratch = str(tmp_path / "study"), str(tmp_path)
     started = time.monotonic()
-    submitted = sbatch(slurm, ["--parsable", f"--nodes={NODES}", f"--ntasks-per-node={RANKS_PER_NODE}", "--output",
-                               str(tmp_path / "%j.out"), SLURM_CPU], study_settings(job_dir), scratch)
+    submitted = sbatch(
+        slurm,
+        [
+            "--parsable",
+            f"--nodes={NODES}",
+            f"--ntasks-per-node={RANKS_PER_NODE}",
+            "--output",
+            str(tmp_path / "%j.out"),
+            SLURM_CPU,
+        ],
+        study_settings(job_dir),
+        scratch,
+    )
     assert submitted.returncode == 0, submitted.stderr
     first_job = submitted.stdout.strip().split(";")[0]
     wait_for_spanning_checkpoint(job_dir, scratch)
@@ -149,12 +198,17 @@ def test_slurm_cpu_template_on_two_nodes_signalled_everywhere_continues_to_the_e
     records = assert_spans_both_nodes(cluster, job_dir, "slurm", cluster.hostnames[0])
     events = job_events(job_dir)
     (second_job,) = [event[2].split()[-1] for event in events if event[2].startswith("resubmitted as ")]
-    assert [e[2] for e in events if e[1] == first_job][-3:] == ["signal USR1", "end: sweep status 3",
-                                                                 f"resubmitted as {second_job}"]
+    assert [e[2] for e in events if e[1] == first_job][-3:] == [
+        "signal USR1",
+        "end: sweep status 3",
+        f"resubmitted as {second_job}",
+    ]
     assert slurm_job_field(slurm, second_job, "NumNodes") == str(NODES)  # the continuation asked for both
     resumed = assert_resumed_with_uninterrupted_weights(records, job_dir, references)
-    print(f"\nsbatch --nodes={NODES} slurm-cpu.sbatch: signalled at step {resumed} of {STEPS}, continued as job "
-          f"{second_job}, study complete in {elapsed:.0f} s")
+    print(
+        f"\nsbatch --nodes={NODES} slurm-cpu.sbatch: signalled at step {resumed} of {STEPS}, continued as job "
+        f"{second_job}, study complete in {elapsed:.0f} s"
+    )
 
 
 @pytest.mark.slow
@@ -164,13 +218,34 @@ def test_polaris_template_on_two_pbs_nodes_warned_mid_run_continues_to_the_end(c
     # openmpi-mca-params.conf says reaches the job's mpirun as -v variables; NETNS_CLUSTER_DIR, the
     # cluster's ssh.
     settings = {name: value for name, value in study_settings(job_dir).items() if name != "RANKS"}
-    settings.update(PYTHON_ENV="venv", VENV=POLARIS_STUDY["VENV"], RANKS_PER_NODE=str(RANKS_PER_NODE), KIT_DIR=REPO,
-                    NETNS_CLUSTER_DIR=cluster.directory,
-                    **openmpi_site_settings(cluster, str(tmp_path / "openmpi-hosts"), slots=RANKS_PER_NODE))
+    settings.update(
+        PYTHON_ENV="venv",
+        VENV=POLARIS_STUDY["VENV"],
+        RANKS_PER_NODE=str(RANKS_PER_NODE),
+        KIT_DIR=REPO,
+        NETNS_CLUSTER_DIR=cluster.directory,
+        **openmpi_site_settings(cluster, str(tmp_path / "openmpi-hosts"), slots=RANKS_PER_NODE),
+    )
     started = time.monotonic()
     # qsub on node 1: the job runs there (PBS's mother superior), its PBS_NODEFILE lists both nodes.
-    submitted = cluster.run(1, ["qsub", "-A", "harness-test", "-q", "debug", "-l", f"select={NODES}:system=polaris",
-                                "-v", qsub_variables(settings), POLARIS], env=pbs.environ(), cwd=scratch, timeout=60)
+    submitted = cluster.run(
+        1,
+        [
+            "qsub",
+            "-A",
+            "harness-test",
+            "-q",
+            "debug",
+            "-l",
+            f"select={NODES}:system=polaris",
+            "-v",
+            qsub_variables(settings),
+            POLARIS,
+        ],
+        env=pbs.environ(),
+        cwd=scratch,
+        timeout=60,
+    )
     assert submitted.returncode == 0, submitted.stderr
     first_job = submitted.stdout.strip()
     number = int(first_job.split(".")[0])
@@ -179,15 +254,24 @@ def test_polaris_template_on_two_pbs_nodes_warned_mid_run_continues_to_the_end(c
     # PBS has no --signal: the job's own timer sends the batch shell SIGUSR1; qsig sends it mid-run.
     signalled = pbs.run(["qsig", "-s", "USR1", first_job], cwd=scratch)
     assert signalled.returncode == 0, signalled.stderr
-    wait_for(lambda: pbs.state(number + 1) == "F", JOB_TIMEOUT_S, "the continuation finishing",
-             lambda: job_outputs(scratch) + read_text(os.path.join(job_dir, "jobs.txt")))
+    wait_for(
+        lambda: pbs.state(number + 1) == "F",
+        JOB_TIMEOUT_S,
+        "the continuation finishing",
+        lambda: job_outputs(scratch) + read_text(os.path.join(job_dir, "jobs.txt")),
+    )
     elapsed = time.monotonic() - started
 
     # PALS sets MPICH's PMI_RANK, which discovery reads first: the family is reported as mpich.
     records = assert_spans_both_nodes(cluster, job_dir, "mpich", f"{cluster.hostnames[0]}.{POLARIS_NETWORK}")
     assert [e[2] for e in job_events(job_dir) if e[1] == first_job][-3:] == [
-        "signal USR1", "end: sweep status 3", f"resubmitted as {number + 1}.polaris-pbs-emulated"]
+        "signal USR1",
+        "end: sweep status 3",
+        f"resubmitted as {number + 1}.polaris-pbs-emulated",
+    ]
     assert read_text(os.path.join(pbs.spool, f"{number + 1}.nodes")).split() == cluster.hostnames
     resumed = assert_resumed_with_uninterrupted_weights(records, job_dir, references)
-    print(f"\nqsub -l select={NODES} polaris.sc (emulated PBS): warned at step {resumed} of {STEPS}, continued as job "
-          f"{number + 1}, study complete in {elapsed:.0f} s")
+    print(
+        f"\nqsub -l select={NODES} polaris.sc (emulated PBS): warned at step {resumed} of {STEPS}, continued as job "
+        f"{number + 1}, study complete in {elapsed:.0f} s"
+    )

@@ -11,8 +11,15 @@ import textwrap
 import time
 
 from ..test_job_templates import shellcheck
-from .netns_cluster import (ENTER_NODE, RECORDS_DIR, RSH_AGENT, NetnsCluster, ShapingUnavailable, namespace_pids,
-                            remove_stale_clusters)
+from .netns_cluster import (
+    ENTER_NODE,
+    RECORDS_DIR,
+    RSH_AGENT,
+    NetnsCluster,
+    ShapingUnavailable,
+    namespace_pids,
+    remove_stale_clusters,
+)
 
 # Node 1 serves BYTES once on PORT; node 2 reads them and prints the seconds it took.
 PORT = 5000
@@ -57,8 +64,9 @@ def _transfer_seconds(cluster: NetnsCluster, size: int) -> float:
 def test_each_node_has_its_own_name_and_address_and_resolves_the_others(cluster):
     for node, (host, address) in enumerate(zip(cluster.hostnames, cluster.addresses), start=1):
         other = cluster.hostnames[2 - node]
-        result = cluster.run(node, ["sh", "-c", f'hostname; getent ahostsv4 {other} | head -n 1; '
-                                                'ip -4 -o addr show dev eth0'])
+        result = cluster.run(
+            node, ["sh", "-c", f"hostname; getent ahostsv4 {other} | head -n 1; ip -4 -o addr show dev eth0"]
+        )
         assert result.returncode == 0, result.stderr
         name, resolved, interface = result.stdout.splitlines()
         assert name == host
@@ -73,16 +81,35 @@ def test_the_nodes_reach_each_other_and_nothing_else(cluster):
     # The host's own namespace gains nothing: no interface, no address in the cluster's subnet.
     host = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
     assert "10.77.0." not in host
-    assert not any(line.split(":")[1].strip().startswith(("eth0@", "n1", "br0"))
-                   for line in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines())
+    assert not any(
+        line.split(":")[1].strip().startswith(("eth0@", "n1", "br0"))
+        for line in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()
+    )
 
 
 def test_the_clusters_ssh_runs_a_command_line_on_the_named_node_in_a_fresh_environment(cluster):
     env = cluster.environ({"LEAKED_FROM_THE_CALLER": "1"})
     # As OpenMPI and horovodrun call ssh: options before and after the host, the command in words.
-    result = subprocess.run([RSH_AGENT, "-o", "StrictHostKeyChecking=no", "node2", "-o", "ConnectTimeout=5",
-                             "echo", "$(hostname)", "${LEAKED_FROM_THE_CALLER:-unset}", ";", "echo", "second"],
-                            capture_output=True, text=True, env=env, timeout=20)
+    result = subprocess.run(
+        [
+            RSH_AGENT,
+            "-o",
+            "StrictHostKeyChecking=no",
+            "node2",
+            "-o",
+            "ConnectTimeout=5",
+            "echo",
+            "$(hostname)",
+            "${LEAKED_FROM_THE_CALLER:-unset}",
+            ";",
+            "echo",
+            "second",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=20,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["node2", "unset", "second"]
     unknown = subprocess.run([RSH_AGENT, "node9", "true"], capture_output=True, text=True, env=env, timeout=20)
@@ -147,8 +174,9 @@ OWNER = textwrap.dedent("""
 def test_a_cluster_whose_owner_was_killed_is_removed_by_the_next_start(tmp_path):
     before = _namespaces()
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    owner = subprocess.run([sys.executable, "-c", OWNER, str(tmp_path / "stale"), repo], capture_output=True,
-                           text=True, timeout=60)
+    owner = subprocess.run(
+        [sys.executable, "-c", OWNER, str(tmp_path / "stale"), repo], capture_output=True, text=True, timeout=60
+    )
     assert owner.returncode == -signal.SIGKILL, owner.stderr
     tag, sleeper = owner.stdout.split()
     assert os.path.exists(os.path.join(RECORDS_DIR, f"{tag}.json"))

@@ -23,8 +23,9 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Optional
 
 from ...errors import UsageError, unknown_choice
 from ..walltime import parse_walltime
@@ -36,9 +37,14 @@ GPU_ORDERS = ("natural", "reverse")
 SEGMENTS = ("gpu_flags", "gpu_binding", "mpi_flags", "mps_wrapper")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 # a queue's or QOS's JSON fields and the type each must have, as a sentence for the error
-_QUEUE_TYPES = {"min_nodes": (int, "a whole number"), "max_nodes": (int, "a whole number"),
-                "max_running_jobs": (int, "a whole number"), "chaining": (bool, "true or false"),
-                "execution_only": (bool, "true or false"), "note": (str, "a string")}
+_QUEUE_TYPES = {
+    "min_nodes": (int, "a whole number"),
+    "max_nodes": (int, "a whole number"),
+    "max_running_jobs": (int, "a whole number"),
+    "chaining": (bool, "true or false"),
+    "execution_only": (bool, "true or false"),
+    "note": (str, "a string"),
+}
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ class Queue:
     max_walltime_s: Optional[int] = None
     chaining: bool = True  # may a job queue its own continuation here
     execution_only: bool = False  # jobs land here from a routing queue; users cannot submit to it
-    routes_to: Tuple[str, ...] = ()  # a routing queue: the execution queues its jobs land in
+    routes_to: tuple[str, ...] = ()  # a routing queue: the execution queues its jobs land in
     preempt: Optional[str] = None  # "requeue": a preempted job is requeued by the scheduler itself
     max_running_jobs: Optional[int] = None  # a user's jobs running here at once (a later one waits)
     note: str = ""
@@ -89,32 +95,34 @@ class SiteProfile:
     account_required: bool = False  # the site refuses (or should not get) a job without -A
     gpu_flags: str = ""
     gpu_binding: str = ""
-    mps: Dict[str, str] = field(default_factory=dict)  # start/stop once per node, or wrapper per rank
+    mps: dict[str, str] = field(default_factory=dict)  # start/stop once per node, or wrapper per rank
     rendezvous_domain: str = ""
-    environment: Dict[str, str] = field(default_factory=dict)  # always set in the job
-    environment_defaults: Dict[str, str] = field(default_factory=dict)  # set unless the job has them
-    backends: Tuple[str, ...] = ()
+    environment: dict[str, str] = field(default_factory=dict)  # always set in the job
+    environment_defaults: dict[str, str] = field(default_factory=dict)  # set unless the job has them
+    backends: tuple[str, ...] = ()
     # backends the site's software cannot run at all (Horovod on Aurora's XPUs): refused by --check
-    unsupported_backends: Tuple[str, ...] = ()
-    backend_notes: Dict[str, str] = field(default_factory=dict)
-    backend_requirements: Dict[str, Dict[str, bool]] = field(default_factory=dict)
-    queues: Dict[str, Queue] = field(default_factory=dict)
+    unsupported_backends: tuple[str, ...] = ()
+    backend_notes: dict[str, str] = field(default_factory=dict)
+    backend_requirements: dict[str, dict[str, bool]] = field(default_factory=dict)
+    queues: dict[str, Queue] = field(default_factory=dict)
     # Slurm QOSes named beside the partition (-q), each with its own limits; only where queue_field
     # is "partition" (where it is "qos", `queues` are the QOSes)
-    qos: Dict[str, Queue] = field(default_factory=dict)
-    storage: Tuple[Storage, ...] = ()
+    qos: dict[str, Queue] = field(default_factory=dict)
+    storage: tuple[Storage, ...] = ()
     # usable cores of each CPU socket ("1-51"): where {cpu_list} puts ranks, so none straddles two
-    cpu_sockets: Tuple[str, ...] = ()
-    defaults: Dict[str, str] = field(default_factory=dict)
+    cpu_sockets: tuple[str, ...] = ()
+    defaults: dict[str, str] = field(default_factory=dict)
     # NICs, links and NCCL ring latencies for `harness predict` (harness.study.predict.network_from_site)
-    network: Dict[str, Any] = field(default_factory=dict)
+    network: dict[str, Any] = field(default_factory=dict)
 
     def queue(self, name: Optional[str]) -> Optional[Queue]:
         """The queue `name`; None where the profile lists no queues (or no name is known)."""
         if not self.queues or not name:
             return None
         if name not in self.queues:
-            raise unknown_choice(f"{self.name} queue", name, [q for q, v in self.queues.items() if not v.execution_only])
+            raise unknown_choice(
+                f"{self.name} queue", name, [q for q, v in self.queues.items() if not v.execution_only]
+            )
         return self.queues[name]
 
     def qos_limits(self, name: Optional[str]) -> Optional[Queue]:
@@ -136,8 +144,10 @@ class SiteProfile:
             if self.queues[route].accepts(nodes):
                 return self.queues[route]
         ranges = ", ".join(f"{r}: {self.queues[r].node_range()}" for r in queue.routes_to)
-        raise UsageError(f"queue {name} routes jobs of {nodes} node(s) nowhere ({ranges}); "
-                         "ask for a node count one of them takes, or choose another queue with -q")
+        raise UsageError(
+            f"queue {name} routes jobs of {nodes} node(s) nowhere ({ranges}); "
+            "ask for a node count one of them takes, or choose another queue with -q"
+        )
 
     def submit_queue(self, name: str) -> str:
         """The queue to name when submitting again: the routing queue an execution queue belongs to."""
@@ -148,18 +158,20 @@ class SiteProfile:
 
     def storage_for(self, path: str, environ: Mapping[str, str]) -> Optional[Storage]:
         """The longest storage prefix `path` lies under (variables expanded), if any."""
-        best: Optional[Tuple[int, Storage]] = None
+        best: Optional[tuple[int, Storage]] = None
         real = os.path.realpath(path)
         for entry in self.storage:
             prefix = _expand(entry.path, environ)
             if not prefix:
                 continue  # a variable that is not set here ($SCRATCH on a laptop)
             prefix = os.path.realpath(prefix)
-            if (real == prefix or real.startswith(prefix.rstrip("/") + "/")) and (best is None or len(prefix) > best[0]):
+            if (real == prefix or real.startswith(prefix.rstrip("/") + "/")) and (
+                best is None or len(prefix) > best[0]
+            ):
                 best = (len(prefix), entry)
         return best[1] if best else None
 
-    def gpu_order_list(self, gpus: int) -> List[int]:
+    def gpu_order_list(self, gpus: int) -> list[int]:
         """The GPU a node's k-th local GPU slot maps to: 0..n-1, or reversed where the CPU binding
         puts low local ranks next to the highest-numbered GPU (Polaris, Perlmutter)."""
         order = list(range(gpus))
@@ -167,11 +179,19 @@ class SiteProfile:
 
     def launch_template(self, values: Mapping[str, Any], gpus: int, mpi: str, mps: bool) -> str:
         """The site launcher's words for one run, {ranks} {ppn} {nodes} left for the sweep."""
-        segments = {"gpu_flags": self.gpu_flags if gpus else "", "gpu_binding": self.gpu_binding if gpus else "",
-                    "mpi_flags": "--mpi {mpi}" if mpi else "", "mps_wrapper": self.mps.get("wrapper", "") if mps else ""}
+        segments = {
+            "gpu_flags": self.gpu_flags if gpus else "",
+            "gpu_binding": self.gpu_binding if gpus else "",
+            "mpi_flags": "--mpi {mpi}" if mpi else "",
+            "mps_wrapper": self.mps.get("wrapper", "") if mps else "",
+        }
         text = _PLACEHOLDER.sub(lambda m: segments.get(m[1], m[0]), self.launch)
-        filled = {**{k: shlex.quote(str(v)) for k, v in values.items()}, "mpi": shlex.quote(mpi),
-                  "gpus_per_node": str(gpus), "gpu_order": ",".join(map(str, self.gpu_order_list(gpus)))}
+        filled = {
+            **{k: shlex.quote(str(v)) for k, v in values.items()},
+            "mpi": shlex.quote(mpi),
+            "gpus_per_node": str(gpus),
+            "gpu_order": ",".join(map(str, self.gpu_order_list(gpus))),
+        }
         text = _PLACEHOLDER.sub(lambda m: filled.get(m[1], m[0]), text)
         return " ".join(text.split())
 
@@ -183,8 +203,10 @@ class SiteProfile:
         per_socket = -(-ranks // len(sockets))
         smallest = min(last - first + 1 for first, last in sockets)
         if per_socket > smallest:
-            raise UsageError(f"{ranks} ranks per node do not fit {self.name}'s {len(sockets)} sockets of {smallest} "
-                             f"usable cores; pass RANKS_PER_NODE of at most {smallest * len(sockets)}")
+            raise UsageError(
+                f"{ranks} ranks per node do not fit {self.name}'s {len(sockets)} sockets of {smallest} "
+                f"usable cores; pass RANKS_PER_NODE of at most {smallest * len(sockets)}"
+            )
         entries = []
         for rank in range(ranks):
             first, last = sockets[rank // per_socket]
@@ -193,7 +215,7 @@ class SiteProfile:
             entries.append(f"{start}-{start + width - 1}" if width > 1 else str(start))
         return ":".join(entries)
 
-    def mps_command(self, which: str, values: Mapping[str, Any]) -> Optional[List[str]]:
+    def mps_command(self, which: str, values: Mapping[str, Any]) -> Optional[list[str]]:
         """The once-per-node MPS `start` or `stop` command (None where each run wraps its ranks)."""
         template = self.mps.get(which)
         if not template:
@@ -209,15 +231,15 @@ def _expand(path: str, environ: Mapping[str, str]) -> str:
     return re.sub(r"\$(\w+)", lambda m: environ[m[1]], path)
 
 
-def _core_range(text: str, site: str) -> Tuple[int, int]:
+def _core_range(text: str, site: str) -> tuple[int, int]:
     """A socket's usable cores, "first-last", as two numbers."""
     first, _, last = text.partition("-")
     if not (first.isdigit() and last.isdigit() and int(first) <= int(last)):
-        raise UsageError(f"site profile {site}: cpu_sockets entry {text!r} is not a core range such as \"1-51\"")
+        raise UsageError(f'site profile {site}: cpu_sockets entry {text!r} is not a core range such as "1-51"')
     return int(first), int(last)
 
 
-def site_names() -> List[str]:
+def site_names() -> list[str]:
     """The profiles that come with the kit."""
     return sorted(name[:-5] for name in os.listdir(SITES_DIR) if name.endswith(".json"))
 
@@ -235,20 +257,29 @@ def load_site(name: str) -> SiteProfile:
     return profile_from_dict(data, path)
 
 
-def profile_from_dict(data: Dict[str, Any], source: str) -> SiteProfile:
+def profile_from_dict(data: dict[str, Any], source: str) -> SiteProfile:
     """A checked SiteProfile from a profile's JSON object; UsageError naming the field at fault."""
     data = dict(data)
     queues = _queue_table("queues", data.pop("queues", {}), source)
     qos = _queue_table("qos", data.pop("qos", {}), source)
     storage = tuple(Storage(**entry) for entry in data.pop("storage", []))
     try:
-        profile = SiteProfile(queues=queues, qos=qos, storage=storage, backends=tuple(data.pop("backends", ())),
-                              unsupported_backends=tuple(data.pop("unsupported_backends", ())),
-                              cpu_sockets=tuple(data.pop("cpu_sockets", ())), **data)
+        profile = SiteProfile(
+            queues=queues,
+            qos=qos,
+            storage=storage,
+            backends=tuple(data.pop("backends", ())),
+            unsupported_backends=tuple(data.pop("unsupported_backends", ())),
+            cpu_sockets=tuple(data.pop("cpu_sockets", ())),
+            **data,
+        )
     except TypeError as exc:
         raise UsageError(f"site profile {source}: {exc}; see harness/study/sites/generic-slurm.json") from exc
-    for what, value, known in (("scheduler", profile.scheduler, SCHEDULERS), ("warning", profile.warning, WARNINGS),
-                               ("gpu_order", profile.gpu_order, GPU_ORDERS)):
+    for what, value, known in (
+        ("scheduler", profile.scheduler, SCHEDULERS),
+        ("warning", profile.warning, WARNINGS),
+        ("gpu_order", profile.gpu_order, GPU_ORDERS),
+    ):
         if value not in known:
             raise UsageError(f"site profile {source}: {what} {value!r} is not one of {', '.join(known)}")
     for socket in profile.cpu_sockets:
@@ -264,27 +295,33 @@ def profile_from_dict(data: Dict[str, Any], source: str) -> SiteProfile:
 def _check_qos(profile: SiteProfile, source: str) -> None:
     """A QOS table only where it adds to partitions, and only with what a QOS limits."""
     if profile.qos and (profile.scheduler, profile.queue_field) != ("slurm", "partition"):
-        raise UsageError(f"site profile {source}: \"qos\" describes the QOSes of a Slurm site whose queues are "
-                         f"partitions (queue_field \"partition\"); with queue_field {profile.queue_field!r} list them "
-                         "under \"queues\"")
+        raise UsageError(
+            f'site profile {source}: "qos" describes the QOSes of a Slurm site whose queues are '
+            f'partitions (queue_field "partition"); with queue_field {profile.queue_field!r} list them '
+            'under "queues"'
+        )
     for qos in profile.qos.values():
         # Routing and requeueing are read from the partition: in a QOS entry they would be ignored.
         if qos.routes_to or qos.execution_only or qos.preempt:
-            raise UsageError(f"site profile {source}: qos {qos.name}: routes_to, execution_only and preempt are "
-                             "partition fields; give a QOS max_walltime, min_nodes/max_nodes, chaining, "
-                             "max_running_jobs, note")
+            raise UsageError(
+                f"site profile {source}: qos {qos.name}: routes_to, execution_only and preempt are "
+                "partition fields; give a QOS max_walltime, min_nodes/max_nodes, chaining, "
+                "max_running_jobs, note"
+            )
 
 
-def _queue_table(kind: str, table: Any, source: str) -> Dict[str, Queue]:
+def _queue_table(kind: str, table: Any, source: str) -> dict[str, Queue]:
     """A profile's "queues" or "qos" object, {name: {limit: value}}, as Queues by name."""
     if not isinstance(table, dict) or not all(isinstance(spec, dict) for spec in table.values()):
-        raise UsageError(f"site profile {source}: \"{kind}\" must map each name to an object of its limits, e.g. "
-                         "{\"debug\": {\"max_walltime\": \"02:00:00\", \"chaining\": false}}")
+        raise UsageError(
+            f'site profile {source}: "{kind}" must map each name to an object of its limits, e.g. '
+            '{"debug": {"max_walltime": "02:00:00", "chaining": false}}'
+        )
     label = "queue" if kind == "queues" else kind
     return {name: _queue(label, name, spec, source) for name, spec in table.items()}
 
 
-def _queue(label: str, name: str, spec: Dict[str, Any], source: str) -> Queue:
+def _queue(label: str, name: str, spec: dict[str, Any], source: str) -> Queue:
     spec = dict(spec)
     walltime = spec.pop("max_walltime", None)
     try:
@@ -293,7 +330,11 @@ def _queue(label: str, name: str, spec: Dict[str, Any], source: str) -> Queue:
             # bool is an int to isinstance: "max_nodes": true must not pass as 1
             if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
                 raise UsageError(f"{key} {value!r} is not {wanted}")
-        return Queue(name=name, max_walltime_s=None if walltime is None else parse_walltime(walltime, "slurm"),
-                     routes_to=tuple(spec.pop("routes_to", ())), **spec)
+        return Queue(
+            name=name,
+            max_walltime_s=None if walltime is None else parse_walltime(walltime, "slurm"),
+            routes_to=tuple(spec.pop("routes_to", ())),
+            **spec,
+        )
     except (TypeError, UsageError) as exc:
         raise UsageError(f"site profile {source}: {label} {name}: {exc}") from exc

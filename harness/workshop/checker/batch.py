@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import numbers
 import re
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional
 
 from .todos import Failure, Framework
 
@@ -28,7 +28,7 @@ BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_ac
 BATCH_COMPLAINT = re.compile(r"train_batch_size|micro.?batch|gradient.?acc", re.I)
 
 
-def batch_settings(config: Any) -> Optional[Dict[str, int]]:
+def batch_settings(config: Any) -> Optional[dict[str, int]]:
     """The batch settings of a DeepSpeed config (a dict, or a JSON file's path); None if the
     checker cannot read them as DeepSpeed would (an unreadable file, a value that is not a count)."""
     if isinstance(config, str):
@@ -45,7 +45,7 @@ def batch_settings(config: Any) -> Optional[Dict[str, int]]:
     return {key: int(value) for key, value in settings.items()}
 
 
-def resolve(settings: Dict[str, int], ranks: int) -> Optional[Tuple[int, int, int]]:
+def resolve(settings: dict[str, int], ranks: int) -> Optional[tuple[int, int, int]]:
     """(global batch, micro-batch, accumulation steps) as DeepSpeed completes `settings` at `ranks`
     ranks (deepspeed.runtime.config's _set_batch_related_parameters), or None where it refuses them."""
     total, micro, steps = (settings.get(key) for key in BATCH_KEYS)
@@ -67,7 +67,7 @@ def resolve(settings: Dict[str, int], ranks: int) -> Optional[Tuple[int, int, in
     return total, micro, steps
 
 
-def _rank_batch(observation: "Observation") -> Optional[int]:
+def _rank_batch(observation: Observation) -> Optional[int]:
     """The samples that fed each of the rank's optimizer steps (--batch-size before any step)."""
     batches = observation.step_batches()
     if batches and batches[0]:
@@ -75,7 +75,7 @@ def _rank_batch(observation: "Observation") -> Optional[int]:
     return (observation.args or {}).get("batch_size")
 
 
-def check_global_batch(observations: List["Observation"], ranks: int, framework: Framework) -> List[Failure]:
+def check_global_batch(observations: list[Observation], ranks: int, framework: Framework) -> list[Failure]:
     """The engine's batch settings fit the batch each rank trains on."""
     for observation in observations:
         batch = _rank_batch(observation)
@@ -86,13 +86,20 @@ def check_global_batch(observations: List["Observation"], ranks: int, framework:
             if resolved is not None and resolved[0] == batch * ranks and resolved[1] * resolved[2] == batch:
                 continue
             given = ", ".join(f"{key} {value}" for key, value in settings.items()) or "no batch size"
-            how = ("DeepSpeed refuses it (train_batch_size is not micro-batch x accumulation steps x ranks)"
-                   if resolved is None else
-                   f"DeepSpeed reads it as a global batch of {resolved[0]} ({resolved[1]} per rank x {resolved[2]} "
-                   f"accumulation steps x {ranks} ranks)")
-            return [Failure("global batch", f"rank {observation.rank} gave deepspeed.initialize a config with {given} "
-                                            f"at {ranks} ranks: {how}; each rank trains on {batch} samples a step, so "
-                                            f"train_batch_size must be the global batch {batch} x {ranks} = "
-                                            f"{batch * ranks} (train_micro_batch_size_per_gpu {batch})",
-                            framework.config_keys)]
+            how = (
+                "DeepSpeed refuses it (train_batch_size is not micro-batch x accumulation steps x ranks)"
+                if resolved is None
+                else f"DeepSpeed reads it as a global batch of {resolved[0]} ({resolved[1]} per rank x {resolved[2]} "
+                f"accumulation steps x {ranks} ranks)"
+            )
+            return [
+                Failure(
+                    "global batch",
+                    f"rank {observation.rank} gave deepspeed.initialize a config with {given} "
+                    f"at {ranks} ranks: {how}; each rank trains on {batch} samples a step, so "
+                    f"train_batch_size must be the global batch {batch} x {ranks} = "
+                    f"{batch * ranks} (train_micro_batch_size_per_gpu {batch})",
+                    framework.config_keys,
+                )
+            ]
     return []

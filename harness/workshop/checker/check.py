@@ -12,12 +12,12 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Optional
 
 import torch
 
-from .. import exercise
 from ...errors import EXIT_OK, UsageError
+from .. import exercise
 from .control import GLOBAL_LR, Launch, RunDirectory, launch_locally, rank_program
 from .judge import judge, pass_line, run_failure
 from .observe import EXIT_FAILED, Observation
@@ -30,9 +30,9 @@ class CheckResult:
     `harness check` prints; `weights` rank 0's final weights (None if the run did not finish)."""
 
     status: int
-    lines: List[str]
-    failures: List[Failure] = field(default_factory=list)
-    weights: Optional[Dict[str, torch.Tensor]] = None
+    lines: list[str]
+    failures: list[Failure] = field(default_factory=list)
+    weights: Optional[dict[str, torch.Tensor]] = None
 
     @property
     def passed(self) -> bool:
@@ -77,8 +77,9 @@ def _line(failure: Failure, index: TodoIndex) -> str:
     return f"FAIL {failure.name}: {failure.observed}" + (f" -> {index.describe(failure.keys)}" if failure.keys else "")
 
 
-def check_script(path: str, ranks: int = 2, timeout: float = 300.0, simulate_nodes: int = 1,
-                 launch: Launch = launch_locally) -> CheckResult:
+def check_script(
+    path: str, ranks: int = 2, timeout: float = 300.0, simulate_nodes: int = 1, launch: Launch = launch_locally
+) -> CheckResult:
     """Run the script (or notebook) at `path` on `ranks` local ranks under its framework's real
     launcher and judge it (harness.workshop.checker's docstring says how); with `simulate_nodes` > 1
     each rank takes the place it would have on one of that many nodes (checker.devices); `launch`
@@ -98,8 +99,10 @@ def check_script(path: str, ranks: int = 2, timeout: float = 300.0, simulate_nod
         status, timed_out = launch(framework.launcher, ranks, program, run, timeout)
         warm_up.join()
         observations = {rank: Observation.read(run.observations(rank)) for rank in range(ranks)}
-        warmup = any(observation and observation.args and "warmup_epochs" in observation.args
-                     for observation in observations.values())
+        warmup = any(
+            observation and observation.args and "warmup_epochs" in observation.args
+            for observation in observations.values()
+        )
         index = TodoIndex(source_path.with_suffix(".py").name, framework, warmup)
         stopped = run_failure(observations, ranks, status, timed_out, timeout, run, str(script), framework)
         if stopped is not None:

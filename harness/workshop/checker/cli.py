@@ -6,7 +6,8 @@ writes its arguments)."""
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn, Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 from .check import check_script
 from .control import RANK_MODULE
@@ -24,8 +25,9 @@ def check_command(path: str, ranks: int = 2, timeout: float = 300.0, simulate_no
 
 def rank_main(argv: Sequence[str]) -> NoReturn:
     """One rank of `harness check`, as its launcher starts it; never returns (run_rank exits)."""
-    parser = argparse.ArgumentParser(prog=f"python -m {RANK_MODULE}",
-                                     description="one rank of `harness check` (started by its launcher)")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {RANK_MODULE}", description="one rank of `harness check` (started by its launcher)"
+    )
     parser.add_argument("--simulate-nodes", type=int, default=1, help="nodes the ranks are dealt out to")
     parser.add_argument("run_dir")
     parser.add_argument("collective_timeout", type=float)

@@ -13,13 +13,14 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
-import shlex
 import re
+import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Optional
 
 from ...process.launchers import launch_environment, launcher_command
 from ...study.equivalence import EQUIVALENCE_STEPS
@@ -51,7 +52,7 @@ class RunDirectory:
     def files(self, rank: int) -> Path:
         return self.path / "files" / f"rank-{rank}"
 
-    def rank_pids(self) -> List[int]:
+    def rank_pids(self) -> list[int]:
         """The pids of the ranks still running (a pid whose process is gone, or now runs something
         else, is left out)."""
         pids = []
@@ -90,33 +91,64 @@ def collective_timeout(timeout: float) -> float:
     return min(120.0, max(20.0, timeout / 4))
 
 
-def script_flags(ranks: int) -> List[str]:
+def script_flags(ranks: int) -> list[str]:
     """The flags every checked script runs with: seed 0, dropout off, CHECK_EPOCHS epochs of
     STEPS_PER_EPOCH global batches plus a drop-last tail, and the LR that trains the global batch
     at GLOBAL_LR."""
     samples = STEPS_PER_EPOCH * CHECK_BATCH * ranks + LEFTOVER_SAMPLES
-    return ["--epochs", str(CHECK_EPOCHS), "--batch-size", str(CHECK_BATCH), "--lr", repr(GLOBAL_LR / ranks),
-            "--seed", "0", "--dropout", "0", "--train-samples", str(samples), "--save", "model.pt"]
+    return [
+        "--epochs",
+        str(CHECK_EPOCHS),
+        "--batch-size",
+        str(CHECK_BATCH),
+        "--lr",
+        repr(GLOBAL_LR / ranks),
+        "--seed",
+        "0",
+        "--dropout",
+        "0",
+        "--train-samples",
+        str(samples),
+        "--save",
+        "model.pt",
+    ]
 
 
-def rank_program(run: RunDirectory, timeout: float, backend: str, script: Path, ranks: int,
-                 nodes: int = 1) -> List[str]:
+def rank_program(
+    run: RunDirectory, timeout: float, backend: str, script: Path, ranks: int, nodes: int = 1
+) -> list[str]:
     """The Python arguments of every rank (for launcher_command): the rank entry, then the script
     and its flags. `backend` is the registry name of the script's framework; with `nodes` > 1 each
     rank takes the place it would have with the ranks dealt out to that many nodes."""
-    return ["-m", RANK_MODULE, "--simulate-nodes", str(nodes), str(run.path), repr(collective_timeout(timeout)),
-            backend, str(script), *script_flags(ranks)]
+    return [
+        "-m",
+        RANK_MODULE,
+        "--simulate-nodes",
+        str(nodes),
+        str(run.path),
+        repr(collective_timeout(timeout)),
+        backend,
+        str(script),
+        *script_flags(ranks),
+    ]
 
 
-def run_launcher(command: Sequence[str], run: RunDirectory, timeout: float) -> Tuple[Optional[int], bool]:
+def run_launcher(command: Sequence[str], run: RunDirectory, timeout: float) -> tuple[Optional[int], bool]:
     """Run the launcher; (exit status, timed out). At the timeout every rank dumps its stack, then
     the launcher's session and every rank are killed."""
     environment = launch_environment()
     for name in LAUNCHER_VARIABLES:
         environment.pop(name, None)
     with open(run.output_log, "w") as output:
-        process = subprocess.Popen(list(command), cwd=run.path, env=environment, stdout=output,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        process = subprocess.Popen(
+            list(command),
+            cwd=run.path,
+            env=environment,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             return process.wait(timeout=timeout), False
         except subprocess.TimeoutExpired:
@@ -136,11 +168,12 @@ def run_launcher(command: Sequence[str], run: RunDirectory, timeout: float) -> T
 # How a check's ranks start: (launcher, ranks, the Python program each runs, the run directory,
 # timeout) -> (exit status, timed out). `launch_locally` by default; a test's cluster may start
 # them across its nodes.
-Launch = Callable[[str, int, List[str], RunDirectory, float], Tuple[Optional[int], bool]]
+Launch = Callable[[str, int, list[str], RunDirectory, float], tuple[Optional[int], bool]]
 
 
-def launch_locally(launcher: str, ranks: int, program: List[str], run: RunDirectory,
-                   timeout: float) -> Tuple[Optional[int], bool]:
+def launch_locally(
+    launcher: str, ranks: int, program: list[str], run: RunDirectory, timeout: float
+) -> tuple[Optional[int], bool]:
     """The ranks on this machine, under `launcher`'s local command (run_launcher)."""
     command = launcher_command(launcher, ranks, program)
     log.info("harness check: %d ranks under %s: %s", ranks, launcher, shlex.join(command))

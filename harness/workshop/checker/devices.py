@@ -27,8 +27,9 @@ import ast
 import numbers
 import os
 import re
+from collections.abc import MutableMapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, MutableMapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -39,11 +40,17 @@ if TYPE_CHECKING:
     from .observe import Observation
 
 # The launchers' per-node variables beside the local rank and size that harness.process.discovery reads.
-NODE_RANK_VARIABLES = ("GROUP_RANK", "NODE_RANK", "CROSS_RANK", "HOROVOD_CROSS_RANK", "OMPI_COMM_WORLD_NODE_RANK",
-                       "SLURM_NODEID")
+NODE_RANK_VARIABLES = (
+    "GROUP_RANK",
+    "NODE_RANK",
+    "CROSS_RANK",
+    "HOROVOD_CROSS_RANK",
+    "OMPI_COMM_WORLD_NODE_RANK",
+    "SLURM_NODEID",
+)
 NODE_COUNT_VARIABLES = ("GROUP_WORLD_SIZE", "CROSS_SIZE", "HOROVOD_CROSS_SIZE", "SLURM_NNODES")
 HOST_VARIABLES = ("HOROVOD_HOSTNAME",)
-Device = Tuple[int, str]  # a device index the rank picked, and where
+Device = tuple[int, str]  # a device index the rank picked, and where
 
 
 def simulate_nodes(nodes: int, environ: MutableMapping[str, str] = os.environ) -> ClusterEnv:
@@ -54,8 +61,12 @@ def simulate_nodes(nodes: int, environ: MutableMapping[str, str] = os.environ) -
     node, local_rank = divmod(cluster.rank, per_node)
     # Slurm's per-node task lists ("2(x2)") are not single counts; the checker never runs under srun.
     local_sizes = [name for name in LOCAL_WORLD_SIZE_VARIABLES if not name.startswith("SLURM_")]
-    for names, value in ((LOCAL_RANK_VARIABLES, local_rank), (local_sizes, per_node), (NODE_RANK_VARIABLES, node),
-                         (NODE_COUNT_VARIABLES, nodes)):
+    for names, value in (
+        (LOCAL_RANK_VARIABLES, local_rank),
+        (local_sizes, per_node),
+        (NODE_RANK_VARIABLES, node),
+        (NODE_COUNT_VARIABLES, nodes),
+    ):
         for name in names:
             if name in environ:  # only what the launcher set: each launcher names its own
                 environ[name] = str(value)
@@ -93,13 +104,13 @@ def _text(node: Optional[ast.expr]) -> Optional[str]:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
-def _call_indices(call: ast.Call) -> List[ast.expr]:
+def _call_indices(call: ast.Call) -> list[ast.expr]:
     """The device index arguments of a call: torch.device("cuda", i), set_device(i), .cuda(i),
     torch.cuda.device(i), "cuda:{}".format(i), and DDP's device_ids=[i] / output_device=i."""
     name = _dotted(call.func)
     last = name.rsplit(".", 1)[-1] or getattr(call.func, "attr", "")
     keywords = {keyword.arg: keyword.value for keyword in call.keywords if keyword.arg}
-    found: List[ast.expr] = []
+    found: list[ast.expr] = []
     if last == "device":
         kind = call.args[0] if call.args else keywords.get("type")
         if (_text(kind) or "").startswith("cuda"):
@@ -111,18 +122,25 @@ def _call_indices(call: ast.Call) -> List[ast.expr]:
     elif last == "format" and (_text(getattr(call.func, "value", None)) or "").startswith("cuda:") and call.args:
         found.append(call.args[0])
     if "device_ids" in keywords:
-        found += [element for node in ast.walk(keywords["device_ids"]) if isinstance(node, (ast.List, ast.Tuple))
-                  for element in node.elts]
+        found += [
+            element
+            for node in ast.walk(keywords["device_ids"])
+            if isinstance(node, (ast.List, ast.Tuple))
+            for element in node.elts
+        ]
     if "output_device" in keywords:
         found.append(keywords["output_device"])
     return found
 
 
-def _string_indices(node: ast.expr) -> List[ast.expr]:
+def _string_indices(node: ast.expr) -> list[ast.expr]:
     """The index in f"cuda:{i}", "cuda:%d" % i and "cuda:" + str(i)."""
     if isinstance(node, ast.JoinedStr):
-        return [after.value for before, after in zip(node.values, node.values[1:])
-                if (_text(before) or "").endswith("cuda:") and isinstance(after, ast.FormattedValue)][:1]
+        return [
+            after.value
+            for before, after in zip(node.values, node.values[1:])
+            if (_text(before) or "").endswith("cuda:") and isinstance(after, ast.FormattedValue)
+        ][:1]
     if isinstance(node, ast.BinOp) and _text(node.left):
         if isinstance(node.op, ast.Mod) and "cuda:%" in node.left.value:
             return [node.right.elts[0] if isinstance(node.right, ast.Tuple) and node.right.elts else node.right]
@@ -131,15 +149,18 @@ def _string_indices(node: ast.expr) -> List[ast.expr]:
     return []
 
 
-def index_expressions(source: str) -> List[ast.expr]:
+def index_expressions(source: str) -> list[ast.expr]:
     """Every expression of `source` that names a CUDA device index (see the module's docstring)."""
-    found: List[ast.expr] = []
+    found: list[ast.expr] = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call):
             found += _call_indices(node)
         elif isinstance(node, ast.Assign):
-            found += [node.value for target in node.targets
-                      if isinstance(target, ast.Subscript) and _text(target.slice) == "CUDA_VISIBLE_DEVICES"]
+            found += [
+                node.value
+                for target in node.targets
+                if isinstance(target, ast.Subscript) and _text(target.slice) == "CUDA_VISIBLE_DEVICES"
+            ]
         found += _string_indices(node) if isinstance(node, ast.expr) else []
     return found
 
@@ -154,10 +175,15 @@ class DeviceExpressions:
             expressions = index_expressions(source)
         except SyntaxError:
             expressions = []  # the script cannot run either; its error says why
-        self.pending = [(f"line {node.lineno}: {lines[node.lineno - 1].strip()}",
-                         compile(ast.Expression(body=node), script, "eval")) for node in expressions]
+        self.pending = [
+            (
+                f"line {node.lineno}: {lines[node.lineno - 1].strip()}",
+                compile(ast.Expression(body=node), script, "eval"),
+            )
+            for node in expressions
+        ]
 
-    def evaluate(self, namespace: Dict[str, Any]) -> List[Device]:
+    def evaluate(self, namespace: dict[str, Any]) -> list[Device]:
         """The device indices of the expressions that evaluate now, which are then done."""
         found, pending = [], []
         for where, code in self.pending:
@@ -186,7 +212,7 @@ def watch_set_device(record: Callable[[int, str], None]) -> None:
     torch.cuda.set_device = watched
 
 
-def weights_device(model: torch.nn.Module) -> List[Device]:
+def weights_device(model: torch.nn.Module) -> list[Device]:
     """The GPU the model's weights are on (none on the CPU)."""
     parameter = next(model.parameters(), None)
     if parameter is None or parameter.device.type != "cuda":
@@ -194,14 +220,20 @@ def weights_device(model: torch.nn.Module) -> List[Device]:
     return [(parameter.device.index or 0, f"its model's weights on {parameter.device}")]
 
 
-def check_devices(observations: List["Observation"], framework: Framework) -> List[Failure]:
+def check_devices(observations: list[Observation], framework: Framework) -> list[Failure]:
     """Property 7: no rank picks its GPU by a global rank that is not its local rank."""
     for observation in observations:
         if observation.local_rank == observation.rank:
             continue  # on one node the two agree: nothing tells them apart
         for index, where in observation.devices:
             if index == observation.rank:
-                return [Failure("device", f"rank {observation.rank} picks GPU {index}, its global rank ({where}), but "
-                                          f"it is local rank {observation.local_rank} on its node: each node numbers "
-                                          "its GPUs from 0, so pick the GPU by the local rank", framework.device_keys)]
+                return [
+                    Failure(
+                        "device",
+                        f"rank {observation.rank} picks GPU {index}, its global rank ({where}), but "
+                        f"it is local rank {observation.local_rank} on its node: each node numbers "
+                        "its GPUs from 0, so pick the GPU by the local rank",
+                        framework.device_keys,
+                    )
+                ]
     return []

@@ -17,8 +17,9 @@ a unit of its last printed digit (a percentage: of 100 x the value); a plain int
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,7 @@ KEYS = ("metrics",)
 STDOUT_LIMIT = 1 << 20  # characters of a rank's stdout kept (a script printing every step stays bounded)
 # A printed number: its digits, an exponent, and whether a percent sign follows.
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?P<digits>\d+(?:\.\d*)?|\.\d+)(?:[eE](?P<exp>[-+]?\d+))?(?P<pct>\s?%)?")
-Value = Tuple[str, float, float]  # what, rank 0's own value, the value over all ranks
+Value = tuple[str, float, float]  # what, rank 0's own value, the value over all ranks
 
 
 class StdoutTee:
@@ -44,7 +45,7 @@ class StdoutTee:
 
     def write(self, text: str) -> int:
         if self._kept < STDOUT_LIMIT:
-            self._record(text[:STDOUT_LIMIT - self._kept])
+            self._record(text[: STDOUT_LIMIT - self._kept])
             self._kept += len(text)
         return self._stream.write(text)
 
@@ -57,8 +58,8 @@ class TrainLosses:
     batch (a forward hook in training mode) and the labels of the samples fetched for it."""
 
     def __init__(self) -> None:
-        self.pending: List[int] = []  # training samples fetched since the last training forward
-        self.sums: Dict[int, List[float]] = {}  # pass over the training data -> [summed loss, samples]
+        self.pending: list[int] = []  # training samples fetched since the last training forward
+        self.sums: dict[int, list[float]] = {}  # pass over the training data -> [summed loss, samples]
         self._labels: Optional[torch.Tensor] = None
 
     def fetched(self, indices: Sequence[int]) -> None:
@@ -79,37 +80,53 @@ class TrainLosses:
         sums[1] += len(indices)
 
 
-def _check_reports(observations: List["Observation"]) -> List[Failure]:
+def _check_reports(observations: list[Observation]) -> list[Failure]:
     """The sums rank 0 reported through workshop.report count every rank's samples."""
     test_size = len(exercise.digits("test"))
     epochs = [observation.passes("train") for observation in observations]
     trained = [sum(len(passes[epoch]) for passes in epochs if epoch < len(passes)) for epoch in range(len(epochs[0]))]
     for epoch, (_, train_samples), (_, _, test_samples) in observations[0].reports:
         if abs(test_samples - test_size) > 1e-6:
-            return [Failure("metrics", f"rank 0 reported the test loss and accuracy of epoch {epoch + 1} over "
-                                       f"{test_samples:g} images, not all {test_size}: add up the sums and counts of "
-                                       "all ranks (not their averages)", KEYS)]
+            return [
+                Failure(
+                    "metrics",
+                    f"rank 0 reported the test loss and accuracy of epoch {epoch + 1} over "
+                    f"{test_samples:g} images, not all {test_size}: add up the sums and counts of "
+                    "all ranks (not their averages)",
+                    KEYS,
+                )
+            ]
         if epoch < len(trained) and abs(train_samples - trained[epoch]) > 1e-6:
-            return [Failure("metrics", f"rank 0 reported the training loss of epoch {epoch + 1} over "
-                                       f"{train_samples:g} samples, but the ranks trained on {trained[epoch]}: add "
-                                       "up the sums and counts of all ranks (not their averages)", KEYS)]
+            return [
+                Failure(
+                    "metrics",
+                    f"rank 0 reported the training loss of epoch {epoch + 1} over "
+                    f"{train_samples:g} samples, but the ranks trained on {trained[epoch]}: add "
+                    "up the sums and counts of all ranks (not their averages)",
+                    KEYS,
+                )
+            ]
     return []
 
 
-def epoch_values(observations: List["Observation"]) -> Iterator[Value]:
+def epoch_values(observations: list[Observation]) -> Iterator[Value]:
     """Each value an epoch's line may show, as rank 0's own sums give it and as all ranks' do."""
     losses = [observation.train_losses for observation in observations]
     for index, number in enumerate(sorted(set.intersection(*(set(sums) for sums in losses))), 1):
-        (loss, samples), (total_loss, total_samples) = losses[0][number], [sum(column) for column in
-                                                                            zip(*(sums[number] for sums in losses))]
+        (loss, samples), (total_loss, total_samples) = (
+            losses[0][number],
+            [sum(column) for column in zip(*(sums[number] for sums in losses))],
+        )
         epoch = f"epoch {index}"
         yield f"training loss of {epoch}", loss / samples, total_loss / total_samples
         yield f"training samples of {epoch}", samples, total_samples
         yield f"summed training loss of {epoch}", loss, total_loss
     evaluations = [observation.evaluations for observation in observations]
     for number in range(min(len(sums) for sums in evaluations)):
-        (loss, correct, images), totals = evaluations[0][number], [sum(column) for column in
-                                                                   zip(*(sums[number] for sums in evaluations))]
+        (loss, correct, images), totals = (
+            evaluations[0][number],
+            [sum(column) for column in zip(*(sums[number] for sums in evaluations))],
+        )
         yield f"test loss of evaluation {number + 1}", loss / images, totals[0] / totals[2]
         yield f"test accuracy of evaluation {number + 1}", correct / images, totals[1] / totals[2]
         yield f"test images of evaluation {number + 1}", images, totals[2]
@@ -136,7 +153,7 @@ class Printed:
         return f"{100 * value:.{self.decimals}f}%" if self.percent else f"{value:.{self.decimals}f}"
 
 
-def printed_numbers(text: str) -> List[Printed]:
+def printed_numbers(text: str) -> list[Printed]:
     """Every number in `text`, with half a unit of its last digit as its tolerance (exact for a
     plain integer, which is a count or an epoch's number rather than a rounded value)."""
     numbers = []
@@ -145,36 +162,63 @@ def printed_numbers(text: str) -> List[Printed]:
         rounded = "." in digits or match["exp"] is not None or percent
         decimals = len(digits.partition(".")[2])
         tolerance = 0.5 * 10.0 ** (int(match["exp"] or 0) - decimals) if rounded else 0.0
-        numbers.append(Printed(match[0].strip(), float(match[0].replace("%", "")), tolerance, percent,
-                               max(0, decimals - int(match["exp"] or 0))))
+        numbers.append(
+            Printed(
+                match[0].strip(),
+                float(match[0].replace("%", "")),
+                tolerance,
+                percent,
+                max(0, decimals - int(match["exp"] or 0)),
+            )
+        )
     return numbers
 
 
-def _check_printed(observations: List["Observation"]) -> List[Failure]:
+def _check_printed(observations: list[Observation]) -> list[Failure]:
     """Rank 0 printed its epoch lines itself: from the sums of all ranks, and at all."""
     values = list(epoch_values(observations))
     if not values:
         return []  # no training loss or evaluation seen to compare with
     numbers = printed_numbers("".join(observations[0].printed))
-    own = [(what, number, mine, everyone) for what, mine, everyone in values for number in numbers
-           if number.shows(mine) and not number.shows(everyone)]
-    shown_global = any(number.shows(everyone) and not number.shows(mine)
-                       for _, mine, everyone in values for number in numbers)
+    own = [
+        (what, number, mine, everyone)
+        for what, mine, everyone in values
+        for number in numbers
+        if number.shows(mine) and not number.shows(everyone)
+    ]
+    shown_global = any(
+        number.shows(everyone) and not number.shows(mine) for _, mine, everyone in values for number in numbers
+    )
     if own and not shown_global:
         what, number, mine, everyone = own[0]
-        return [Failure("metrics", f"rank 0 printed its own {what} ({number.text}), not that of all ranks "
-                                   f"({number.like(everyone)}): add up the sums and counts of all ranks before rank 0 "
-                                   "prints them", KEYS)]
+        return [
+            Failure(
+                "metrics",
+                f"rank 0 printed its own {what} ({number.text}), not that of all ranks "
+                f"({number.like(everyone)}): add up the sums and counts of all ranks before rank 0 "
+                "prints them",
+                KEYS,
+            )
+        ]
     if not any(number.shows(mine) or number.shows(everyone) for _, mine, everyone in values for number in numbers):
-        return [Failure("metrics", "rank 0 printed no epoch line with the ranks' loss and accuracy: add up the sums "
-                                   "and counts of all ranks, then print them from rank 0 (workshop.report)", KEYS)]
+        return [
+            Failure(
+                "metrics",
+                "rank 0 printed no epoch line with the ranks' loss and accuracy: add up the sums "
+                "and counts of all ranks, then print them from rank 0 (workshop.report)",
+                KEYS,
+            )
+        ]
     return []
 
 
-def check_metrics(observations: List["Observation"]) -> List[Failure]:
+def check_metrics(observations: list[Observation]) -> list[Failure]:
     """Property 6: only rank 0 reports, with the sums and counts of all ranks."""
     others = [observation.rank for observation in observations[1:] if observation.reports]
     if others:
-        return [Failure("metrics", f"rank {others[0]} printed an epoch's line too (workshop.report): only rank 0 "
-                                   "prints", KEYS)]
+        return [
+            Failure(
+                "metrics", f"rank {others[0]} printed an epoch's line too (workshop.report): only rank 0 prints", KEYS
+            )
+        ]
     return _check_reports(observations) if observations[0].reports else _check_printed(observations)

@@ -26,26 +26,27 @@ import runpy
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, NoReturn, Optional
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.data import DataLoader
 
-from .. import exercise
 from ...backends import Backend, backend_class
 from ...errors import EXIT_OK, first_line
 from ...process.discovery import ClusterEnv, detect_cluster
+from .. import exercise
 from .batch import batch_settings
 from .control import RunDirectory, ask_peers_for_stacks, enable_stack_dumps
 from .devices import Device, DeviceExpressions, simulate_nodes, watch_set_device, weights_device
 from .metrics import StdoutTee, TrainLosses
 
 EXIT_FAILED = 1
-Fetch = Tuple[str, int, int, List[int]]  # split, pass over it, counted steps before it, sample indices
-Weights = Dict[str, torch.Tensor]
+Fetch = tuple[str, int, int, list[int]]  # split, pass over it, counted steps before it, sample indices
+Weights = dict[str, torch.Tensor]
 
 
 def _split_of(dataset: Any) -> Optional[str]:
@@ -67,14 +68,18 @@ def _whole(value: torch.Tensor) -> torch.Tensor:
     return value.full_tensor() if isinstance(value, DTensor) else value
 
 
-def _optimizer_spec(optimizer: torch.optim.Optimizer) -> Optional[Dict[str, Any]]:
+def _optimizer_spec(optimizer: torch.optim.Optimizer) -> Optional[dict[str, Any]]:
     """The torch.optim class under whatever wraps it (Horovod subclasses it) and its settings."""
     for cls in type(optimizer).__mro__:
         if cls.__module__.startswith("torch.optim") and cls is not torch.optim.Optimizer:
             accepted = inspect.signature(cls.__init__).parameters
-            settings = {key: value for key, value in optimizer.param_groups[0].items()
-                        if key in accepted and key not in ("params", "lr")
-                        and isinstance(value, (bool, int, float, str, type(None)))}
+            settings = {
+                key: value
+                for key, value in optimizer.param_groups[0].items()
+                if key in accepted
+                and key not in ("params", "lr")
+                and isinstance(value, (bool, int, float, str, type(None)))
+            }
             return {"class": cls.__name__, "settings": settings}
     return None
 
@@ -88,25 +93,25 @@ class RankObserver:
         self.rank, self.world_size, self.local_rank = place.rank, place.world_size, place.local_rank
         self.script, self.script_path = script, os.path.abspath(script)
         self.is_peer_failure = is_peer_failure
-        self.args: Optional[Dict[str, Any]] = None
+        self.args: Optional[dict[str, Any]] = None
         self.model: Optional[torch.nn.Module] = None
         self.models_built = 0
-        self.passes: Dict[str, int] = collections.Counter()
-        self.fetches: List[Fetch] = []
+        self.passes: dict[str, int] = collections.Counter()
+        self.fetches: list[Fetch] = []
         self.fetched_for_step = 0  # training samples fetched since the last counted step
-        self.steps: List[List[float]] = []  # per counted step: the LR of each parameter group
-        self.optimizer: Optional[Dict[str, Any]] = None
+        self.steps: list[list[float]] = []  # per counted step: the LR of each parameter group
+        self.optimizer: Optional[dict[str, Any]] = None
         self.start: Optional[Weights] = None
         self.final: Optional[Weights] = None
-        self.error: Optional[Dict[str, Any]] = None
-        self.reports: List[Tuple[int, List[float], List[float]]] = []  # epoch, train sums, test sums
-        self.evaluations: List[List[float]] = []  # what each workshop.evaluate returned
+        self.error: Optional[dict[str, Any]] = None
+        self.reports: list[tuple[int, list[float], list[float]]] = []  # epoch, train sums, test sums
+        self.evaluations: list[list[float]] = []  # what each workshop.evaluate returned
         self.train_losses = TrainLosses()
-        self.printed: List[str] = []  # what the rank wrote to stdout
-        self.engine_configs: List[Optional[Dict[str, int]]] = []  # batch settings given to the framework
-        self.devices: List[Device] = []
+        self.printed: list[str] = []  # what the rank wrote to stdout
+        self.engine_configs: list[Optional[dict[str, int]]] = []  # batch settings given to the framework
+        self.devices: list[Device] = []
         self.device_expressions = DeviceExpressions(script)
-        self.script_globals: Optional[Dict[str, Any]] = None
+        self.script_globals: Optional[dict[str, Any]] = None
 
     # harness.workshop.exercise.ExerciseObserver
     def arguments_parsed(self, args: argparse.Namespace) -> None:
@@ -184,21 +189,41 @@ class RankObserver:
         """The script raised `error`; a clean SystemExit is not a failure."""
         if isinstance(error, SystemExit) and error.code in (0, None):
             return
-        frames = [frame for frame in traceback.extract_tb(error.__traceback__)
-                  if os.path.abspath(frame.filename) == self.script_path]
+        frames = [
+            frame
+            for frame in traceback.extract_tb(error.__traceback__)
+            if os.path.abspath(frame.filename) == self.script_path
+        ]
         where = frames[-1] if frames else None
-        self.error = {"todo": isinstance(error, exercise.TodoNotDone), "type": type(error).__name__,
-                      "message": str(error) if isinstance(error, SystemExit) else first_line(error, 300),
-                      "line": where.lineno if where else None, "source": (where.line or "") if where else "",
-                      "peer": self.is_peer_failure(error), "time": time.time()}
+        self.error = {
+            "todo": isinstance(error, exercise.TodoNotDone),
+            "type": type(error).__name__,
+            "message": str(error) if isinstance(error, SystemExit) else first_line(error, 300),
+            "line": where.lineno if where else None,
+            "source": (where.line or "") if where else "",
+            "peer": self.is_peer_failure(error),
+            "time": time.time(),
+        }
 
     def write(self, directory: Path) -> None:
         self._evaluate_device_expressions()  # those that only the script's end binds
-        record = {"rank": self.rank, "world_size": self.world_size, "local_rank": self.local_rank, "args": self.args,
-                  "models_built": self.models_built, "fetches": self.fetches, "steps": self.steps,
-                  "optimizer": self.optimizer, "error": self.error, "reports": self.reports,
-                  "evaluations": self.evaluations, "train_losses": self.train_losses.sums,
-                  "printed": "".join(self.printed), "engine_configs": self.engine_configs, "devices": self.devices}
+        record = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "local_rank": self.local_rank,
+            "args": self.args,
+            "models_built": self.models_built,
+            "fetches": self.fetches,
+            "steps": self.steps,
+            "optimizer": self.optimizer,
+            "error": self.error,
+            "reports": self.reports,
+            "evaluations": self.evaluations,
+            "train_losses": self.train_losses.sums,
+            "printed": "".join(self.printed),
+            "engine_configs": self.engine_configs,
+            "devices": self.devices,
+        }
         torch.save({"start": self.start, "final": self.final}, directory / "weights.pt")
         (directory / "observation.json").write_text(json.dumps(record))
 
@@ -210,23 +235,23 @@ class Observation:
     rank: int
     world_size: int
     local_rank: int
-    args: Optional[Dict[str, Any]]
+    args: Optional[dict[str, Any]]
     models_built: int
-    fetches: List[Fetch]
-    steps: List[List[float]]
-    optimizer: Optional[Dict[str, Any]]
-    error: Optional[Dict[str, Any]]
-    reports: List[Tuple[int, List[float], List[float]]]
-    evaluations: List[List[float]]
-    train_losses: Dict[int, List[float]]  # pass over the training data -> [summed loss, samples]
+    fetches: list[Fetch]
+    steps: list[list[float]]
+    optimizer: Optional[dict[str, Any]]
+    error: Optional[dict[str, Any]]
+    reports: list[tuple[int, list[float], list[float]]]
+    evaluations: list[list[float]]
+    train_losses: dict[int, list[float]]  # pass over the training data -> [summed loss, samples]
     printed: str
-    engine_configs: List[Optional[Dict[str, int]]]
-    devices: List[Device]
+    engine_configs: list[Optional[dict[str, int]]]
+    devices: list[Device]
     start: Optional[Weights] = None
     final: Optional[Weights] = None
 
     @classmethod
-    def read(cls, directory: Path) -> Optional["Observation"]:
+    def read(cls, directory: Path) -> Optional[Observation]:
         """The record in `directory`; None if the rank left none (it never finished its script)."""
         try:
             record = json.loads((directory / "observation.json").read_text())
@@ -237,28 +262,31 @@ class Observation:
             record[name] = [tuple(entry) for entry in record[name]]
         record["train_losses"] = {int(number): sums for number, sums in record["train_losses"].items()}
         names = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{name: value for name, value in record.items() if name in names},
-                   start=weights["start"], final=weights["final"])
+        return cls(
+            **{name: value for name, value in record.items() if name in names},
+            start=weights["start"],
+            final=weights["final"],
+        )
 
-    def passes(self, split: str) -> List[List[int]]:
+    def passes(self, split: str) -> list[list[int]]:
         """The samples fetched in each pass over `split`, in order (fetches outside a DataLoader
         count as one pass of their own)."""
-        grouped: Dict[int, List[int]] = collections.OrderedDict()
+        grouped: dict[int, list[int]] = collections.OrderedDict()
         for fetch_split, number, _, indices in self.fetches:
             if fetch_split == split:
                 grouped.setdefault(number, []).extend(indices)
         return list(grouped.values())
 
-    def step_batches(self) -> List[List[int]]:
+    def step_batches(self) -> list[list[int]]:
         """The training samples that fed each counted step."""
-        batches: List[List[int]] = [[] for _ in self.steps]
+        batches: list[list[int]] = [[] for _ in self.steps]
         for split, _, step, indices in self.fetches:
             if split == "train" and step < len(batches):
                 batches[step].extend(indices)
         return batches
 
 
-def _watch(observer: RankObserver, framework: Type[Backend]) -> None:
+def _watch(observer: RankObserver, framework: type[Backend]) -> None:
     """Have `observer` told what the script does: the workshop's events, each DataLoader pass over
     the digits, every optimizer step, the devices it sets, its framework's engine config, and what
     it writes to stdout."""
@@ -300,8 +328,9 @@ def _run_script(observer: RankObserver, run: RunDirectory, script: str, script_a
     return EXIT_OK
 
 
-def run_rank(run_dir: str, collective_timeout: float, backend: str, script: str, script_args: Sequence[str],
-             nodes: int = 1) -> NoReturn:
+def run_rank(
+    run_dir: str, collective_timeout: float, backend: str, script: str, script_args: Sequence[str], nodes: int = 1
+) -> NoReturn:
     """One rank of a check: observe, run `script` with `script_args` in this rank's own working
     directory under the collective timeout of `backend` (the registry name of its framework), as if
     its ranks were dealt out to `nodes` nodes, write what was observed, and exit: with 1 if the

@@ -11,13 +11,13 @@ are made from.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, Tuple
 
-from .. import exercise
 from ...backends import backend_class
 from ...errors import UsageError
+from .. import exercise
 
 SOLUTIONS = Path(__file__).resolve().parents[3] / "solutions"
 
@@ -29,7 +29,7 @@ class Failure:
 
     name: str
     observed: str
-    keys: Tuple[str, ...]
+    keys: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -38,13 +38,13 @@ class Framework:
     solution numbers its TODOs, and the TODO keys that govern the weights' properties."""
 
     backend: str
-    imports: "re.Pattern[str]"
+    imports: re.Pattern[str]
     solution: str
-    start_keys: Tuple[str, ...]  # every rank starts from rank 0's weights
-    sync_keys: Tuple[str, ...]  # the gradients are averaged over the ranks
-    clip_keys: Tuple[str, ...]  # gradient clipping
-    device_keys: Tuple[str, ...]  # each rank picks its GPU by its local rank
-    config_keys: Tuple[str, ...] = ()  # the engine's config (DeepSpeed's batch settings)
+    start_keys: tuple[str, ...]  # every rank starts from rank 0's weights
+    sync_keys: tuple[str, ...]  # the gradients are averaged over the ranks
+    clip_keys: tuple[str, ...]  # gradient clipping
+    device_keys: tuple[str, ...]  # each rank picks its GPU by its local rank
+    config_keys: tuple[str, ...] = ()  # the engine's config (DeepSpeed's batch settings)
 
     @property
     def launcher(self) -> str:
@@ -53,17 +53,49 @@ class Framework:
 
 
 FRAMEWORKS = (  # in the order they are recognised: DeepSpeed and FSDP scripts import torch.distributed too
-    Framework("deepspeed", re.compile(r"^\s*(import|from)\s+deepspeed\b", re.M), "04_deepspeed.py",
-              ("initialize",), ("engine-step",), ("config",), ("process-group",), ("config",)),
-    Framework("horovod", re.compile(r"^\s*(import|from)\s+horovod\b", re.M), "03_horovod.py",
-              ("broadcast",), ("optimizer",), ("optimizer",), ("init",)),
+    Framework(
+        "deepspeed",
+        re.compile(r"^\s*(import|from)\s+deepspeed\b", re.M),
+        "04_deepspeed.py",
+        ("initialize",),
+        ("engine-step",),
+        ("config",),
+        ("process-group",),
+        ("config",),
+    ),
+    Framework(
+        "horovod",
+        re.compile(r"^\s*(import|from)\s+horovod\b", re.M),
+        "03_horovod.py",
+        ("broadcast",),
+        ("optimizer",),
+        ("optimizer",),
+        ("init",),
+    ),
     # An FSDP2 script imports torch.distributed too: recognised before DDP.
-    Framework("fsdp", re.compile(r"^\s*(import|from)\s+torch\.distributed\.fsdp\b", re.M), "06_fsdp.py",
-              ("shard-model",), ("shard-model",), ("shard-model",), ("process-group",)),
-    Framework("ddp", re.compile(r"^\s*(import\s+torch\.(distributed|nn\.parallel)\b"
-                                r"|from\s+torch\.(distributed|nn\.parallel)\b"
-                                r"|from\s+torch\s+import\s+distributed\b)", re.M),
-              "02_ddp.py", ("wrap",), ("wrap",), ("wrap",), ("process-group",)),
+    Framework(
+        "fsdp",
+        re.compile(r"^\s*(import|from)\s+torch\.distributed\.fsdp\b", re.M),
+        "06_fsdp.py",
+        ("shard-model",),
+        ("shard-model",),
+        ("shard-model",),
+        ("process-group",),
+    ),
+    Framework(
+        "ddp",
+        re.compile(
+            r"^\s*(import\s+torch\.(distributed|nn\.parallel)\b"
+            r"|from\s+torch\.(distributed|nn\.parallel)\b"
+            r"|from\s+torch\s+import\s+distributed\b)",
+            re.M,
+        ),
+        "02_ddp.py",
+        ("wrap",),
+        ("wrap",),
+        ("wrap",),
+        ("process-group",),
+    ),
 )
 
 
@@ -72,8 +104,10 @@ def framework_of(source: str, path: str) -> Framework:
     for framework in FRAMEWORKS:
         if framework.imports.search(source):
             return framework
-    raise UsageError(f"{path} imports none of deepspeed, horovod, torch.distributed: harness check runs "
-                     "data-parallel scripts such as exercises/02_ddp.py (run a serial one with python)")
+    raise UsageError(
+        f"{path} imports none of deepspeed, horovod, torch.distributed: harness check runs "
+        "data-parallel scripts such as exercises/02_ddp.py (run a serial one with python)"
+    )
 
 
 class TodoIndex:

@@ -40,8 +40,12 @@ def job(spool: str, number: str) -> dict:
 def main() -> None:
     spool, suffix, numbers = sys.argv[1], sys.argv[2], sys.argv[3:]
     jobs = {f"{number}.{suffix}": job(spool, number) for number in numbers}
-    print(json.dumps({"timestamp": int(time.time()), "pbs_version": "2022.1.3-emulated",
-                      "pbs_server": suffix, "Jobs": jobs}, indent=4))
+    print(
+        json.dumps(
+            {"timestamp": int(time.time()), "pbs_version": "2022.1.3-emulated", "pbs_server": suffix, "Jobs": jobs},
+            indent=4,
+        )
+    )
 
 
 if __name__ == "__main__":
