@@ -48,7 +48,7 @@ def add_train_flags(parser: argparse.ArgumentParser, only: Optional[Sequence[str
         if spec.type in ("bool", bool):
             parser.add_argument(flag, action="store_true", help=help_text)
             continue
-        if spec.type in ("Dict[str, str]", dict[str, str]):
+        if spec.type in ("dict[str, str]", dict[str, str]):
             parser.add_argument(
                 flag, dest=spec.name, action=KeyValueAction, default={}, metavar="KEY=VALUE", help=help_text
             )
