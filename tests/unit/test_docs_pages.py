@@ -148,8 +148,8 @@ def test_workshop_md_joins_the_site_with_its_links_rewritten():
 
 
 def _files_to_touch(page: str) -> list[tuple[str, list[str]]]:
-    """Each bullet of the page's "Files to touch" section, and the sections after it up to the
-    next "##" heading that is not a list: (its path or glob, the values it says the file names)."""
+    """Each bullet of the page's "Files to touch" section (up to the next "##" heading): its path or
+    glob, with {placeholders}, and the values it says the file names ("which names `...`")."""
     text = _read("docs", "how-to", page)
     section = text[text.index("## Files to touch") :]
     section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
