@@ -6,9 +6,9 @@ What must hold (one Failure each, with the TODO keys that govern it):
    batches at each step) at the same LRs, within harness.study.equivalence's UPDATE_BOUND of the
    update; if not, the usual causes are tried to name it: gradients summed instead of averaged, or
    clipped at norm 1.0 (DeepSpeed's default);
-3. the LR is --lr scaled to the global batch by the rule the exercise asks for its optimizer: the
-   linear rule (--lr x ranks) for SGD, the square-root rule (--lr x sqrt(ranks)) for Adam and the
-   other adaptive optimizers (notebook 02); a warmup script climbs linearly per step from --lr at
+3. the LR is --lr scaled to the global batch by a rule the exercise accepts for its optimizer: the
+   linear rule (--lr x ranks) for SGD; for Adam and the other adaptive optimizers the square-root
+   rule (--lr x sqrt(ranks)) or the linear one, which notebook 02's runs do not tell apart; a warmup script climbs linearly per step from --lr at
    step 0 to that at step round(--warmup-epochs x steps per epoch), then stays there (step 5's text);
 4. every epoch the ranks train on disjoint samples that leave out fewer than one global batch,
    in a new order each epoch; every evaluation scores each test image exactly once;
@@ -29,8 +29,10 @@ settings is property 8's line), or where each rank hung.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import re
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
@@ -48,8 +50,7 @@ from .observe import Observation
 from .todos import Failure, Framework
 
 CLIP_NORM = 1.0  # DeepSpeed's default gradient_clipping
-# The LR rule the exercises ask for, by the optimizer that steps (notebook 02): the adaptive ones
-# take the square-root rule, the others (SGD, as the steps use) the linear rule of Goyal et al.
+# The optimizers for which the exercises accept the square-root LR rule beside the linear one (lr_rules).
 SQUARE_ROOT_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop"})
 
 
@@ -115,16 +116,28 @@ def _stopped(
             return seen[0]
     waiting = ""
     if error["peer"]:
-        others = ", ".join(
-            f"rank {other} was at {run.stuck_at(other, script)}" for other in range(ranks) if other != rank
+        places = {other: _place(other, observations, run, script) for other in range(ranks)}
+        others = ", ".join(f"rank {other} was at {place}" for other, place in places.items() if other != rank)
+        diverged = len({place for place in places.values() if place.startswith("line")}) > 1
+        waiting = (
+            f"; it waited in vain for another rank ({others}): every rank must make the same collective calls"
+            + (", in the same order (a collective inside `if rank == ...` hangs the others)" if diverged else "")
         )
-        waiting = f"; it waited in vain for another rank ({others}): every rank must make the same collective calls"
     return Failure(
         "run",
         f"rank {rank} stopped with {error['type']}: {message}"
         f"{_where(error['line'], error['source'], script)}{waiting} {output}",
         framework.config_keys if batch_complaint else (),
     )
+
+
+def _place(rank: int, observations: dict[int, Optional[Observation]], run: RunDirectory, script: str) -> str:
+    """Where `rank` was when the run stopped: the script line of its own error, else its stack dump's."""
+    observation = observations.get(rank)
+    error = observation.error if observation is not None else None
+    if error and error["line"]:
+        return f"line {error['line']} ({error['source'].strip()})"
+    return run.stuck_at(rank, script)
 
 
 # --- the properties ---------------------------------------------------------------------------
@@ -272,20 +285,27 @@ def _check_one_process(observations: list[Observation], framework: Framework, ra
     ]
 
 
-def lr_rule(optimizer: Optional[dict[str, Any]]) -> str:
-    """The LR scaling rule (harness.training.lr's name) the exercise asks for this optimizer."""
-    return "sqrt" if optimizer and optimizer["class"] in SQUARE_ROOT_OPTIMIZERS else "linear"
+def lr_rules(optimizer: Optional[dict[str, Any]]) -> tuple[str, ...]:
+    """The LR scaling rules (harness.training.lr's names) the exercise accepts for this optimizer:
+    the linear rule for SGD (Goyal et al.); for the adaptive ones the square-root rule or the linear
+    one, both with warmup where the script warms up: notebook 02's Adam runs do not tell them apart."""
+    return ("sqrt", "linear") if optimizer and optimizer["class"] in SQUARE_ROOT_OPTIMIZERS else ("linear",)
 
 
-def _rule_text(optimizer: Optional[dict[str, Any]], ranks: int, target: float) -> str:
+def _rule_text(optimizer: Optional[dict[str, Any]], ranks: int, base: float) -> str:
     name = optimizer["class"] if optimizer else "its optimizer"
-    if lr_rule(optimizer) == "sqrt":
-        return f"for {name} the exercise scales it by the square-root rule: --lr x sqrt({ranks}) = {target:.4g}"
-    return f"for {name} the exercise scales it by the linear rule: --lr x {ranks} = {target:.4g}"
+    if len(lr_rules(optimizer)) > 1:
+        return (
+            f"for {name} the exercise scales it by the square-root rule, --lr x sqrt({ranks}) = "
+            f"{scaled_lr(base, ranks, 1, 'sqrt'):.4g}, or the linear one, --lr x {ranks} = "
+            f"{scaled_lr(base, ranks, 1, 'linear'):.4g}"
+        )
+    return f"for {name} the exercise scales it by the linear rule: --lr x {ranks} = {base * ranks:.4g}"
 
 
 def _check_lr(observations: list[Observation], ranks: int) -> list[Failure]:
-    """Property 3, step by step against harness.training.lr's rule (warmup from --lr at step 0)."""
+    """Property 3, step by step against harness.training.lr's rules (warmup from --lr at step 0):
+    the failures of the first accepted rule if no accepted rule matches."""
     first = observations[0]
     if not first.args or "lr" not in first.args:
         return [
@@ -295,8 +315,15 @@ def _check_lr(observations: list[Observation], ranks: int) -> list[Failure]:
                 ("lr",),
             )
         ]
+    verdicts = [_lr_failures(observations, ranks, rule) for rule in lr_rules(first.optimizer)]
+    return [] if not all(verdicts) else verdicts[0]
+
+
+def _lr_failures(observations: list[Observation], ranks: int, rule: str) -> list[Failure]:
+    """Property 3 against one scaling rule."""
+    first = observations[0]
     base = first.args["lr"]
-    target = scaled_lr(base, ranks, 1, lr_rule(first.optimizer))  # the global batch is `ranks` processes' batches
+    target = scaled_lr(base, ranks, 1, rule)  # the global batch is `ranks` processes' batches
     warmup = _warmup_steps(first)
     expected = [
         learning_rate(
@@ -314,7 +341,7 @@ def _check_lr(observations: list[Observation], ranks: int) -> list[Failure]:
                     Failure(
                         "learning rate",
                         f"rank {observation.rank} used LR {lr:g} at step {step + 1} "
-                        f"(--lr {base:g}); {_rule_text(first.optimizer, ranks, target)}",
+                        f"(--lr {base:g}); {_rule_text(first.optimizer, ranks, base)}",
                         ("lr",),
                     )
                 ]
@@ -456,7 +483,48 @@ def _check_evaluation(observations: list[Observation]) -> list[Failure]:
     return []
 
 
-def _check_files(run: RunDirectory, ranks: int, save: str) -> list[Failure]:
+def _check_saved_model(path: Path, final: Optional[dict[str, torch.Tensor]]) -> Optional[str]:
+    """What is wrong with the model file rank 0 saved, or None: it must load into the plain model
+    (`workshop.build_model()`: its keys, whole tensors of its shapes) with the weights the ranks ended
+    with. A wrapper's state dict (DDP's `module.` prefix), an FSDP shard or a DTensor would load into
+    nothing an attendee evaluates later."""
+    mesh_log = logging.getLogger("torch.distributed.device_mesh")  # warns when a DTensor's mesh unpickles
+    level, mesh_log.level = mesh_log.level, logging.ERROR
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # any failure to load is the finding
+        return f"its --save file {path.name} does not load outside the run ({type(error).__name__}: {error})"
+    finally:
+        mesh_log.setLevel(level)
+    expected = WorkshopCNN(dropout=0.0).state_dict()
+    if not isinstance(saved, dict) or not all(isinstance(value, torch.Tensor) for value in saved.values()):
+        return f"its --save file {path.name} holds a {type(saved).__name__}, not a state dict of tensors"
+    if set(saved) != set(expected):
+        prefixed = sorted(name for name in saved if name not in expected)
+        return (
+            f"its --save file {path.name} has keys the plain model lacks ({', '.join(prefixed[:2])}"
+            f"{' ...' if len(prefixed) > 2 else ''}): save the state dict of the model inside the wrapper"
+        )
+    for name, value in expected.items():
+        tensor = saved[name]
+        if type(tensor) is not torch.Tensor:  # a DTensor: this rank's pieces of a sharded weight
+            return (
+                f"its --save file {path.name} holds {name} as a {type(tensor).__name__}, the ranks' "
+                "pieces of a sharded weight, not a whole tensor: gather the pieces of every rank before saving"
+            )
+        if tuple(tensor.shape) != tuple(value.shape):
+            return (
+                f"its --save file {path.name} holds {name} with shape {list(tensor.shape)}, not the whole "
+                f"{list(value.shape)} tensor: gather the pieces of every rank before saving"
+            )
+    if final is not None and _max_gap(saved, final) > 1e-6 * max(v.abs().max().item() for v in final.values()):
+        return f"its --save file {path.name} does not hold the weights the ranks ended with"
+    return None
+
+
+def _check_files(
+    run: RunDirectory, ranks: int, save: str, final: Optional[dict[str, torch.Tensor]] = None
+) -> list[Failure]:
     """Property 5."""
     failures = []
     for rank in range(1, ranks):
@@ -473,8 +541,13 @@ def _check_files(run: RunDirectory, ranks: int, save: str) -> list[Failure]:
                 )
             )
             break
-    if not (run.files(0) / save).is_file():
+    saved = run.files(0) / save
+    if not saved.is_file():
         failures.append(Failure("rank 0 writes", f"rank 0 did not save the model to --save {save}", ("save",)))
+    elif not failures:  # one line per property: a second writer is named first
+        wrong = _check_saved_model(saved, final)
+        if wrong:
+            failures.append(Failure("rank 0 writes", f"rank 0 saved the model, but {wrong}", ("save",)))
     return failures
 
 
@@ -500,7 +573,7 @@ def judge(observations: list[Observation], framework: Framework, ranks: int, run
         failures += _check_lr(observations, ranks)
     failures += _check_training_data(observations, ranks)
     failures += _check_evaluation(observations)
-    failures += _check_files(run, ranks, (first.args or {}).get("save", "model.pt"))
+    failures += _check_files(run, ranks, (first.args or {}).get("save", "model.pt"), first.final)
     failures += check_metrics(observations)
     failures += check_devices(observations, framework)
     failures += check_global_batch(observations, ranks, framework)
