@@ -28,28 +28,22 @@ settings is property 8's line), or where each rank hung.
 
 from __future__ import annotations
 
-import collections
-import logging
 import os
 import re
-from pathlib import Path
-from typing import Any, Callable, Optional
-
-import torch
-import torch.nn.functional as F
+from typing import Any, Optional
 
 from ...study.equivalence import UPDATE_BOUND, update_differences, worst
 from ...training.lr import learning_rate, scaled_lr
-from ...training.models import WorkshopCNN
-from .. import exercise
 from .batch import BATCH_COMPLAINT, check_global_batch
-from .control import CHECK_BATCH, RunDirectory
+from .control import RunDirectory
 from .devices import check_devices
+from .files import check_files
 from .metrics import check_metrics
 from .observe import Observation
+from .reference import check_one_process, max_gap
+from .shards import check_evaluation, check_training_data
 from .todos import Failure, Framework
 
-CLIP_NORM = 1.0  # DeepSpeed's default gradient_clipping
 # The optimizers for which the exercises accept the square-root LR rule beside the linear one (lr_rules).
 SQUARE_ROOT_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop"})
 
@@ -143,16 +137,12 @@ def _place(rank: int, observations: dict[int, Optional[Observation]], run: RunDi
 # --- the properties ---------------------------------------------------------------------------
 
 
-def _max_gap(weights: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
-    return max((weights[name].double() - value.double()).abs().max().item() for name, value in reference.items())
-
-
 def _check_weights(observations: list[Observation], framework: Framework) -> tuple[list[Failure], bool]:
     """Property 1; also whether the ranks agree (then property 2 can be judged on rank 0's weights)."""
     first = observations[0]
     for observation in observations[1:]:
-        if _max_gap(observation.start, first.start) > 1e-6 * max(v.abs().max().item() for v in first.start.values()):
-            gap = _max_gap(observation.start, first.start)
+        if max_gap(observation.start, first.start) > 1e-6 * max(v.abs().max().item() for v in first.start.values()):
+            gap = max_gap(observation.start, first.start)
             return [
                 Failure(
                     "same start",
@@ -175,114 +165,6 @@ def _check_weights(observations: list[Observation], framework: Framework) -> tup
                 )
             ], False
     return [], True
-
-
-def _train_reference(
-    start: dict[str, torch.Tensor],
-    batches: list[list[list[int]]],
-    lrs: list[float],
-    optimizer: dict[str, Any],
-    train_samples: Optional[int],
-    gradients: Callable[[torch.nn.Module], None] = lambda model: None,
-) -> dict[str, torch.Tensor]:
-    """One process trained on the global batches at `lrs` from `start`; `batches` holds each step's
-    batch of every rank, and `gradients` may change the gradients before each step (to try a
-    suspected mistake).
-
-    Each step's gradient is the global batch's mean loss differentiated as the ranks do it: each
-    rank's batch forward and backward on its own, weighted by its share of the global batch. That is
-    one process's gradient on the global batch, computed in the same float32 kernels as the ranks'.
-    Computed in one piece instead, a convolution over 4 x 16 images rounds otherwise than over 16,
-    and where the digits' upscaled pixels tie in a max-pooling window the rounding picks the other
-    pixel: another valid gradient, 1e-3 apart in one step, 1e-2 of the update after ten (seen at 4
-    ranks on an AVX-512 CPU)."""
-    data = exercise.digits("train", train_samples)
-    model = WorkshopCNN(dropout=0.0)
-    model.load_state_dict(start)
-    reference = getattr(torch.optim, optimizer["class"])(model.parameters(), lr=lrs[0], **optimizer["settings"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each launched rank computes (and they may still be exiting on few cores)
-    try:
-        for rank_batches, lr in zip(batches, lrs):
-            for group in reference.param_groups:
-                group["lr"] = lr
-            reference.zero_grad()
-            samples = sum(len(indices) for indices in rank_batches)
-            for indices in filter(None, rank_batches):
-                rows = torch.tensor(indices)
-                loss = F.cross_entropy(model(data.images[rows]), data.labels[rows])
-                (loss * (len(indices) / samples)).backward()
-            gradients(model)
-            reference.step()
-    finally:
-        torch.set_num_threads(threads)
-    return {name: value.detach().clone() for name, value in model.state_dict().items()}
-
-
-def _check_one_process(observations: list[Observation], framework: Framework, ranks: int) -> list[Failure]:
-    """Property 2, on rank 0's weights (the ranks agree)."""
-    first = observations[0]
-    if first.optimizer is None or not hasattr(torch.optim, first.optimizer["class"]):
-        return [
-            Failure(
-                "one process",
-                "the checker found no torch.optim optimizer stepping the model, so it cannot "
-                "train the one-process reference",
-                framework.sync_keys,
-            )
-        ]
-    per_rank = [observation.step_batches() for observation in observations]
-    batches = [[rank_batches[step] for rank_batches in per_rank] for step in range(len(first.steps))]
-    lrs = [step[0] for step in first.steps]
-    train_samples = first.args.get("train_samples") if first.args else None
-
-    def distance(**mistake: Any) -> tuple[str, float]:
-        trained = _train_reference(first.start, batches, lrs, first.optimizer, train_samples, **mistake)
-        return worst(update_differences(first.final, trained, first.start))
-
-    name, value = distance()
-    if value <= UPDATE_BOUND:
-        return []
-    batch = sum(len(indices) for indices in batches[0])
-    observed = (
-        f"rank 0's weights differ from one process trained on the same {batch}-sample global batches at "
-        f"the same LRs by {value:.3g} of the update (in {name}; at most {UPDATE_BOUND:g})"
-    )
-
-    def scaled(model: torch.nn.Module) -> None:
-        for parameter in model.parameters():
-            parameter.grad.mul_(ranks)
-
-    def clipped(model: torch.nn.Module) -> None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
-
-    if distance(gradients=scaled)[1] <= UPDATE_BOUND:
-        return [
-            Failure(
-                "one process",
-                f"{observed}; they match one process whose gradients are {ranks}x larger: "
-                "the gradients are summed over the ranks, not averaged",
-                framework.sync_keys,
-            )
-        ]
-    if distance(gradients=clipped)[1] <= UPDATE_BOUND:
-        return [
-            Failure(
-                "one process",
-                f"{observed}; they match one process that clips the gradient norm at "
-                f"{CLIP_NORM:g} (DeepSpeed's default gradient_clipping): turn clipping off",
-                framework.clip_keys,
-            )
-        ]
-    return [
-        Failure(
-            "one process",
-            observed,
-            framework.sync_keys + framework.clip_keys
-            if framework.clip_keys != framework.sync_keys
-            else framework.sync_keys,
-        )
-    ]
 
 
 def lr_rules(optimizer: Optional[dict[str, Any]]) -> tuple[str, ...]:
@@ -373,184 +255,6 @@ def _warmup_steps(observation: Observation) -> int:
     return round((observation.args.get("warmup_epochs") or 0) * _steps_in_first_epoch(observation))
 
 
-def _check_training_data(observations: list[Observation], ranks: int) -> list[Failure]:
-    """Property 4, training: disjoint shards covering all but the tail, same steps, a new order every epoch."""
-    failures = []
-    first = observations[0]
-    steps = {observation.rank: len(observation.steps) for observation in observations}
-    if len(set(steps.values())) > 1:
-        counts = ", ".join(f"rank {rank} {count}" for rank, count in steps.items())
-        failures.append(
-            Failure(
-                "shards",
-                f"the ranks took different numbers of optimizer steps ({counts}): "
-                "every rank must take the same number",
-                ("shard",),
-            )
-        )
-    epochs = [observation.passes("train") for observation in observations]
-    if not epochs[0]:
-        return failures + [
-            Failure("shards", "no rank fetched a training sample from exercise.digits('train', ...)", ("shard",))
-        ]
-    if len({len(passes) for passes in epochs}) > 1:
-        counts = ", ".join(f"rank {rank} {len(passes)}" for rank, passes in enumerate(epochs))
-        return failures + [
-            Failure(
-                "shards", f"the ranks made different numbers of passes over the training data ({counts})", ("shard",)
-            )
-        ]
-    samples = first.args.get("train_samples") if first.args else None
-    samples = samples or len(exercise.digits("train"))
-    global_batch = ranks * (first.args.get("batch_size", CHECK_BATCH) if first.args else CHECK_BATCH)
-    for epoch, shards in enumerate(zip(*epochs), 1):
-        counts = collections.Counter(index for shard in shards for index in shard)
-        repeated = [index for index, count in counts.items() if count > 1]
-        if repeated:
-            owners = [rank for rank, shard in enumerate(shards) if repeated[0] in shard]
-            same = all(shard == shards[0] for shard in shards)
-            how = (
-                "every rank trained on the same samples"
-                if same
-                else f"{len(repeated)} training samples were trained on more than once (sample {repeated[0]} by "
-                f"rank{'s' if len(owners) > 1 else ''} {', '.join(map(str, owners))})"
-            )
-            failures.append(
-                Failure(
-                    "shards",
-                    f"in epoch {epoch} {how}: each rank must train on its own part of the epoch's samples",
-                    ("shard",),
-                )
-            )
-            break
-        unseen = samples - len(counts)
-        if unseen >= global_batch:
-            failures.append(
-                Failure(
-                    "shards",
-                    f"in epoch {epoch} {unseen} of the {samples} training samples were "
-                    f"trained on by no rank; only the fewer than {global_batch} after the "
-                    "last full global batch may be left out",
-                    ("shard",),
-                )
-            )
-            break
-    if len(epochs[0]) > 1 and not failures:
-        repeating = [rank for rank, passes in enumerate(epochs) if passes[1] == passes[0]]
-        if repeating:
-            who = "every rank" if len(repeating) == ranks else f"rank {', '.join(map(str, repeating))}"
-            failures.append(
-                Failure(
-                    "reshuffle",
-                    f"{who} trained epoch 2 in exactly the order of epoch 1: the data must be reshuffled every epoch",
-                    ("reshuffle",),
-                )
-            )
-    return failures
-
-
-def _check_evaluation(observations: list[Observation]) -> list[Failure]:
-    """Property 4, evaluation: every test image scored exactly once per evaluation."""
-    evaluations = [observation.passes("test") for observation in observations]
-    size = len(exercise.digits("test"))
-    if not any(evaluations):
-        return [Failure("evaluation", "no rank scored a test image from exercise.digits('test')", ("eval-shard",))]
-    for number in range(max(len(passes) for passes in evaluations)):
-        counts = collections.Counter(
-            index for passes in evaluations if number < len(passes) for index in passes[number]
-        )
-        scored = sum(counts.values())
-        repeated = [index for index, count in counts.items() if count > 1]
-        missing = size - len(counts)
-        if not repeated and not missing:
-            continue
-        if repeated and all(count == counts[repeated[0]] for count in counts.values()) and not missing:
-            how = f"scored each of the {size} test images {counts[repeated[0]]} times"
-        elif repeated:
-            how = (
-                f"scored {scored} images for {size}: {len(repeated)} of them more than once (image {repeated[0]} "
-                f"{counts[repeated[0]]} times; DistributedSampler pads with repeated images)"
-            )
-        else:
-            how = f"scored {len(counts)} of the {size} test images; {missing} were scored by no rank"
-        return [
-            Failure(
-                "evaluation",
-                f"evaluation {number + 1} {how}: every test image must be scored exactly once",
-                ("eval-shard",),
-            )
-        ]
-    return []
-
-
-def _check_saved_model(path: Path, final: Optional[dict[str, torch.Tensor]]) -> Optional[str]:
-    """What is wrong with the model file rank 0 saved, or None: it must load into the plain model
-    (`workshop.build_model()`: its keys, whole tensors of its shapes) with the weights the ranks ended
-    with. A wrapper's state dict (DDP's `module.` prefix), an FSDP shard or a DTensor would load into
-    nothing an attendee evaluates later."""
-    mesh_log = logging.getLogger("torch.distributed.device_mesh")  # warns when a DTensor's mesh unpickles
-    level, mesh_log.level = mesh_log.level, logging.ERROR
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # any failure to load is the finding
-        return f"its --save file {path.name} does not load outside the run ({type(error).__name__}: {error})"
-    finally:
-        mesh_log.setLevel(level)
-    expected = WorkshopCNN(dropout=0.0).state_dict()
-    if not isinstance(saved, dict) or not all(isinstance(value, torch.Tensor) for value in saved.values()):
-        return f"its --save file {path.name} holds a {type(saved).__name__}, not a state dict of tensors"
-    if set(saved) != set(expected):
-        prefixed = sorted(name for name in saved if name not in expected)
-        return (
-            f"its --save file {path.name} has keys the plain model lacks ({', '.join(prefixed[:2])}"
-            f"{' ...' if len(prefixed) > 2 else ''}): save the state dict of the model inside the wrapper"
-        )
-    for name, value in expected.items():
-        tensor = saved[name]
-        if type(tensor) is not torch.Tensor:  # a DTensor: this rank's pieces of a sharded weight
-            return (
-                f"its --save file {path.name} holds {name} as a {type(tensor).__name__}, the ranks' "
-                "pieces of a sharded weight, not a whole tensor: gather the pieces of every rank before saving"
-            )
-        if tuple(tensor.shape) != tuple(value.shape):
-            return (
-                f"its --save file {path.name} holds {name} with shape {list(tensor.shape)}, not the whole "
-                f"{list(value.shape)} tensor: gather the pieces of every rank before saving"
-            )
-    if final is not None and _max_gap(saved, final) > 1e-6 * max(v.abs().max().item() for v in final.values()):
-        return f"its --save file {path.name} does not hold the weights the ranks ended with"
-    return None
-
-
-def _check_files(
-    run: RunDirectory, ranks: int, save: str, final: Optional[dict[str, torch.Tensor]] = None
-) -> list[Failure]:
-    """Property 5."""
-    failures = []
-    for rank in range(1, ranks):
-        written = sorted(
-            str(path.relative_to(run.files(rank))) for path in run.files(rank).rglob("*") if path.is_file()
-        )
-        if written:
-            failures.append(
-                Failure(
-                    "rank 0 writes",
-                    f"rank {rank} wrote {', '.join(written[:3])}"
-                    f"{' ...' if len(written) > 3 else ''}: only rank 0 writes files",
-                    ("save",),
-                )
-            )
-            break
-    saved = run.files(0) / save
-    if not saved.is_file():
-        failures.append(Failure("rank 0 writes", f"rank 0 did not save the model to --save {save}", ("save",)))
-    elif not failures:  # one line per property: a second writer is named first
-        wrong = _check_saved_model(saved, final)
-        if wrong:
-            failures.append(Failure("rank 0 writes", f"rank 0 saved the model, but {wrong}", ("save",)))
-    return failures
-
-
 def judge(observations: list[Observation], framework: Framework, ranks: int, run: RunDirectory) -> list[Failure]:
     """Every property that does not hold for the records of a run in which every rank finished."""
     first = observations[0]
@@ -569,11 +273,11 @@ def judge(observations: list[Observation], framework: Framework, ranks: int, run
         weight_failures, ranks_agree = _check_weights(observations, framework)
         failures += weight_failures
         if ranks_agree and len({len(observation.steps) for observation in observations}) == 1:
-            failures += _check_one_process(observations, framework, ranks)
+            failures += check_one_process(observations, framework, ranks)
         failures += _check_lr(observations, ranks)
-    failures += _check_training_data(observations, ranks)
-    failures += _check_evaluation(observations)
-    failures += _check_files(run, ranks, (first.args or {}).get("save", "model.pt"), first.final)
+    failures += check_training_data(observations, ranks)
+    failures += check_evaluation(observations)
+    failures += check_files(run, ranks, (first.args or {}).get("save", "model.pt"), first.final)
     failures += check_metrics(observations)
     failures += check_devices(observations, framework)
     failures += check_global_batch(observations, ranks, framework)
