@@ -90,7 +90,8 @@ def epoch_loss_figure(
 ) -> Any:
     """Each run's training loss per epoch (the record's `train_losses`: the mean over every sample
     of the epoch) against the epoch, on a log scale: runs with different batches compared after
-    the same samples seen. `colours`: label -> colour (run_colours)."""
+    the same passes over the training set (each drops its own tail of fewer than one batch, so a
+    larger batch trains a few samples fewer per epoch). `colours`: label -> colour (run_colours)."""
     from matplotlib import rc_context
 
     colours = colours or run_colours(labels)
@@ -109,7 +110,7 @@ def epoch_loss_figure(
         ax.set_yscale("log")
         _plain_log_labels(ax, [loss for record in records for loss in record["train_losses"]])
         ax.set_xticks(range(1, max(len(record["train_losses"]) for record in records) + 1))
-        ax.set_xlabel("epoch (every run has seen the same samples)")
+        ax.set_xlabel("epoch (one pass over the training set, less each batch size's dropped tail)")
         ax.set_ylabel("training loss (mean over the epoch)")
         ax.set_title(title)
         ax.legend(loc="best")
