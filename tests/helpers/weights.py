@@ -27,5 +27,6 @@ def initial_weights() -> dict[str, torch.Tensor]:
 
 
 def update_difference(trained: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
-    """The worst tensor's difference from the reference, relative to the reference's update (harness.study.equivalence)."""
+    """The worst tensor's difference from the reference, relative to the reference's update from
+    initial_weights() (harness.study.equivalence)."""
     return worst(update_differences(trained, reference, initial_weights()))[1]

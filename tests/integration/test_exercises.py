@@ -1,4 +1,5 @@
-"""The exercises and their checker run for real: solutions under their launchers, the checker as a command, scripts that hang or fail."""
+"""The exercises and their checker run for real: solutions under their launchers, the checker as a
+command, scripts that hang or fail."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The hands-on steps: solutions that run under their real launchers, learn, and train the weights of
-one process on the doubled batch; exercises generated from them; `harness check`, which must pass
-every solution and name the TODO behind each mistake of scripts broken on purpose (made here from
-the solutions, so they follow every change), and end a hung script within its timeout.
+"""The hands-on steps in-process: exercises generated from the solutions, the checker's reading of
+what a script prints and which GPU it picks, and what it refuses. The solutions under their real
+launchers and `harness check` run for real are in tests/integration/test_exercises.py.
 """
 
 from __future__ import annotations

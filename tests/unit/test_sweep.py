@@ -1,4 +1,5 @@
-"""`harness sweep`: the runs it plans, the launch commands it builds, and a real sweep end to end."""
+"""`harness sweep`: the runs it plans and the launch commands it builds (a real sweep end to end is in
+tests/integration/test_sweep.py)."""
 
 from __future__ import annotations
 
@@ -191,3 +192,20 @@ def test_tags_are_key_value_pairs_collected_into_the_config():
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(["train", "--tag", "nodes"])
     assert exited.value.code == 2
+
+
+def test_sweep_accepts_checkpoint_every_with_a_checkpoint_root(tmp_path):
+    # Every run of such a sweep gets a checkpoint directory, so --checkpoint-every is valid for it.
+    runs = plan_sweep(
+        SweepSettings(
+            backends=["ddp"],
+            ranks=[2],
+            scaling="weak",
+            results=str(tmp_path / "r.jsonl"),
+            train_args=["--checkpoint-every", "5"],
+            checkpoint_root=str(tmp_path / "ck"),
+        ),
+        environ={},
+    )
+    flags = runs[0].command
+    assert flags[flags.index("--checkpoint-dir") + 1] == str(tmp_path / "ck" / "ddp-2r-rep0")
