@@ -8,16 +8,23 @@ setup:
 demo: setup
 	@$(PY) -m harness demo
 
-# Everything, slow multi-process tests, notebooks and scheduler tests included (not the GPU ones).
+# The test tiers, one directory each, fastest first: in-process; real launchers and several processes;
+# Slurm and emulated PBS; the notebooks and the lab in a browser; nodes as network namespaces.
+# tests/test_architecture.py checks that every test module is in one of them.
+TIERS := tests/unit tests/integration tests/scheduler tests/notebooks tests/multinode
+
+# Everything in one pytest process (not the GPU tests): the tiers one after another, so that a test that
+# times itself or reads machine-wide state never runs beside another.
 test: setup lint
-	@$(PY) -m pytest -q -ra --durations=50 tests
+	@$(PY) -m pytest -q -ra --durations=50 tests/test_architecture.py $(TIERS)
 
 # Lint and format check (ruff, configured in pyproject.toml); `make test` runs it first.
 lint: setup
 	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
+# The inner loop: the in-process tier, which starts no process (tests/unit/conftest.py fails a test that does).
 test-fast: setup
-	@$(PY) -m pytest -q -ra -m "not slow and not gpu" tests
+	@$(PY) -m pytest -q -ra tests/test_architecture.py tests/unit
 
 # JupyterLab from the kit's environment on notebooks/: a browser opens here; on a remote node
 # `make lab REMOTE=1` (or LAB_IP=..., LAB_PORT=...) prints the URL and the ssh tunnel (tools/lab.sh).

@@ -172,7 +172,7 @@ def preemption_check_cost(blocks: int, steps: int) -> dict[str, dict[str, float]
 def kill_to_exit(backend: str, signal_name: str, workdir: str) -> dict[str, object]:
     """Seconds from rank 1 sending itself `signal_name` after step 5 to the survivor's message and
     to the exit of the job."""
-    from tests.checkpoint_helpers import processes_mentioning, time_job
+    from tests.helpers.checkpoint_helpers import processes_mentioning, time_job
 
     marker_dir = tempfile.mkdtemp(dir=workdir)  # in every rank's command line, to find leftovers
     command = launch_command(2, backend, [*FAILURE_ARGS, "--results", os.path.join(marker_dir, "r.jsonl")])

@@ -11,7 +11,7 @@ import ast
 import os
 import re
 
-from .conftest import REPO
+from tests.conftest import REPO
 
 PACKAGE = os.path.join(REPO, "harness")
 
@@ -228,3 +228,43 @@ def test_backend_names_appear_only_inside_backends():
                 if re.search(rf"""(==|!=|in \(|\bis\b)\s*["']{name}["']|["']{name}["']\s*(==|!=)""", code):
                     offenders.append(f"{os.path.relpath(path, REPO)}:{number}: {line.strip()}")
     assert offenders == [], "\n".join(offenders)
+
+
+# -- the tests' own shape ------------------------------------------------------------------------
+
+TESTS = os.path.join(REPO, "tests")
+
+
+def _test_modules() -> list[str]:
+    """Every test module under tests/, relative to tests/."""
+    found = []
+    for root, _, names in os.walk(TESTS):
+        found += [
+            os.path.relpath(os.path.join(root, name), TESTS) for name in names if re.match(r"test_.*\.py$", name)
+        ]
+    return sorted(found)
+
+
+def test_every_test_module_is_in_a_tier_that_make_test_runs():
+    tiers = re.search(r"^TIERS := (.+)$", open(os.path.join(REPO, "Makefile")).read(), re.M).group(1).split()
+    assert all(os.path.isfile(os.path.join(REPO, tier, "__init__.py")) for tier in tiers), tiers
+    outside = [
+        path
+        for path in _test_modules()
+        if path != "test_architecture.py" and not any(f"tests/{path}".startswith(f"{tier}/") for tier in tiers)
+    ]
+    assert outside == [], f"move these into one of {tiers} (see tests/unit/conftest.py for the unit tier's rule)"
+
+
+def test_tests_load_weights_and_find_ports_through_the_harness():
+    # One weights loader (tests/helpers/weights.py, over harness.fileio.load_tensors) and one free-port
+    # finder (harness.process.launchers.free_port): a test that writes its own hides a difference.
+    offending = []
+    for root, _, names in os.walk(TESTS):
+        for name in (name for name in names if name.endswith(".py") and name != "test_architecture.py"):
+            path = os.path.join(root, name)
+            source = open(path).read()
+            offending += [
+                f"{os.path.relpath(path, REPO)}: {call}" for call in ("torch.load(", ".bind((") if call in source
+            ]
+    assert offending == []

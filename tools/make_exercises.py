@@ -9,7 +9,7 @@ For each solutions/NN_name.py it writes
 exercises/ is generated: its files are the ones named like a step (NN_name.py, NN_name.ipynb), and
 one of those whose solution is gone is removed. Any other file there is left alone, and attendees'
 copies in my-exercises/ (`harness exercise start 02`) are never written: this refuses to write there.
-A test (tests/test_exercises.py) runs --check, so exercises/ never drifts from solutions/.
+A test (tests/integration/test_exercises.py) runs --check, so exercises/ never drifts from solutions/.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ if [ "$(id -u)" = 0 ]; then
   command -v chromium >/dev/null || missing+=(chromium)
   command -v chromedriver >/dev/null || missing+=(chromium-driver)
 elif ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
-  say "tests/test_lab_browser.py is skipped without a browser: sudo apt-get install chromium chromium-driver"
+  say "tests/notebooks/test_lab_browser.py is skipped without a browser: sudo apt-get install chromium chromium-driver"
 fi
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -2,7 +2,7 @@
 
 Each entry says which versions it applies to and why it exists. An entry that reads a private
 attribute checks that the attribute is there and otherwise raises a one-line UsageError naming
-the versions that work, instead of failing somewhere inside a run. tests/test_compat.py has one
+the versions that work, instead of failing somewhere inside a run. tests/unit/test_compat.py has one
 test per entry that fails when its assumption about the installed versions stops holding.
 
 Installed and tested together: torch 2.14 and 2.15, DeepSpeed 0.19.8, Horovod 0.28.1.

@@ -150,7 +150,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
             # Must be set before DeepSpeed is imported: it picks its accelerator at import time.
             self._set_environ(DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
         # Without DeepSpeed's CPU shared-memory op (compat.deepspeed_shm_op_stand_in says why; tested
-        # in tests/test_failures.py). Put back at shutdown.
+        # in tests/integration/test_failures.py). Put back at shutdown.
         comm_torch, stand_ins = compat.deepspeed_shm_op_stand_in()
         self._set_attributes(comm_torch, **stand_ins)
         super().init(cluster, device, config)

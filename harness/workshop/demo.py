@@ -108,7 +108,7 @@ def run_demo(results: Optional[str] = None, epochs: int = 3, verbose: bool = Fal
     print(
         "\nThe 2-rank rows train the same model (same global batches, averaged gradients, no clipping), so their"
         "\nlosses agree; the 1-rank row differs only through dropout's random masks, which are drawn per rank"
-        "\n(with --dropout 0 every row agrees to rounding: see tests/test_equivalence.py)."
+        "\n(with --dropout 0 every row agrees to rounding: see tests/integration/test_equivalence.py)."
     )
     if failed:
         print(f"\nfailed or skipped: {', '.join(failed)}")

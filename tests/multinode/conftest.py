@@ -9,7 +9,8 @@ from typing import Optional
 
 import pytest
 
-from ..slurm_cluster import SlurmUnavailable, check_installed
+from tests.helpers.slurm_cluster import SlurmUnavailable, check_installed
+
 from .netns_cluster import NamespacesUnavailable, NetnsCluster, check_namespaces
 from .slurm_nodes import NamespaceSlurm
 

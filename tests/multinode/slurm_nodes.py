@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Optional
 
-from ..slurm_cluster import (
+from tests.helpers.slurm_cluster import (
     COMMON_SETTINGS,
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
@@ -24,6 +24,7 @@ from ..slurm_cluster import (
     check_installed,
     write_conf_and_key,
 )
+
 from .netns_cluster import NetnsCluster
 
 CTLD_PORT = 6817  # node 1's own network namespace: nothing else listens there

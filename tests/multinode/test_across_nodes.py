@@ -24,10 +24,11 @@ import torch
 from harness.backends import BACKENDS
 from harness.errors import EXIT_PREEMPTED
 from harness.study.equivalence import UPDATE_BOUND, update_differences, worst
+from tests.conftest import REPO, launch
+from tests.helpers.weights import initial_weights, load_weights
+from tests.integration.test_equivalence import COMMON, OPTIMIZERS
+from tests.multinode.conftest import NODES
 
-from ..conftest import REPO, launch
-from ..test_equivalence import COMMON, OPTIMIZERS, _initial
-from .conftest import NODES
 from .jobs import MULTINODE_LAUNCHERS, RANKS_PER_NODE, ClusterJob, discovered, multinode_commands, run_job
 from .netns_cluster import NetnsCluster
 
@@ -100,7 +101,7 @@ def single_process(tmp_path_factory) -> dict[str, torch.Tensor]:
     launch(
         1, "none", [*COMMON, *OPTIMIZERS["sgd"], "--batch-size", str(RANKS * LOCAL_BATCH), "--save-model", str(path)]
     )
-    return torch.load(path, weights_only=True)
+    return load_weights(path)
 
 
 @pytest.mark.slow
@@ -137,7 +138,7 @@ def test_backend_trains_across_nodes_like_one_process(cluster, single_process, t
         RANKS_PER_NODE,
         cluster.hostnames[0],
     )
-    name, value = worst(update_differences(torch.load(model, weights_only=True), single_process, _initial()))
+    name, value = worst(update_differences(load_weights(model), single_process, initial_weights()))
     assert value <= UPDATE_BOUND, f"{backend} via {launcher}: {name} differs by {value:.3g} of its update"
 
 
@@ -145,7 +146,7 @@ def test_backend_trains_across_nodes_like_one_process(cluster, single_process, t
 def test_a_preempted_run_across_nodes_exits_3_through_mpirun(cluster):
     """The failed run's status across nodes, through the launcher whose exit path the CLI finalises
     MPI for: every rank stops at the same step after rank 0's SIGTERM and exits with 3, which mpirun
-    passes on (finished runs exit 0 under every launcher above; tests/test_exit_status.py has every
+    passes on (finished runs exit 0 under every launcher above; tests/integration/test_exit_status.py has every
     pair on one node)."""
     args = [
         "train",

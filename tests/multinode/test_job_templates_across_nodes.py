@@ -20,9 +20,9 @@ from collections.abc import Iterator
 import pytest
 
 from harness.study.sites import load_site
-
-from ..conftest import REPO
-from ..test_job_templates import (
+from tests.conftest import REPO
+from tests.multinode.conftest import NODES
+from tests.scheduler.test_job_templates import (
     JOB_TIMEOUT_S,
     POLARIS,
     POLARIS_STUDY,
@@ -39,8 +39,8 @@ from ..test_job_templates import (
     slurm_job_field,
     wait_for,
 )
-from ..test_job_templates_pbs import EmulatedPbs, qsub_variables
-from .conftest import NODES
+from tests.scheduler.test_job_templates_pbs import EmulatedPbs, qsub_variables
+
 from .jobs import openmpi_site_settings
 from .netns_cluster import NetnsCluster
 

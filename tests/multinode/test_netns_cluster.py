@@ -10,7 +10,8 @@ import sys
 import textwrap
 import time
 
-from ..test_job_templates import shellcheck
+from tests.scheduler.test_job_templates import shellcheck
+
 from .netns_cluster import (
     ENTER_NODE,
     RECORDS_DIR,

@@ -11,8 +11,8 @@ import os
 import sys
 
 from harness.process.launchers import launch_environment
+from tests.conftest import REPO
 
-from ..conftest import REPO
 from .jobs import RANKS_PER_NODE, discovered, openmpi_site_settings
 from .netns_cluster import NetnsCluster
 from .test_across_nodes import RANKS

@@ -1,0 +1,63 @@
+"""The committed benchmarks run end to end on a fresh clone and print their tables (a few steps
+each and one harness backend, DDP: this checks that they work, not the figures, which only a quiet
+machine gives; every backend's own runs are tested elsewhere)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from tests.conftest import REPO, run
+
+BENCHMARKS = os.path.join(REPO, "benchmarks")
+
+
+@pytest.mark.slow
+def test_the_overhead_benchmark_compares_the_harness_with_every_bare_loop():
+    result = run(
+        [
+            sys.executable,
+            os.path.join(BENCHMARKS, "throughput.py"),
+            "--repeats",
+            "1",
+            "--steps",
+            "3",
+            "--backends",
+            "ddp",
+        ],
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for row in (
+        "| bare loop, as written |",
+        "| bare loop, reuse |",
+        "| harness none |",
+        "| bare DDP, reuse |",
+        "| bare Horovod, as written |",
+        "| harness ddp |",
+    ):
+        assert row in result.stdout, result.stdout
+
+
+@pytest.mark.slow
+def test_the_scaling_benchmark_reports_the_efficiency_of_a_backend_and_of_the_bare_loops():
+    result = run(
+        [
+            sys.executable,
+            os.path.join(BENCHMARKS, "scaling.py"),
+            "--repeats",
+            "1",
+            "--steps",
+            "3",
+            "--bare-repeats",
+            "1",
+            "--backends",
+            "none,ddp",
+        ],
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for row in ("| none |", "| ddp |", "| bare loops with reuse (reference, medians) |"):
+        assert row in result.stdout, result.stdout

@@ -1,0 +1,21 @@
+"""Loading measured with data-loader worker processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.workshop.pipeline import (
+    loading_table,
+    measure_loading,
+)
+
+
+@pytest.mark.parametrize("source,workers", [("per-sample", 0), ("prepared", 1)])
+def test_measure_loading_times_the_steps_it_was_asked_for(image_tree, source, workers):
+    measured = measure_loading(
+        image_tree[0], source, num_workers=workers, batch_size=16, steps=3, warmup_steps=1, device="cpu"
+    )
+    assert (measured.source, measured.num_workers, measured.steps, measured.batch_size) == (source, workers, 3, 16)
+    assert measured.throughput > 0 and 0 < measured.au <= 1
+    assert measured.au == pytest.approx(measured.compute_ms / (measured.compute_ms + measured.data_wait_ms))
+    assert f"| {source} |" in loading_table([measured])

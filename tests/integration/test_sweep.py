@@ -1,0 +1,158 @@
+"""harness sweep for real: every run a process of its own, the CLI as a command."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from harness.training.record import read_records
+from tests.conftest import harness
+from tests.unit.test_sweep import BACKENDS, DEFAULT_TUNING
+
+
+def test_sweep_cli_dry_run_and_one_line_errors(tmp_path):
+    results = str(tmp_path / "r.jsonl")
+    dry = harness(
+        "sweep",
+        "--backends",
+        "none,ddp",
+        "--ranks",
+        "1,2",
+        "--scaling",
+        "weak",
+        "--model",
+        "cnn",
+        "--max-steps",
+        "5",
+        "--results",
+        results,
+        "--dry-run",
+        timeout=120,
+    )
+    assert dry.returncode == 0, dry.stderr
+    commands = [shlex.split(line) for line in dry.stdout.splitlines()]
+    assert len(commands) == 9 and all("--max-steps" in c and "--model" in c for c in commands)  # 3 repeats
+    bad = harness(
+        "sweep", "--backends", "ddp", "--ranks", "1,two", "--scaling", "weak", "--results", results, timeout=120
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "harness sweep: error: --ranks takes positive integers separated by commas, got 'two'"
+    ]
+    unknown = harness(
+        "sweep",
+        "--backends",
+        "ddp",
+        "--ranks",
+        "1",
+        "--scaling",
+        "weak",
+        "--results",
+        results,
+        "--modell",
+        "cnn",
+        timeout=120,
+    )
+    assert unknown.returncode == 2 and "unrecognized arguments: --modell cnn" in unknown.stderr
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """A real weak-scaling sweep: every distributed backend on 1 and 2 ranks, 10 short steps each."""
+    out = tmp_path_factory.mktemp("sweep")
+    results = out / "weak.jsonl"
+    result = harness(
+        "sweep",
+        "--backends",
+        ",".join(BACKENDS),
+        "--ranks",
+        "1,2",
+        "--scaling",
+        "weak",
+        "--model",
+        "cnn",
+        "--dataset",
+        "synthetic",
+        "--batch-size",
+        "16",
+        "--max-steps",
+        "10",
+        "--timing-warmup-steps",
+        "3",
+        "--calibration-steps",
+        "3",
+        "--repeats",
+        "1",
+        "--eval-every",
+        "0",
+        "--results",
+        str(results),
+        "--sweep-id",
+        "e2e",
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out, results, result.stdout
+
+
+@pytest.mark.slow
+def test_sweep_records_are_complete(swept):
+    _, results, stdout = swept
+    records = read_records([str(results)])
+    assert sorted((r["backend"], r["world_size"]) for r in records) == sorted(
+        (backend, ranks) for backend in BACKENDS for ranks in (1, 2)
+    )
+    for record in records:
+        assert record["tags"] == {"scaling": "weak", "sweep_id": "e2e", "repeat": "0"}
+        assert record["local_batch"] == 16 and record["global_batch"] == 16 * record["world_size"]
+        assert record["timed_steps"] == 7 and record["throughput"] > 0
+        assert 0 < record["au"] <= 1
+        reduces = {"gradient_allreduce": record["world_size"] > 1} if "gradient_allreduce" in record["tuning"] else {}
+        assert record["tuning"] == {
+            **DEFAULT_TUNING[record["backend"]],
+            **reduces,
+            "cpu_malloc": "reuse",
+            "channels_last_weights": False,
+            "compile": None,
+        }
+        assert record["threads_per_rank"] == 1 and record["contention"]["threads_per_rank"] == 1
+        for metric in ("load_balance", "communication_efficiency", "parallel_efficiency"):
+            assert 0 < record[metric] <= 1, (record["backend"], metric, record[metric])
+        breakdown = record["step_breakdown"]
+        assert all(len(values) == record["world_size"] for values in breakdown["per_rank_seconds"].values())
+        per_step = breakdown["seconds_per_step"]
+        parts = sum(per_step[k] for k in ("data_wait", "forward_backward", "communication", "optimizer", "other"))
+        assert parts == pytest.approx(per_step["runtime"])
+    assert f"sweep e2e: {2 * len(BACKENDS)} record(s)" in stdout
+
+
+@pytest.mark.slow
+def test_plot_and_report_of_the_sweep(swept):
+    out, results, _ = swept
+    plotted = harness("plot", str(results), "-o", str(out / "fig"), timeout=300)
+    assert plotted.returncode == 0, plotted.stderr
+    for kind in ("throughput", "efficiency", "breakdown"):
+        for ext in ("png", "svg", "json"):
+            assert (out / f"fig-{kind}.{ext}").stat().st_size > 0
+    metadata = json.loads((out / "fig-throughput.json").read_text())
+    assert [series["backend"] for series in metadata["series"]] == BACKENDS
+    assert all(series["workers"] == [1, 2] for series in metadata["series"])
+    assert "Weak scaling: cnn on synthetic, 16 samples per worker" in metadata["title"]
+
+    report = harness("report", str(results), timeout=300)
+    assert report.returncode == 0, report.stderr
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in report.stdout.splitlines()
+        if line.startswith("|")
+    ][2:]
+    # A run measured on a busy machine is marked † (and explained under the table).
+    assert sorted((row[0].removesuffix(" †"), row[1]) for row in rows) == sorted(
+        (backend, str(ranks)) for backend in BACKENDS for ranks in (1, 2)
+    )
+    assert all(row[2] == "1" for row in rows)  # the same threads per rank at 1 and 2 ranks
+    assert all(row[6].removesuffix(" ?") != "-" for row in rows)  # every configuration has an efficiency
+    assert ("†" in report.stdout) == any(r["contention"]["flagged"] for r in read_records([str(results)]))

@@ -1,0 +1,25 @@
+"""--cpu-malloc reuse: a CPU step reuses the memory the previous step freed instead of faulting in
+fresh pages (about 5,000 per step of the workshop CNN under glibc's defaults); users' own malloc
+settings win."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.process.allocator import reuse_freed_memory
+
+
+@pytest.mark.parametrize(
+    "variable, value, named",
+    [
+        ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0", "GLIBC_TUNABLES"),
+        ("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "jemalloc"),
+    ],
+)
+def test_other_allocator_settings_are_named_in_the_record(monkeypatch, variable, value, named):
+    monkeypatch.setenv(variable, value)
+    assert reuse_freed_memory("reuse") == f"system (user's {named})"
+
+
+def test_system_mode_changes_nothing():
+    assert reuse_freed_memory("system") == "system"

@@ -1,0 +1,211 @@
+"""`harness sweep`: the runs it plans and the launch commands it builds (a real sweep end to end is in
+tests/integration/test_sweep.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from harness.errors import UsageError
+from harness.study.sweep import PBS_TEMPLATE, SweepSettings, plan_sweep
+from tests.helpers.backend_cases import DISTRIBUTED
+
+BACKENDS = DISTRIBUTED
+# Each framework's speed knobs as the sweep below applies them to the CNN (defaults; Horovod's cycle
+# is the harness's CPU default, not Horovod's 1 ms). A backend registered without its entry here
+# fails test_every_backend_declares_its_knobs. A backend that records `gradient_allreduce` skips the
+# identity allreduce at one rank (Horovod does so itself, and does not record it).
+DEFAULT_TUNING = {
+    "ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "process_group": "gloo"},
+    "deepspeed": {
+        "zero_stage": 0,
+        "process_group": "gloo",
+        "throughput_timer": False,
+        "zero_reduce_bucket_elements": 500_000_000,
+        "zero_allgather_bucket_elements": 500_000_000,
+    },
+    "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False},
+    "fsdp": {"reshard_after_forward": True, "fsdp_units": 3, "process_group": "gloo"},
+}
+
+
+def test_every_backend_declares_its_knobs():
+    assert set(DEFAULT_TUNING) == set(DISTRIBUTED)
+
+
+def _settings(tmp_path, **overrides) -> SweepSettings:
+    values = dict(
+        backends=["none", *BACKENDS],
+        ranks=[1, 2],
+        scaling="weak",
+        results=str(tmp_path / "r.jsonl"),
+        repeats=1,
+        train_args=["--model", "cnn", "--dataset", "synthetic", "--batch-size", "32"],
+        sweep_id="s1",
+    )
+    values.update(overrides)
+    return SweepSettings(**values)
+
+
+def _train_flags(command) -> list:
+    return list(command[list(command).index("train") + 1 :])
+
+
+def test_weak_sweep_runs_every_combination_with_the_backends_own_launchers(tmp_path):
+    runs = plan_sweep(_settings(tmp_path, repeats=2), environ={})
+    assert SweepSettings(backends=["ddp"], ranks=[1], scaling="weak", results="r").repeats == 3  # 95% intervals
+    # Repeats are interleaved; the single-process baseline runs at one rank only.
+    assert [(r.repeat, r.ranks, r.backend) for r in runs] == [
+        (repeat, ranks, backend)
+        for repeat in (0, 1)
+        for ranks in (1, 2)
+        for backend in ["none", *BACKENDS]
+        if backend != "none" or ranks == 1
+    ]
+    launchers = {(r.backend, r.ranks): " ".join(r.command[:3]) for r in runs}
+    assert launchers["none", 1] == f"{sys.executable} -m harness"
+    assert launchers["ddp", 2] == f"{sys.executable} -m torch.distributed.run"
+    assert launchers["horovod", 2].split()[0].endswith("horovodrun")
+    assert launchers["deepspeed", 2].split()[0].endswith("deepspeed")
+    ddp2 = next(r for r in runs if (r.backend, r.ranks, r.repeat) == ("ddp", 2, 1))
+    assert ddp2.command[ddp2.command.index("--nproc-per-node") + 1] == "2"
+    flags = " ".join(_train_flags(ddp2.command))
+    assert "--batch-size 32" in flags and "--global-batch" not in flags
+    for tag in ("scaling=weak", "sweep_id=s1", "repeat=1"):
+        assert f"--tag {tag}" in flags
+    assert f"--results {tmp_path / 'r.jsonl'}" in flags
+
+
+def test_every_run_of_a_study_gets_the_same_threads_per_rank(tmp_path):
+    # 8 cores, at most 4 ranks on a node: 2 threads per rank at 1, 2 and 4 ranks alike.
+    settings = _settings(tmp_path, backends=["ddp"], ranks=[1, 2, 4], repeats=1)
+    runs = plan_sweep(settings, environ={}, cores=8)
+    assert settings.threads == 2
+    assert all(_flag(run.command, "--threads") == "2" for run in runs)
+    # Under a site launcher the most ranks on a node is --ppn: 16 ranks at 4 per node on 32 cores.
+    site = _settings(tmp_path, backends=["ddp"], ranks=[4, 16], ppn=4, repeats=1)
+    assert all(
+        _flag(run.command, "--threads") == "8" for run in plan_sweep(site, environ={"PBS_NODEFILE": "n"}, cores=32)
+    )
+    # --threads overrides (as a train flag or in the settings); more ranks than cores still get one.
+    given = _settings(tmp_path, backends=["ddp"], ranks=[1, 2], repeats=1, train_args=["--threads", "3"])
+    assert all(_flag(run.command, "--threads") == "3" for run in plan_sweep(given, environ={}, cores=2))
+    assert given.threads == 3
+    crowded = _settings(tmp_path, backends=["ddp"], ranks=[1, 4], repeats=1)
+    plan_sweep(crowded, environ={}, cores=2)
+    assert crowded.threads == 1
+    with pytest.raises(UsageError, match="threads per rank given twice"):
+        plan_sweep(_settings(tmp_path, threads=2, train_args=["--threads", "3"]), environ={})
+
+
+def test_the_all_cores_run_is_a_separate_tagged_configuration(tmp_path):
+    runs = plan_sweep(
+        _settings(tmp_path, backends=["ddp"], ranks=[1, 2], repeats=2, all_cores_baseline=True), environ={}, cores=2
+    )
+    assert [(r.repeat, r.ranks, r.baseline) for r in runs] == [
+        (0, 1, ""),
+        (0, 2, ""),
+        (0, 1, "all-cores"),
+        (1, 1, ""),
+        (1, 2, ""),
+        (1, 1, "all-cores"),
+    ]
+    all_cores = runs[2]
+    assert all_cores.key == "ddp-1r-all-cores-rep0"
+    assert _flag(all_cores.command, "--threads", last=True) == "2" and "baseline=all-cores" in all_cores.command
+    assert _flag(runs[0].command, "--threads") == "1" and "baseline=all-cores" not in runs[0].command
+
+
+def _flag(command, name, last=False):
+    values = [command[i + 1] for i, word in enumerate(command) if word == name]
+    return values[-1] if last else values[0] if len(set(values)) == 1 else values
+
+
+def test_a_backends_option_flag_reaches_every_run_of_that_backend(tmp_path):
+    runs = plan_sweep(_settings(tmp_path, backends=["deepspeed"], train_args=["--zero-stage", "2"]), environ={})
+    assert runs and all("--zero-stage 2" in " ".join(_train_flags(run.command)) for run in runs)
+
+
+def test_strong_sweep_fixes_the_global_batch(tmp_path):
+    runs = plan_sweep(_settings(tmp_path, scaling="strong", ranks=[1, 2, 4], backends=["ddp"]), environ={})
+    for run in runs:
+        flags = _train_flags(run.command)
+        assert flags[flags.index("--global-batch") + 1] == "32"  # --batch-size 32 became the global batch
+    with pytest.raises(UsageError, match="does not divide by \\[4\\]"):
+        plan_sweep(
+            _settings(tmp_path, scaling="strong", ranks=[1, 4], backends=["ddp"], train_args=["--global-batch", "6"]),
+            environ={},
+        )
+
+
+def test_inside_an_allocation_runs_start_through_the_site_launcher(tmp_path):
+    pbs = plan_sweep(_settings(tmp_path, backends=["horovod"], ranks=[1, 8], ppn=4), environ={"PBS_NODEFILE": "n"})
+    assert [run.command[:6] for run in pbs] == [
+        ("mpiexec", "-n", "1", "--ppn", "1", sys.executable),
+        ("mpiexec", "-n", "8", "--ppn", "4", sys.executable),
+    ]
+    assert _train_flags(pbs[1].command)[:2] == ["--backend", "horovod"]
+    slurm = plan_sweep(_settings(tmp_path, backends=["ddp"], ranks=[8], ppn=4), environ={"SLURM_JOB_ID": "7"})
+    assert slurm[0].command[:8] == ("srun", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4", sys.executable)
+    custom = plan_sweep(
+        _settings(
+            tmp_path,
+            backends=["ddp"],
+            ranks=[2],
+            launch_template=("aprun -n {ranks} -N {ppn} env B={backend} {python} -m harness train {args}"),
+            ppn=2,
+        ),
+        environ={},
+    )
+    assert custom[0].command[:6] == ("aprun", "-n", "2", "-N", "2", "env")
+    assert "B=ddp" in custom[0].command
+    assert PBS_TEMPLATE.startswith("mpiexec -n {ranks} --ppn {ppn}")
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(launch_template="srun -n {rank} {args}"), "unknown placeholders \\['rank'\\]"),
+        (dict(launch_template="srun -n {ranks} python"), "must contain \\{args\\}"),
+        (dict(backends=["dpp"]), "unknown backend 'dpp'; choose one of none, ddp, horovod, deepspeed, fsdp"),
+        (dict(backends=["none"], ranks=[2]), "nothing to run"),
+        (dict(train_args=["--backend", "ddp"]), "drop --backend"),
+        (dict(train_args=["--global-batch", "64"]), "--scaling weak keeps --batch-size per worker fixed"),
+        (dict(backends=["ddp", "deepspeed"], train_args=["--zero-stage", "2"]), "--zero-stage is a deepspeed option"),
+        (dict(backends=["deepspeed"], train_args=["--zero-stage", "5"]), "--zero-stage must be 0, 1, 2 or 3"),
+        (dict(backends=[]), "a sweep needs at least one backend"),
+    ],
+)
+def test_bad_sweeps_fail_before_anything_runs(tmp_path, overrides, message):
+    with pytest.raises(UsageError, match=message):
+        plan_sweep(_settings(tmp_path, **overrides), environ={})
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_tags_are_key_value_pairs_collected_into_the_config():
+    from harness.cli import build_parser
+    from harness.training.flags import config_from_args
+
+    args = build_parser().parse_args(["train", "--tag", "nodes=4", "--tag", "note=a=b", "--tag", "nodes=8"])
+    assert config_from_args(args).tags == {"nodes": "8", "note": "a=b"}
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["train", "--tag", "nodes"])
+    assert exited.value.code == 2
+
+
+def test_sweep_accepts_checkpoint_every_with_a_checkpoint_root(tmp_path):
+    # Every run of such a sweep gets a checkpoint directory, so --checkpoint-every is valid for it.
+    runs = plan_sweep(
+        SweepSettings(
+            backends=["ddp"],
+            ranks=[2],
+            scaling="weak",
+            results=str(tmp_path / "r.jsonl"),
+            train_args=["--checkpoint-every", "5"],
+            checkpoint_root=str(tmp_path / "ck"),
+        ),
+        environ={},
+    )
+    flags = runs[0].command
+    assert flags[flags.index("--checkpoint-dir") + 1] == str(tmp_path / "ck" / "ddp-2r-rep0")
