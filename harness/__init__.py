@@ -29,12 +29,7 @@ def train(config: TrainConfig, callbacks=()) -> dict:
     """Train one run on this process's rank and return its results record (see harness.training.loop.train)."""
     from .training.loop import train as run
 
-    record = run(config, callbacks=callbacks)
-    if config.profile_trace:  # rank 0 writes DIR/trace.json; the study layer only when asked for
-        from .study.trace import merge_after_training
-
-        merge_after_training(config.profile_trace)
-    return record
+    return run(config, callbacks=callbacks)
 
 
 def run_sweep(settings):
@@ -95,8 +90,9 @@ def check_script(path: str, ranks: int = 2):
 
 
 def merge_traces(directory: str, output=None) -> str:
-    """Merge a --profile-trace directory's per-rank traces into one DIR/trace.json (see harness.study.trace)."""
-    from .study.trace import merge_traces as merge
+    """Merge a --profile-trace directory's per-rank traces into one DIR/trace.json, as a profiled run
+    does when it ends; the merged file's path (see harness.training.trace)."""
+    from .training.trace import merge_traces as merge
 
     return merge(directory, output)
 

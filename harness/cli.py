@@ -31,7 +31,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _trace_merge(args: argparse.Namespace) -> int:
-    from .study.trace import merge_traces
+    from .training.trace import merge_traces
 
     print(merge_traces(args.directory, args.output), flush=True)
     return 0

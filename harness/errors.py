@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections.abc import Iterable
+from typing import Any
 
 EXIT_OK = 0
 EXIT_USAGE = 2  # bad input: flags, environment, files; nothing was started or written
@@ -41,3 +44,29 @@ def first_line(error: BaseException, limit: int = 200) -> str:
     """The first line of an exception's message (its type name if it has none), for one-line errors."""
     text = str(error).strip()
     return (text.splitlines()[0] if text else type(error).__name__)[:limit]
+
+
+def require(module: str, needed_for: str, install: str, *, load: bool = True) -> Any:
+    """The one way to reach an optional library: `module` imported and returned (with `load=False`
+    only found, its ModuleSpec, for the files it ships, without the cost of importing it).
+
+    Raises UsageError naming `install` (the pip command or `make setup`) where it is missing,
+    "NEEDED_FOR needs NAME, which is not installed; INSTALL", or where it is there but does not
+    load (a compiled extension built for another torch), "MODULE cannot be loaded (why); INSTALL".
+    """
+    if not load:
+        try:
+            spec = importlib.util.find_spec(module)
+        except ImportError:  # a submodule's parent package is missing
+            spec = None
+        if spec is None:
+            raise UsageError(f"{needed_for} needs {module}, which is not installed; {install}")
+        return spec
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
+            raise UsageError(f"{needed_for} needs {exc.name}, which is not installed; {install}") from exc
+        raise UsageError(f"{module} cannot be loaded ({first_line(exc)}); {install}") from exc
+    except OSError as exc:  # a compiled extension whose shared library is missing
+        raise UsageError(f"{module} cannot be loaded ({first_line(exc)}); {install}") from exc

@@ -268,3 +268,112 @@ def test_tests_load_weights_and_find_ports_through_the_harness():
                 f"{os.path.relpath(path, REPO)}: {call}" for call in ("torch.load(", ".bind((") if call in source
             ]
     assert offending == []
+
+
+# -- One way to do each thing ------------------------------------------------------------------
+
+SIGNAL_HELPER = "harness.process.signals"
+ENVIRONMENT_HELPER = "harness.process.environment"
+REQUIRE_HELPER = "harness.errors"
+# Permanent changes to this process's environment, each made for the processes or libraries that
+# read it later, so there is nothing to restore (every temporary change goes through the helper).
+PERMANENT_ENVIRONMENT = {
+    "harness.backends.deepspeed": "limit_collective_waits: DEEPSPEED_TIMEOUT for a whole checked script",
+    "harness.backends.horovod": "limit_collective_waits: HOROVOD_GLOO_TIMEOUT_SECONDS for a whole checked script",
+    "harness.workshop.engines": "IPP_NONINTERACTIVE, read once when ipyparallel is imported",
+    "harness.workshop.exercise": "torchrun's variables, exported for the script's env:// and its children",
+}
+# ImportError handlers that may raise their own error: not a missing library but a version gap.
+IMPORT_ERROR_RAISERS = {"harness.backends.compat": "a DeepSpeed class missing from the installed version"}
+# Modules that look for a library without importing it other than through require.
+FIND_SPEC_USERS = {"harness.process.accelerator": "a probe choosing XCCL or oneCCL; its UsageError names both"}
+ENVIRON_MUTATORS = {"pop", "update", "setdefault", "clear", "popitem", "__setitem__", "__delitem__"}
+
+
+def _is_os_environ(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "environ" and getattr(node.value, "id", "") == "os"
+
+
+def _environ_changes(tree: ast.AST) -> list[int]:
+    """Lines that change os.environ: item assignment or deletion, a mutating method, os.putenv/unsetenv."""
+    lines = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else []
+        targets = [node.target] if isinstance(node, ast.AugAssign) else targets
+        if any(isinstance(t, ast.Subscript) and _is_os_environ(t.value) for t in targets):
+            lines.append(node.lineno)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if (node.func.attr in ENVIRON_MUTATORS and _is_os_environ(node.func.value)) or (
+                node.func.attr in ("putenv", "unsetenv") and getattr(node.func.value, "id", "") == "os"
+            ):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_signal_handlers_are_installed_by_the_signal_helper_only():
+    offenders = []
+    for module, path in _modules().items():
+        if module == SIGNAL_HELPER:
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "signal":
+                if getattr(node.func.value, "id", "") == "signal":
+                    offenders.append(
+                        f"{os.path.relpath(path, REPO)}:{node.lineno}: signal.signal (use {SIGNAL_HELPER})"
+                    )
+            if isinstance(node, ast.ImportFrom) and node.module == "signal":
+                if any(alias.name == "signal" for alias in node.names):
+                    offenders.append(f"{os.path.relpath(path, REPO)}:{node.lineno}: from signal import signal")
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_the_environment_is_changed_for_a_while_only_through_the_helper():
+    offenders = [
+        f"{os.path.relpath(path, REPO)}:{line}: changes os.environ (use {ENVIRONMENT_HELPER}.patched_environ)"
+        for module, path in _modules().items()
+        if module != ENVIRONMENT_HELPER and module not in PERMANENT_ENVIRONMENT
+        for line in _environ_changes(ast.parse(open(path).read()))
+    ]
+    assert offenders == [], "\n".join(offenders)
+    for module, reason in PERMANENT_ENVIRONMENT.items():  # the allow-list stays as short as the tree needs
+        assert _environ_changes(ast.parse(open(_modules()[module]).read())), f"{module} no longer needs: {reason}"
+
+
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(getattr(name, "id", "") in ("ImportError", "ModuleNotFoundError") for name in names)
+
+
+def test_a_missing_library_is_reported_by_the_require_helper_only():
+    """No `except ImportError` raises an error of its own, and no find_spec decides alone (a missing
+    scikit-learn once raised RuntimeError so): harness.errors.require raises the UsageError that names
+    the install step."""
+    offenders = []
+    for module, path in _modules().items():
+        if module in (REQUIRE_HELPER, *IMPORT_ERROR_RAISERS):
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ExceptHandler) and node.type is not None and _catches_import_error(node):
+                if any(isinstance(inner, ast.Raise) for inner in ast.walk(node)):
+                    offenders.append(
+                        f"{os.path.relpath(path, REPO)}:{node.lineno}: raises on ImportError (use require)"
+                    )
+            if module not in FIND_SPEC_USERS and isinstance(node, ast.Attribute) and node.attr == "find_spec":
+                offenders.append(f"{os.path.relpath(path, REPO)}:{node.lineno}: find_spec (use require(load=False))")
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_harness_train_is_the_loops_train_and_traces_merge_where_they_are_made():
+    graph = import_graph()
+    root = ast.parse(open(_modules()["harness"]).read())
+    (train,) = [node for node in root.body if isinstance(node, ast.FunctionDef) and node.name == "train"]
+    imported = {node.module for node in ast.walk(train) if isinstance(node, ast.ImportFrom)}
+    assert imported == {"training.loop"}, f"harness.train imports {imported}; it only runs the loop's train"
+    definitions = [
+        module
+        for module, path in _modules().items()
+        for node in ast.walk(ast.parse(open(path).read()))
+        if isinstance(node, ast.FunctionDef) and node.name == "merge_traces" and module != "harness"
+    ]
+    assert definitions == ["harness.training.trace"]
+    assert "harness.training.trace" in graph["harness.training.profiling"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import importlib.util
 import os
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
@@ -33,9 +32,10 @@ from typing import (
 import torch
 from torch import nn
 
-from ..errors import UsageError, first_line
+from ..errors import UsageError, first_line, require
 from ..fileio import load_tensors
 from ..process.discovery import ClusterEnv
+from ..process.environment import patched_environ
 from .options import BackendOptions
 from .precision import Precision
 
@@ -95,10 +95,8 @@ class Backend(abc.ABC):
 
     def check_available(self) -> None:
         """Raise UsageError if the backend's library is missing or unusable."""
-        if self.library and importlib.util.find_spec(self.library) is None:
-            raise UsageError(
-                f"backend {self.name!r} needs {self.library}, which is not installed; {self.install_hint}"
-            )
+        if self.library:
+            require(self.library, f"backend {self.name!r}", self.install_hint, load=False)
 
     def build_info(self) -> dict[str, bool]:
         """What the installed library was built with, where that varies between installations
@@ -137,10 +135,7 @@ class Backend(abc.ABC):
 
     def _set_environ(self, **values: str) -> None:
         """Set environment variables for this run; shutdown puts back what was there."""
-        for name, value in values.items():
-            previous = os.environ.get(name)
-            self._undo.callback(_restore_environ, name, previous)
-            os.environ[name] = value
+        self._undo.enter_context(patched_environ(values))
 
     def _set_attributes(self, owner: Any, **values: Any) -> None:
         """Set library-level defaults for this run; shutdown puts back the previous values."""
@@ -295,10 +290,3 @@ class Backend(abc.ABC):
         """Leave the job's communication cleanly and undo what init and wrap changed in the process
         (environment variables, library defaults), so that the next run starts as the first did."""
         self._undo.close()
-
-
-def _restore_environ(name: str, value: Optional[str]) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value

@@ -20,10 +20,11 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from ..errors import UsageError
+from ..errors import UsageError, require
 
 TORCH_VERSIONS = "torch 2.14 and 2.15"
 DEEPSPEED_VERSIONS = "DeepSpeed 0.19"
+DEEPSPEED_INSTALL = "pip install deepspeed (or run `make setup`)"
 HOROVOD_VERSIONS = "Horovod 0.28.1"
 
 
@@ -123,7 +124,7 @@ def deepspeed_shm_op_stand_in() -> tuple[Any, dict[str, Callable[[], None]]]:
     on other platforms. On GPUs DeepSpeed never builds it, so this changes nothing there.
     """
     # (deepspeed.comm's attribute `torch` is the torch package, so the module is looked up by name.)
-    comm_torch = importlib.import_module("deepspeed.comm.torch")
+    comm_torch = require("deepspeed.comm.torch", "DeepSpeed's communication layer", DEEPSPEED_INSTALL)
     return comm_torch, ({DEEPSPEED_SHM_OP: no_shm_allreduce} if hasattr(comm_torch, DEEPSPEED_SHM_OP) else {})
 
 

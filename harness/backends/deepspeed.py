@@ -103,7 +103,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
     name = "deepspeed"
     local_launcher = "deepspeed"
     library = "deepspeed"
-    install_hint = "pip install deepspeed (or run `make setup`)"
+    install_hint = compat.DEEPSPEED_INSTALL
     checkpoint_format = "deepspeed"
     # DeepSpeed 0.19 broadcasts each weight as raw bytes (p.data.view(torch.uint8)), which a
     # channels-last 4-D weight cannot give, and ZeRO flattens weights into contiguous buffers.
@@ -216,6 +216,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
     def limit_collective_waits(cls, seconds: float) -> None:
         super().limit_collective_waits(seconds)
         # deepspeed.init_distributed's timeout, read when deepspeed is imported: whole minutes (default 10).
+        # Set for good, not patched: it is for the whole process of a script that runs DeepSpeed itself.
         os.environ["DEEPSPEED_TIMEOUT"] = str(max(1, round(seconds / 60)))
 
     @classmethod

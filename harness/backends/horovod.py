@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 from torch import nn
 
-from ..errors import UsageError, first_line
+from ..errors import UsageError, require
 from ..process.discovery import ClusterEnv
 from ..process.launchers import MPI_FAMILIES, families
 from . import compat
@@ -102,13 +102,12 @@ class HorovodBackend(Backend):
 
     def check_available(self) -> None:
         super().check_available()
-        try:
-            import horovod.torch  # noqa: F401  (fails if built for another torch or without PyTorch)
-        except (ImportError, OSError) as exc:
-            raise UsageError(
-                f"horovod.torch cannot be loaded ({first_line(exc)}); rebuild it against this torch "
-                "with `make setup` (tools/build_horovod.sh)"
-            ) from exc
+        # Fails if Horovod was built for another torch or without PyTorch.
+        require(
+            "horovod.torch",
+            f"backend {self.name!r}",
+            "rebuild it against this torch with `make setup` (tools/build_horovod.sh)",
+        )
 
     def build_info(self) -> dict[str, bool]:
         import horovod.torch as hvd
@@ -161,7 +160,7 @@ class HorovodBackend(Backend):
             # MPI initialised by mpi4py outlives Horovod: Horovod finalises only an MPI it started
             # itself, and a finalised MPI cannot start again, so a later run in this process could
             # not init Horovod (a notebook's engines run several).
-            from mpi4py import MPI  # noqa: F401
+            require("mpi4py.MPI", "Horovod under an MPI launcher", "pip install mpi4py (make setup installs it)")
         import horovod.torch as hvd
 
         self.hvd = hvd
@@ -248,7 +247,8 @@ class HorovodBackend(Backend):
 
     @classmethod
     def limit_collective_waits(cls, seconds: float) -> None:
-        # hvd.init() reads it; horovodrun's own --gloo-timeout-seconds would otherwise stand.
+        # hvd.init() reads it; horovodrun's own --gloo-timeout-seconds would otherwise stand. Set for
+        # good, not patched: it is for the whole process of a script that runs Horovod itself.
         os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = _whole_seconds(seconds)
 
     def math_settings(self, config: TrainConfig) -> dict[str, Any]:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import require
 from .arrays import ImageArrays
 
 DIGITS_TEST_SIZE = 297  # of 1,797: leaves 1,500 training images; 297 is odd so eval shards are uneven
@@ -20,10 +20,8 @@ SYNTHETIC_LENGTH = {"train": 60_000, "test": 2_000}
 
 def _read_digits_csv() -> np.ndarray:
     # Read scikit-learn's bundled file directly: importing sklearn (and scipy) costs 1-2 s per rank,
-    # and importlib.resources.files("sklearn.datasets") would import it; find_spec only locates it.
-    spec = importlib.util.find_spec("sklearn")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the digits come with scikit-learn, which is not installed: run `make setup`")
+    # and importlib.resources.files("sklearn.datasets") would import it; require(load=False) only locates it.
+    spec = require("sklearn", "the digits dataset", "pip install scikit-learn (make setup installs it)", load=False)
     path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
     with gzip.open(path, "rt") as text:
         return np.loadtxt(text, delimiter=",", dtype=np.float32)

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..errors import UsageError
+from ..errors import UsageError, require
 from .launchers import MPI_FAMILIES
 
 # (variable, launcher that sets it), in priority order per quantity. The launcher named here is the
@@ -149,13 +149,11 @@ def _slurm_first_host(nodelist: str) -> str:
 
 def _mpi_rank0_hostname() -> str:
     """Rank 0's hostname, broadcast over MPI (a collective: every rank must call it)."""
-    try:
-        from mpi4py import MPI
-    except ImportError as exc:
-        raise UsageError(
-            "MASTER_ADDR is not set and mpi4py is not installed to find rank 0's host; "
-            "export MASTER_ADDR=<rank 0 hostname> or pip install mpi4py"
-        ) from exc
+    MPI = require(
+        "mpi4py.MPI",
+        "finding rank 0's host without MASTER_ADDR",
+        "export MASTER_ADDR=<rank 0 hostname> or pip install mpi4py",
+    )
     return MPI.COMM_WORLD.bcast(socket.gethostname(), root=0)
 
 

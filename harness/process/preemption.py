@@ -28,15 +28,14 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import FrameType
 from typing import Callable, Optional
 
 import torch
 
 from ..errors import PeerFailure, UsageError, first_line
+from .signals import SignalCatcher, ignore_signals
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 VOTE_NAME = "harness.preemption_vote"
@@ -47,27 +46,23 @@ class PreemptionWatcher:
     """Records SIGTERM/SIGUSR1 while installed; `stop_agreed` turns the records into one decision."""
 
     def __init__(self, test_signal: Optional[TestSignal] = None) -> None:
-        self.received: Optional[int] = None
         self.test_signal = test_signal
-        self._previous: dict[int, object] = {}
+        # Only recorded: the rank finishes its step, and stops where every rank agrees to.
+        self._catcher = SignalCatcher(PREEMPTION_SIGNALS)
         self._vote: Optional[_Vote] = None  # the allreduce of the last step's flags
+
+    @property
+    def received(self) -> Optional[int]:
+        """The first preemption signal this rank received while installed, or None."""
+        return self._catcher.first
 
     def install(self) -> None:
         """Handle the preemption signals from now on (main thread only: Python delivers them there)."""
-        if threading.current_thread() is threading.main_thread():
-            for signum in PREEMPTION_SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._record)
+        self._catcher.install()
 
     def uninstall(self) -> None:
         """Give the signals back to the handlers they had before install."""
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
-        self._previous.clear()
-
-    def _record(self, signum: int, frame: Optional[FrameType]) -> None:
-        # Only set a flag: the rank finishes its step, and stops where every rank agrees to.
-        if self.received is None:
-            self.received = signum
+        self._catcher.restore()
 
     def stop_agreed(self, step: int, rank: int, backend, device: torch.device) -> bool:
         """After global step `step`: True on every rank if any rank had a preemption signal by the
@@ -130,8 +125,7 @@ class _Vote:
 
 def ignore_preemption_signals(worker_id: int = 0) -> None:
     """For helper processes (data-loader workers): leave preemption to the training process."""
-    for signum in PREEMPTION_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
+    ignore_signals(PREEMPTION_SIGNALS)
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ not become the next run's starting point: `preserved_process_state` puts it back
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 import torch
 
 from .allocator import reuse_freed_memory
+from .environment import patched_environ
 
 
 def use_cpu(device: torch.device, threads: int, cpu_malloc: str) -> str:
@@ -34,17 +34,13 @@ def preserved_process_state() -> Iterator[None]:
     also restored here as a whole because libraries imported during a run set their own at import
     time (KMP_DUPLICATE_LIB_OK, KMP_INIT_AT_FORK, TORCHINDUCTOR_CACHE_DIR seen after a first ddp run).
     """
-    environ = dict(os.environ)
     threads = torch.get_num_threads()
     cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     try:
-        with torch.random.fork_rng(devices=devices):
+        with patched_environ(everything=True), torch.random.fork_rng(devices=devices):
             yield
     finally:
-        for name in set(os.environ) - set(environ):
-            del os.environ[name]
-        os.environ.update(environ)
         torch.set_num_threads(threads)
         if cuda_device is not None:
             torch.cuda.set_device(cuda_device)

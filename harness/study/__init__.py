@@ -10,8 +10,8 @@
   whole study as a batch job, `harness study`: the site's profile (harness/study/sites/*.json), the
   scheduler's view of the job, the checks before the queue (`--check`) and in the job, discovery,
   the sweep, figures and report, and the job's continuation after a warning or a preemption;
-- `trace`: `harness trace merge`, the per-rank profiler traces of `harness train --profile-trace`
-  as one Chrome/Perfetto trace on one clock, and its per-rank summary;
+- `trace`: the per-rank summary of a merged `harness train --profile-trace` trace (the training
+  layer merges the ranks' traces into one, harness.training.trace);
 - `equivalence`, `weights`: the bound within which a distributed run must train the weights of one
   process on the global batch, and the comparison of saved weights against it.
 
@@ -56,9 +56,7 @@ __getattr__, __dir__ = lazy_exports(
         "load_site": "sites",
         "site_names": "sites",
         "parse_walltime": "walltime",
-        "merge_traces": "trace",
         "trace_summary": "trace",
-        "merge_after_training": "trace",
     },
 )
 __all__ = __dir__()

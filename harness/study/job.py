@@ -36,6 +36,7 @@ from ..errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, UsageError
 from ..process.accelerator import detect_accelerator
 from ..process.discovery import RENDEZVOUS_DOMAIN_VARIABLE
 from ..process.launchers import launch_environment
+from ..process.signals import SignalCatcher
 from .check import CheckResult, StudyRequest, run_checks
 from .continuation import continue_study
 from .jobdir import StudyJob, say
@@ -189,26 +190,6 @@ class StudyFailed(Exception):
     """The study cannot start: the ranks did not see the layout it plans for, or MPS did not start."""
 
 
-class _SignalRecorder:
-    """Records SIGTERM/SIGUSR1 outside the sweep (the sweep forwards them to its runs itself)."""
-
-    def __init__(self) -> None:
-        self.received: Optional[int] = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _SignalRecorder:
-        for signum in (signal.SIGTERM, signal.SIGUSR1):
-            self._previous[signum] = signal.signal(signum, self._record)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _record(self, signum: int, frame: Any) -> None:
-        self.received = signum  # only that: printing here could re-enter a print the signal interrupted
-
-
 def _mps(job: StudyJob, which: str) -> Optional[str]:
     """Start or stop NVIDIA MPS once per node, where the site does it per job (Polaris); what went
     wrong, if something did."""
@@ -269,7 +250,7 @@ def arm_warning(job: StudyJob) -> Optional[threading.Timer]:
     return timer
 
 
-def _run(job: StudyJob, sweep: SweepSettings, launch: str, recorder: _SignalRecorder) -> tuple[int, Optional[int]]:
+def _run(job: StudyJob, sweep: SweepSettings, launch: str, recorder: SignalCatcher) -> tuple[int, Optional[int]]:
     """Discovery, the walltime timer, MPS and the sweep: the sweep's status, and the preemption
     signal this process received (None when none came: a preempted step's ranks may get it alone)."""
     discover(job, launch)
@@ -278,15 +259,15 @@ def _run(job: StudyJob, sweep: SweepSettings, launch: str, recorder: _SignalReco
         failed = _mps(job, "start")
         if failed:
             raise StudyFailed(failed)
-        if recorder.received is not None:  # warned before the sweep began: nothing to checkpoint
-            say(f"got {signal.Signals(recorder.received).name} before the sweep began: no run to checkpoint")
-            return EXIT_PREEMPTED, recorder.received
+        if recorder.last is not None:  # warned before the sweep began: nothing to checkpoint
+            say(f"got {signal.Signals(recorder.last).name} before the sweep began: no run to checkpoint")
+            return EXIT_PREEMPTED, recorder.last
         say(
             f"sweep {sweep.sweep_id}: backends {' '.join(sweep.backends)}, ranks {sweep.ranks}, "
             f"{sweep.scaling} scaling, in {job.settings.job_dir}"
         )
         result = run_sweep(sweep)
-        return result.status, result.signal or recorder.received
+        return result.status, result.signal or recorder.last
     finally:
         if timer is not None:
             timer.cancel()
@@ -318,11 +299,14 @@ def run_study(site: str, kit_dir: Optional[str] = None, script: Optional[str] = 
     Reads the job from the scheduler and the settings from this process's environment; bad
     settings print one line each and return 2 before anything is written. SIGTERM and SIGUSR1 are
     caught from the first line on: a warning that comes early is kept, not fatal."""
-    with _SignalRecorder() as recorder:
+    # Recorded only, outside the sweep (the sweep forwards them to its runs itself).
+    with SignalCatcher((signal.SIGTERM, signal.SIGUSR1)) as recorder:
         return _study(site, kit_dir, script, recorder)
 
 
-def _study(site: str, kit_dir: Optional[str], script: Optional[str], recorder: _SignalRecorder) -> int:
+def _study(site: str, kit_dir: Optional[str], script: Optional[str], recorder: SignalCatcher) -> int:
+    # The job process's own environment, changed for good (apply_site_environment): a launcher's
+    # change for its children, which every rank the sweep starts must inherit; nothing to restore.
     environ = os.environ
     profile = load_site(site)
     kit = kit_dir or kit_directory(environ)

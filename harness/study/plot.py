@@ -20,7 +20,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Optional
 
-from ..errors import UsageError
+from ..errors import UsageError, require
 from ..fileio import atomic_write
 from ..training.metrics import STEP_PHASES
 from .report import ScalingRow, Study, scaling_rows
@@ -51,6 +51,7 @@ SLIDE_STYLE = {
     "svg.fonttype": "none",
 }
 FIGSIZE = (10, 6)
+PLOT_INSTALL = "pip install matplotlib (make setup installs it)"
 # Runs measured under contention (harness.training.metrics, **contention**): boxed points, hatched bars.
 CONTENTION_COLOUR = "#c0392b"
 CONTENTION_HATCH = "//"
@@ -387,7 +388,7 @@ def scaling_figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     each key carries the study's slug ("weak-cnn-synthetic-b64-cpu-throughput"). Figures use the
     slide style and no pyplot state; in a notebook, display one by evaluating it.
     """
-    from matplotlib import rc_context
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
 
     rows = scaling_rows(records)
     if not rows:
@@ -407,7 +408,7 @@ def scaling_figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def write_figures(records: Sequence[dict[str, Any]], prefix: str) -> list[str]:
     """scaling_figures(records) saved as PREFIX-KEY.{png,svg,json}; the paths written."""
-    from matplotlib import rc_context
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
 
     written: list[str] = []
     with rc_context(SLIDE_STYLE):
@@ -420,7 +421,7 @@ def timeline_figure(record: dict[str, Any], steps: Optional[int] = None) -> Any:
     """Each rank's traced steps as bars over time, coloured by phase (data wait, forward + backward,
     communication, optimizer); white gaps are bookkeeping and barriers. Needs a record of a run with
     --trace-steps > 0. Returns the Figure."""
-    from matplotlib import rc_context
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
     from matplotlib.figure import Figure
 
     timeline = record.get("timeline")
@@ -471,7 +472,7 @@ def loss_figure(
     """Training loss against optimizer step for several runs (from each record's `history`), one
     labelled line each, on a log scale; `colours` (label -> colour) keeps each run's colour the same
     across a notebook's figures. Returns the Figure."""
-    from matplotlib import rc_context
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
     from matplotlib.figure import Figure
 
     with rc_context(SLIDE_STYLE):
@@ -498,7 +499,7 @@ def prediction_figure(
     times (harness.study.predict.measured_steps: by world size, mean and 95% interval; boxed in red
     if measured under contention) and published anchors (dicts with nodes, efficiency, label) on the
     same axes. Returns the Figure."""
-    from matplotlib import rc_context
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
     from matplotlib.figure import Figure
 
     measured = measured or {}
@@ -571,7 +572,7 @@ def write_prediction_figure(
     anchors: Sequence[dict[str, Any]] = (),
 ) -> list[str]:
     """prediction_figure saved as PREFIX-prediction.{png,svg,json}; the paths written."""
-    from matplotlib import rc_context
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
 
     with rc_context(SLIDE_STYLE):
         return _save(prediction_figure(rows, measured, title, anchors), f"{prefix}-prediction")

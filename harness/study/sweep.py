@@ -58,6 +58,7 @@ from ..errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, UsageError, unknown_choi
 from ..process.accelerator import detect_accelerator
 from ..process.discovery import cpu_cores
 from ..process.launchers import launch_environment, site_launcher
+from ..process.signals import SignalCatcher
 from ..training.flags import parse_train_flags
 from ..training.launch import launch_command
 from ..training.record import read_records
@@ -347,25 +348,19 @@ def _is_done(run: SweepRun, records: Sequence[dict[str, Any]]) -> bool:
     )
 
 
-class _SignalForwarder:
+class _SignalForwarder(SignalCatcher):
     """While installed: a preemption signal to the sweep is passed on to the run in progress."""
 
     def __init__(self) -> None:
+        super().__init__(FORWARDED_SIGNALS, on_signal=self._forward)
         self.child: Optional[subprocess.Popen] = None
-        self.received: Optional[int] = None
-        self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> _SignalForwarder:
-        for signum in FORWARDED_SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._forward)
-        return self
+    @property
+    def received(self) -> Optional[int]:
+        """The latest preemption signal the sweep received, or None."""
+        return self.last
 
-    def __exit__(self, *exc: Any) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _forward(self, signum: int, frame: Any) -> None:
-        self.received = signum
+    def _forward(self, signum: int) -> None:
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 

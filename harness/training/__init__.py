@@ -10,6 +10,8 @@
   loop needs (atomic checkpoints and exact resume, hooks, learning-rate rules, the CNN and ResNets,
   the timed window and step breakdown, how much of the CPU each rank had, the one definition of each
   metric, exact evaluation and `harness evaluate`);
+- `profiling`, `trace`: `--profile-trace DIR`, each rank's profiler trace and rank 0's merge of them
+  into one DIR/trace.json (`merge_traces`, also `harness trace merge`);
 - `record`: the results record a run returns (`run_record`), appending it to a JSONL file, and
   reading it back.
 
@@ -33,6 +35,7 @@ __getattr__, __dir__ = lazy_exports(
         "read_results": "record",
         "append_record": "record",
         "mean_and_ci95": "record",
+        "merge_traces": "trace",
     },
 )
 __all__ = __dir__()

@@ -34,7 +34,7 @@ from ..data import DataOptions, ImageArrays, load_split
 from ..data.loader import iterate_batches, to_device_ahead
 from ..data.sharding import RankSchedule, steps_per_epoch, train_batches
 from ..data.transforms import TrainTransform, train_transform
-from ..errors import EXIT_PREEMPTED, Preempted, UsageError
+from ..errors import EXIT_PREEMPTED, Preempted, UsageError, require
 from ..fileio import atomic_write
 from ..process.preemption import PreemptionWatcher, TestSignal, peer_failure
 from ..process.state import preserved_process_state
@@ -221,6 +221,8 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict[str, 
             # Leave together: a rank destroying its process group while a peer still has collectives
             # in flight (ZeRO-3 prefetches) is the kind of teardown race that aborts a finished run.
             backend.barrier()
+            if state.timer.profiler is not None:  # past the barrier: every rank's trace files are written
+                state.timer.profiler.merge()
             return record
         except Exception as exc:
             if backend.is_peer_failure(exc):
@@ -500,8 +502,7 @@ def _preempted(state: RunState, preemption: PreemptionWatcher, total_steps: int,
 def _progress_bar(total: int, enabled: bool) -> Any:
     if not enabled:
         return None
-    from tqdm import tqdm
-
+    tqdm = require("tqdm", "the progress bar", "pip install tqdm (make setup installs it)").tqdm
     return tqdm(total=total, unit="step", leave=False, dynamic_ncols=True)
 
 

@@ -3,8 +3,9 @@
 Each rank writes two files into DIR: `rank-N.json`, the Chrome trace torch.profiler (Kineto)
 exports for its profiled steps, and `rank-N.steps.json`, the harness's own phases of its first
 traced steps (the record's `timeline`: data wait, forward+backward, communication, optimizer) on
-the same clock, the wall clock in Unix nanoseconds. harness.study.trace merges them into one
-DIR/trace.json with a process row per rank.
+the same clock, the wall clock in Unix nanoseconds. When the run ends (every rank past its last
+barrier, so every rank's files are written), rank 0 merges them into one DIR/trace.json with a
+process row per rank (`merge`; harness.training.trace).
 
 The profiler starts when the timed window first opens (start-up stays out of it, as it stays out
 of the timings) and follows the schedule below: WAIT steps skipped, WARMUP steps profiled and
@@ -24,19 +25,10 @@ import torch
 from ..errors import UsageError
 from ..fileio import atomic_write
 from .timing import TRACE_PHASES, StepTimer
+from .trace import merge_traces, rank_steps_path, rank_trace_path
 
 WAIT, WARMUP, ACTIVE = 1, 1, 3
 PROFILED_STEPS = WAIT + WARMUP + ACTIVE  # the step timeline covers at least these steps of the window
-
-
-def rank_trace_path(directory: str, rank: int) -> str:
-    """Where rank `rank` writes its profiler trace."""
-    return os.path.join(directory, f"rank-{rank}.json")
-
-
-def rank_steps_path(directory: str, rank: int) -> str:
-    """Where rank `rank` writes its step timeline."""
-    return os.path.join(directory, f"rank-{rank}.steps.json")
 
 
 def check_trace_directory(directory: str) -> None:
@@ -122,6 +114,11 @@ class RankProfiler:
                 },
             ),
         )
+
+    def merge(self) -> Optional[str]:
+        """On rank 0, once every rank has finished (after the run's last barrier): merge the ranks'
+        files into DIR/trace.json; its path there, None on the other ranks."""
+        return merge_traces(self.directory) if self.rank == 0 else None
 
 
 def _write_json(path: str, value: Any) -> None:

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..errors import UsageError, unknown_choice
+from ..errors import UsageError, require, unknown_choice
 from ..process.launchers import OPENMPI_ENV, free_port, site_launcher
 
 ENGINE_TIMEOUT_S = 180  # engines registering, cold imports on a busy node included
@@ -225,9 +225,9 @@ def start_engines(
     """
     if launcher not in ENGINE_STARTERS:
         raise unknown_choice("engine launcher", launcher, ENGINE_STARTERS)
-    # Read once, when ipyparallel is first imported: set it before.
+    # Read once, when ipyparallel is first imported: set it before, and for good (not patched).
     os.environ.setdefault("IPP_NONINTERACTIVE", "1")
-    import ipyparallel as ipp
+    ipp = require("ipyparallel", "MPI engines", "pip install ipyparallel (make setup installs it)")
     from traitlets.config import Config
 
     gpus = _gpu_count()

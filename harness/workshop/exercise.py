@@ -29,7 +29,6 @@ fetched, the model it built, its flags, what it evaluated and reported.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import re
@@ -331,7 +330,7 @@ def use_launcher_environment() -> ClusterEnv:
         ("MASTER_ADDR", cluster.master_addr),
         ("MASTER_PORT", cluster.master_port),
     ):
-        os.environ.setdefault(name, str(value))
+        os.environ.setdefault(name, str(value))  # for good: the script's env:// and its children read them
     return cluster
 
 
@@ -343,9 +342,8 @@ def skip_deepspeed_shm_op() -> None:
     inference uses it. The harness's DeepSpeed backend goes without it for the same reasons (see
     DeepSpeedBackend.init). On GPUs DeepSpeed never builds it, so this changes nothing there.
     """
-    from ..backends.compat import no_shm_allreduce as _no_shm_allreduce
+    from ..backends.compat import deepspeed_shm_op_stand_in
 
-    # (deepspeed.comm's attribute `torch` is the torch package, so the module is looked up by name.)
-    comm_torch = importlib.import_module("deepspeed.comm.torch")
-    if hasattr(comm_torch, "build_shm_op"):
-        comm_torch.build_shm_op = _no_shm_allreduce
+    comm_torch, stand_ins = deepspeed_shm_op_stand_in()
+    for name, stand_in in stand_ins.items():
+        setattr(comm_torch, name, stand_in)

@@ -11,7 +11,8 @@ from typing import Any, Optional
 import numpy as np
 
 from ..data.sharding import dropped_tail, epoch_permutation, rank_slice, steps_per_epoch
-from ..study.plot import FIGSIZE, PALETTE, SLIDE_STYLE
+from ..errors import require
+from ..study.plot import FIGSIZE, PALETTE, PLOT_INSTALL, SLIDE_STYLE
 
 
 def _figure(size: Any = FIGSIZE) -> Any:
@@ -35,7 +36,7 @@ def accuracy_figure(
 ) -> Any:
     """Each run's final eval accuracy (%) as a labelled bar, with the accuracy of guessing dashed.
     `colours`: label -> colour (run_colours), so that each run looks as in the notebook's other figures."""
-    from matplotlib import rc_context
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
 
     colours = colours or run_colours(labels)
     with rc_context(SLIDE_STYLE):
@@ -59,7 +60,7 @@ def accuracy_figure(
 def equivalence_figure(rows: Sequence[Mapping[str, Any]], bound: float) -> Any:
     """Each run's distance from the one-process weights relative to the update (the rows of
     harness.study.compare_with_reference), as horizontal bars on a log scale, with `bound` dashed."""
-    from matplotlib import rc_context
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
 
     labels = [row["run"] for row in rows]
     values = [row["difference / update"] for row in rows]
@@ -92,7 +93,7 @@ def epoch_loss_figure(
     of the epoch) against the epoch, on a log scale: runs with different batches compared after
     the same passes over the training set (each drops its own tail of fewer than one batch, so a
     larger batch trains a few samples fewer per epoch). `colours`: label -> colour (run_colours)."""
-    from matplotlib import rc_context
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
 
     colours = colours or run_colours(labels)
     with rc_context(SLIDE_STYLE):
@@ -135,7 +136,7 @@ def sharding_figure(
     one world size, each cell a position in the epoch's order labelled with the sample it holds,
     coloured by the rank that trains it; thick lines separate steps (global batches); grey cells are
     the dropped tail (fewer than one global batch)."""
-    from matplotlib import rc_context
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
     from matplotlib.patches import Patch, Rectangle
 
     order = epoch_permutation(num_samples, seed, epoch)
@@ -178,7 +179,7 @@ def padded_evaluation_figure(evaluations: Sequence[Any]) -> Any:
     """Test accuracy (%) against world size: what a DistributedSampler evaluation reports (padded)
     and the exact value, with the duplicates counted on a second axis
     (harness.workshop.pipeline.PaddedEvaluation items)."""
-    from matplotlib import rc_context
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
 
     worlds = [e.world_size for e in evaluations]
     with rc_context(SLIDE_STYLE):
@@ -228,7 +229,7 @@ def padded_evaluation_figure(evaluations: Sequence[Any]) -> Any:
 def loading_figure(measurements: Sequence[Any]) -> Any:
     """Throughput (samples/s) and AU of each loading configuration side by side
     (harness.workshop.pipeline.LoadingMeasurement items)."""
-    from matplotlib import rc_context
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
 
     labels = [
         f"{m.source}\n{m.num_workers} worker(s)" + (f", prefetch {m.prefetch}" if m.num_workers else "")
@@ -260,7 +261,7 @@ def packing_figure(rows: Sequence[dict[str, Any]], title: str = "Several ranks p
     """Throughput (samples/s) per placement (harness.workshop.packing.packing_rows): the mean over
     repeats with its 95% interval as an error bar, and the speedup over the first placement
     written on each bar."""
-    from matplotlib import rc_context
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
 
     on_gpus = rows[0]["device"] == "cuda"
     with rc_context(SLIDE_STYLE):

@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 from ..errors import UsageError
 from ..process.discovery import cpu_cores
+from ..process.environment import patched_environ
 
 GPU_RANKS_PER_DEVICE = (1, 2, 4)
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -124,16 +125,10 @@ def mps_daemon(gpus: int, control: Optional[str] = None) -> Iterator[MpsState]:
                 f"{(started.stderr or started.stdout).strip()[:200]}",
             )
             return
-        previous = {name: os.environ.get(name) for name in variables}
-        os.environ.update(variables)
         try:
-            yield MpsState(True, f"started for this study (pipes in {variables[MPS_VARIABLES[0]]})")
+            with patched_environ(variables):
+                yield MpsState(True, f"started for this study (pipes in {variables[MPS_VARIABLES[0]]})")
         finally:
-            for name, value in previous.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
             subprocess.run(
                 [control], input="quit\n", env=environment, capture_output=True, text=True, timeout=MPS_TIMEOUT_S
             )

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from ...errors import EXIT_OK, UsageError
+from ...errors import EXIT_OK, UsageError, require
 from .. import exercise
 from .control import GLOBAL_LR, Launch, RunDirectory, launch_locally, rank_program
 from .judge import judge, pass_line, run_failure
@@ -48,10 +48,7 @@ def _warm_up() -> None:
 def _script_to_run(path: Path, run: RunDirectory) -> Path:
     if path.suffix == ".py":
         return path
-    try:
-        import jupytext
-    except ImportError:
-        raise UsageError("checking a notebook needs jupytext: pip install jupytext (make setup installs it)") from None
+    jupytext = require("jupytext", "checking a notebook", "pip install jupytext (make setup installs it)")
     script = run.path / f"{path.stem}.py"
     script.write_text(jupytext.writes(jupytext.read(path), fmt="py:percent"))
     return script

@@ -55,7 +55,8 @@ Device = tuple[int, str]  # a device index the rank picked, and where
 
 def simulate_nodes(nodes: int, environ: MutableMapping[str, str] = os.environ) -> ClusterEnv:
     """In a rank, before its script starts: rewrite the per-node variables its launcher set as if
-    the ranks were dealt out in order to `nodes` nodes of one machine each; the rank's new place."""
+    the ranks were dealt out in order to `nodes` nodes of one machine each; the rank's new place.
+    A change for good, not patched: the script that runs next in this process reads them."""
     cluster = detect_cluster(environ)
     per_node = cluster.world_size // nodes
     node, local_rank = divmod(cluster.rank, per_node)
