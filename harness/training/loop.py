@@ -199,7 +199,6 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict[str, 
         pulse = Heartbeat.start(cluster, not config.no_heartbeat)  # rank 0 starts the store before init
         try:
             backend.init(cluster, device, config)
-            pulse.connect(backend.all_reduce_sum, device)
             preemption.install()
             model, optimizer = backend.wrap(model, make_optimizer_factory(config), config, plan.local_batch)
             if config.compile:  # the wrapped model: compiled in its first step, inside the timing warmup
@@ -207,8 +206,7 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict[str, 
             # After wrap (DeepSpeed loads into its engine); the RNG states are restored last.
             resumed = restore(resume_from, backend, cluster, device) if resume_from else None
             checkpointer = Checkpointer(config, cluster, backend, plan.layout()) if config.checkpoint_dir else None
-            state = RunState.start(plan, resumed, checkpointer)
-            state.heartbeat = pulse
+            state = RunState.start(plan, resumed, checkpointer, pulse)
             # Hooks on the real model's parameters mark each step's last gradient, where the wait
             # for communication begins (harness.training.timing says why it is measured so).
             state.timer.watch(backend.module().parameters(), device)
@@ -264,7 +262,10 @@ class RunState:
     heartbeat: Heartbeat = field(default_factory=Heartbeat)  # where this rank is, for peers after a hang
 
     @classmethod
-    def start(cls, plan: RunPlan, resumed: Optional[ResumeState], checkpointer: Optional[Checkpointer]) -> RunState:
+    def start(
+        cls, plan: RunPlan, resumed: Optional[ResumeState], checkpointer: Optional[Checkpointer], heartbeat: Heartbeat
+    ) -> RunState:
+        """The state before the first step; `heartbeat` starts sending here (one sum over ranks)."""
         step_losses = torch.zeros(plan.epoch_steps, 2, dtype=torch.float64, device=plan.placement.device)
         if resumed is not None:  # the steps of the unfinished epoch before the checkpoint
             step_losses += resumed.epoch_step_losses.to(step_losses.device)
@@ -280,7 +281,9 @@ class RunState:
         timer.profiler = make_profiler(config.profile_trace, plan.placement.cluster.rank, device)
         backend = plan.placement.backend
         timer.memory = WindowPeak(device, lambda: model_state_bytes(backend.model, backend))
+        heartbeat.connect(backend.all_reduce_sum, device)
         return cls(
+            heartbeat=heartbeat,
             step=resumed.step if resumed else 0,
             start_step=resumed.step if resumed else 0,
             progress=resumed.progress if resumed else Progress(),
