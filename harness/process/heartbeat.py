@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import select
 import socket
 import subprocess
@@ -56,6 +57,9 @@ MIN_GAP_S = 0.01  # the loop sends a phase change itself only this long after th
 READ_TIMEOUT_S = 5.0  # how long a survivor waits for the store's answer
 START_TIMEOUT_S = 20.0  # how long rank 0 waits for its store to say its ports
 MAX_NAMED = 8  # ranks listed by name in the line; the rest are counted
+# Run as a script, not `-m harness...`: it needs the standard library only, so it starts however this
+# process found the harness (a notebook's sys.path), and without importing the package.
+STORE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heartbeat_store.py")
 log = logging.getLogger("harness")
 
 # The phases the training loop reports, in the order of a step.
@@ -168,7 +172,7 @@ class Heartbeat:
         store = None
         if cluster.is_main:
             store = subprocess.Popen(
-                [sys.executable, "-m", "harness.process.heartbeat_store"],
+                [sys.executable, STORE_SCRIPT],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
             )
@@ -192,7 +196,11 @@ class Heartbeat:
         if not tcp_port:
             return
         host = self.cluster.master_addr
-        family, kind, proto, _, address = socket.getaddrinfo(host, udp_port, type=socket.SOCK_DGRAM)[0]
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(host, udp_port, type=socket.SOCK_DGRAM)[0]
+        except OSError as exc:
+            log.warning(f"harness: rank {self.cluster.rank} cannot resolve {host} ({exc}); it sends no heartbeat")
+            return
         self._sock = socket.socket(family, kind, proto)
         self._sock.setblocking(False)  # a full send buffer drops a beat instead of waiting
         self._address, self._tcp, self._host = address, (host, tcp_port), socket.gethostname()

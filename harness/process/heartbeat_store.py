@@ -1,6 +1,6 @@
 """The heartbeat store: a tiny key-value server that keeps every rank's latest heartbeat.
 
-Run as its own process, `python -m harness.process.heartbeat_store`, by rank 0 of a job
+Run as its own process, `python harness/process/heartbeat_store.py`, by rank 0 of a job
 (harness.process.heartbeat says why a process of its own, and why on rank 0's host). It prints one
 line, "TCP_PORT UDP_PORT", the ports the system gave it, and then serves until its standard input
 closes, which happens when the rank that started it ends in any way (SIGKILL included), so it never
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import socket
 import sys
 import threading
@@ -120,4 +121,6 @@ def serve(stdin: BinaryIO, stdout: TextIO) -> None:
 
 
 if __name__ == "__main__":
+    # Ctrl-C reaches the whole process group: the store ends with its rank, without a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     serve(sys.stdin.buffer, sys.stdout)

@@ -25,7 +25,7 @@ LAUNCHER_GRACE_S = 30  # torchrun and the deepspeed launcher wait this long befo
 SLACK_S = 30  # a loaded machine
 STOPPED = "sending SIGSTOP to itself after step 5"
 NAMED = "stopped answering: rank 0 (host "
-STORE = "harness.process.heartbeat_store"
+STORE = "heartbeat_store.py"
 LINE = re.compile(
     r"rank 1 lost contact with a peer \(.*\); stopped answering: rank 0 \(host (?P<host>[^,]+), step (?P<step>\d+), "
     r"(?P<phase>.+?), last seen (?P<age>[\d.]+) s ago\)"
