@@ -121,6 +121,9 @@ def serve(stdin: BinaryIO, stdout: TextIO) -> None:
 
 
 if __name__ == "__main__":
-    # Ctrl-C reaches the whole process group: the store ends with its rank, without a traceback of its own.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C, and a batch system's preemption signals (Slurm's --signal, PBS's SIGTERM), reach every
+    # process of the job: the store ends with its rank instead, so that a preempted job that hangs
+    # while it writes its checkpoint still names the rank that stopped.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, signal.SIG_IGN)
     serve(sys.stdin.buffer, sys.stdout)
