@@ -25,7 +25,8 @@ Design, and why:
   store stamps arrivals on its own clock, so ages do not depend on the nodes' clocks agreeing.
   So a rank hung in a collective (alive, its thread beating) shows its exact phase; a frozen or
   cut-off one shows its step exactly and the phase it was in at most MIN_GAP_S before it froze.
-- Reading happens only after a collective failed: one TCP request, at most READ_TIMEOUT_S.
+- Reading happens only after a collective failed: one TCP request, at most READ_TIMEOUT_S. The
+  ports are ephemeral ones, as gloo's and NCCL's own connections between the nodes are.
 - If rank 0's host is cut off, its store cannot answer: that silence is itself the evidence, and
   the survivors name rank 0's host as the one that stopped answering.
 
@@ -102,14 +103,20 @@ def stopped(seen: dict[int, Seen], world_size: int, threshold: float) -> tuple[l
     return stale, [rank for rank in range(world_size) if rank not in seen]
 
 
-def describe(seen: Optional[dict[int, Seen]], world_size: int, timeout: float, store_host: str) -> str:
-    """The clause of the survivors' line that names who stopped, from the store's answer (None: no answer)."""
+def describe(seen: Optional[dict[int, Seen]], world_size: int, timeout: float, store_host: str, reader: int) -> str:
+    """The clause of the survivors' line that names who stopped, from the store's answer (None: no
+    answer) as rank `reader`, a survivor, read it."""
     if seen is None:
         return (
             f"the heartbeat store on rank 0's host {store_host} does not answer, so that host stopped "
             "answering (rank 0 and the ranks beside it: cut off, or the node is down)"
         )
     threshold = stale_after(timeout)
+    if reader not in seen or seen[reader].age > threshold:  # even a live rank's beats do not arrive
+        return (
+            f"another rank died or stopped answering (the heartbeats of rank {reader} do not reach the store "
+            f"on {store_host}: is UDP blocked between the nodes?)"
+        )
     stale, missing = stopped(seen, world_size, threshold)
     named = [entry.describe() for entry in stale] + [f"rank {rank} (never seen)" for rank in missing]
     if named:
@@ -246,7 +253,8 @@ class Heartbeat:
         if not self.running or self.cluster is None:
             return None
         assert self._tcp is not None
-        return describe(read_store(*self._tcp), self.cluster.world_size, timeout, self.cluster.master_addr)
+        cluster = self.cluster
+        return describe(read_store(*self._tcp), cluster.world_size, timeout, cluster.master_addr, cluster.rank)
 
     def stop(self) -> None:
         """Stop sending, and on rank 0 end the store."""

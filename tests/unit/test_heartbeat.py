@@ -34,7 +34,7 @@ def test_stopped_ranks_are_the_stale_ones_oldest_first_and_the_never_seen():
 
 def test_the_line_names_rank_host_step_phase_and_age():
     seen = {0: _seen(0, 0.4), 1: _seen(1, 12.04, step=5, phase=heartbeat.GRADIENT_SYNC, host="gpu07")}
-    line = describe(seen, world_size=2, timeout=10, store_host="gpu01")
+    line = describe(seen, world_size=2, timeout=10, store_host="gpu01", reader=0)
     assert line == (
         "stopped answering: rank 1 (host gpu07, step 5, gradient sync, last seen 12.0 s ago); "
         "the other ranks were seen within 0.4 s"
@@ -43,17 +43,19 @@ def test_the_line_names_rank_host_step_phase_and_age():
 
 def test_a_silenced_node_names_each_of_its_ranks():
     seen = {0: _seen(0, 0.2), 1: _seen(1, 0.9), 2: _seen(2, 21.0), 3: _seen(3, 20.5, phase=heartbeat.DATA)}
-    line = describe(seen, world_size=4, timeout=20, store_host="node1")
+    line = describe(seen, world_size=4, timeout=20, store_host="node1", reader=0)
     assert "rank 2 (host node2, step 41, forward/backward, last seen 21.0 s ago)" in line
     assert "rank 3 (host node2, step 41, data, last seen 20.5 s ago)" in line
     assert "rank 0 " not in line and "rank 1 " not in line
 
 
 def test_many_stopped_ranks_are_counted_past_the_named_ones():
-    seen = {rank: _seen(rank, 30.0 + rank) for rank in range(20)}
-    line = describe(seen, world_size=21, timeout=20, store_host="node1")
+    seen = {0: _seen(0, 0.1), **{rank: _seen(rank, 30.0 + rank) for rank in range(1, 20)}}
+    line = describe(seen, world_size=21, timeout=20, store_host="node1", reader=0)
     assert line.count("(host ") == heartbeat.MAX_NAMED
-    assert line.endswith(f"and {21 - heartbeat.MAX_NAMED} more")  # rank 20, never seen, is counted too
+    assert line.startswith("stopped answering: rank 19 (")  # the longest silent first
+    # Ranks 1-19 stale and rank 20 never seen: 20 stopped, MAX_NAMED of them by name.
+    assert line.endswith(f"and {20 - heartbeat.MAX_NAMED} more; the other ranks were seen within 0.1 s")
 
 
 def test_with_every_rank_beating_the_line_names_the_rank_furthest_behind():
@@ -62,13 +64,22 @@ def test_with_every_rank_beating_the_line_names_the_rank_furthest_behind():
         1: _seen(1, 0.5, step=6, phase=heartbeat.OPTIMIZER),
         2: _seen(2, 0.1, step=6, phase=heartbeat.VOTE),
     }
-    line = describe(seen, world_size=3, timeout=10, store_host="node1")
+    line = describe(seen, world_size=3, timeout=10, store_host="node1", reader=0)
     assert "stuck inside a collective or on its device" in line
     assert line.endswith("furthest behind: rank 1 (host node1, step 6, optimizer, last seen 0.5 s ago)")
 
 
+def test_a_store_that_never_heard_from_the_reader_blames_nobody():
+    """The reader is alive, so if its own beats are missing, none arrive (UDP blocked): naming every
+    rank as never seen would be wrong."""
+    seen = {0: _seen(0, 0.2)}
+    line = describe(seen, world_size=4, timeout=10, store_host="node1", reader=2)
+    assert line.startswith("another rank died or stopped answering (the heartbeats of rank 2 do not reach")
+    assert "never seen" not in line
+
+
 def test_a_store_that_does_not_answer_names_rank_0s_host():
-    line = describe(None, world_size=8, timeout=10, store_host="nid001")
+    line = describe(None, world_size=8, timeout=10, store_host="nid001", reader=3)
     assert "rank 0's host nid001 does not answer" in line and "rank 0 and the ranks beside it" in line
 
 
