@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import socket
 import threading
+import time
 
 import pytest
 
@@ -35,7 +36,6 @@ LINE = re.compile(
 @pytest.fixture(scope="module")
 def stuck_jobs(tmp_path_factory) -> dict[str, TimedJob]:
     """Every distributed backend's job with rank 0 frozen after step 5, run side by side."""
-    stores_before = set(processes_mentioning(STORE))
     jobs: dict[str, TimedJob] = {}
 
     def run(backend: str) -> None:
@@ -53,8 +53,27 @@ def stuck_jobs(tmp_path_factory) -> dict[str, TimedJob]:
         thread.start()
     for thread in threads:
         thread.join()
-    assert set(processes_mentioning(STORE)) - stores_before == set(), "a heartbeat store outlived its job"
+    assert _orphaned_stores() == [], "a heartbeat store outlived its rank"
     return jobs
+
+
+def _orphaned_stores(grace_s: float = 5.0) -> list[int]:
+    """Heartbeat stores whose rank 0 is gone (other jobs' live stores aside), once `grace_s` passed."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        orphans = []
+        for pid in processes_mentioning(STORE):
+            try:
+                with open(f"/proc/{pid}/stat") as handle:
+                    parent = handle.read().rsplit(")", 1)[1].split()[1]
+                with open(f"/proc/{parent}/cmdline", "rb") as handle:
+                    if b"harness" not in handle.read():
+                        orphans.append(pid)
+            except OSError:
+                continue  # the store, or its parent, just ended
+        if not orphans or time.monotonic() > deadline:
+            return orphans
+        time.sleep(0.2)
 
 
 @pytest.mark.slow
