@@ -69,5 +69,5 @@ def test_the_heartbeat_benchmark_reports_the_ratio_on_over_off():
         [sys.executable, os.path.join(BENCHMARKS, "heartbeat.py"), "--pairs", "1", "--steps", "8"], timeout=600
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for row in ("| on |", "| off |", "ratio on/off: median "):
+    for row in ("| on |", "| off |", "ratio on/off: median ", "added per step: "):
         assert row in result.stdout, result.stdout
