@@ -129,8 +129,8 @@ def describe(seen: Optional[dict[int, Seen]], world_size: int, timeout: float, s
         seen.values(), key=lambda entry: (entry.step, PHASES.index(entry.phase) if entry.phase in PHASES else 0)
     )
     return (
-        f"every rank was seen within {threshold:.0f} s, so one is stuck inside a collective or on its device; "
-        f"furthest behind: {behind.describe()}"
+        f"every rank was seen within {threshold:.0f} s (as are one that just died and one stuck inside a "
+        f"collective or on its device); furthest behind: {behind.describe()}"
     )
 
 

@@ -65,7 +65,7 @@ def test_with_every_rank_beating_the_line_names_the_rank_furthest_behind():
         2: _seen(2, 0.1, step=6, phase=heartbeat.VOTE),
     }
     line = describe(seen, world_size=3, timeout=10, store_host="node1", reader=0)
-    assert "stuck inside a collective or on its device" in line
+    assert line.startswith("every rank was seen within 5 s (as are one that just died and one stuck inside")
     assert line.endswith("furthest behind: rank 1 (host node1, step 6, optimizer, last seen 0.5 s ago)")
 
 
