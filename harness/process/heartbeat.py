@@ -24,7 +24,7 @@ Design, and why:
   thread re-sends the latest every INTERVAL_S and whatever the loop changed since (POLL_S). The
   store stamps arrivals on its own clock, so ages do not depend on the nodes' clocks agreeing.
   So a rank hung in a collective (alive, its thread beating) shows its exact phase; a frozen or
-  cut-off one shows its step exactly and the phase it was in at most MIN_GAP_S before it froze.
+  cut-off one shows its step exactly and a phase it was in at most POLL_S before it froze.
 - Reading happens only after a collective failed: one TCP request, at most READ_TIMEOUT_S. The
   ports are ephemeral ones, as gloo's and NCCL's own connections between the nodes are.
 - If rank 0's host is cut off, its store cannot answer: that silence is itself the evidence, and
@@ -166,6 +166,7 @@ class Heartbeat:
         self._sent_at = 0.0
         self._address: Optional[tuple[Any, ...]] = None  # the store's UDP address
         self._tcp: Optional[tuple[str, int]] = None
+        self._host = socket.gethostname()  # sent with every beat: where the rank runs
         self._sock: Optional[socket.socket] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -178,11 +179,10 @@ class Heartbeat:
             return cls()
         store = None
         if cluster.is_main:
-            store = subprocess.Popen(
-                [sys.executable, STORE_SCRIPT],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-            )
+            try:
+                store = subprocess.Popen([sys.executable, STORE_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            except OSError as exc:  # then rank 0 hands out no ports, and every rank stays off
+                log.warning(f"harness: the heartbeat store did not start ({exc}); a hang will not name who stopped")
         return cls(cluster, store)
 
     @property
@@ -210,7 +210,7 @@ class Heartbeat:
             return
         self._sock = socket.socket(family, kind, proto)
         self._sock.setblocking(False)  # a full send buffer drops a beat instead of waiting
-        self._address, self._tcp, self._host = address, (host, tcp_port), socket.gethostname()
+        self._address, self._tcp = address, (host, tcp_port)
         self._thread = threading.Thread(target=self._keep_beating, name="harness-heartbeat", daemon=True)
         self._thread.start()
 
