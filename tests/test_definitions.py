@@ -1,6 +1,7 @@
 """One definition each: AU, communication, useful time, the POP metrics, scaling efficiency and
-contention are written once, in harness/training/metrics.py's docstring; the README, notebook 03 and
-the report's footnote must say exactly the same (whitespace aside)."""
+contention are written once, in harness/training/metrics.py's docstring; the docs' measurement page
+(docs/concepts/measurement.md), notebook 03 and the report's footnote must say exactly the same
+(whitespace aside)."""
 
 from __future__ import annotations
 
@@ -32,10 +33,8 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def _readme_section() -> str:
-    text = open(os.path.join(REPO, "README.md")).read()
-    start = text.index("### Scaling studies")
-    return text[start : text.index("\n## ", start)]
+def _measurement_page() -> str:
+    return open(os.path.join(REPO, "docs", "concepts", "measurement.md")).read()
 
 
 def _notebook_markdown() -> str:
@@ -50,7 +49,7 @@ def test_the_metrics_module_defines_every_term():
 @pytest.mark.parametrize(
     "where, text",
     [
-        ("README's Scaling studies section", _readme_section),
+        ("docs/concepts/measurement.md", _measurement_page),
         ("notebook 03", _notebook_markdown),
         ("the report's footnote", lambda: scaling_report(weak_study())),
     ],
