@@ -46,6 +46,7 @@ bench: setup
 	@$(PY) benchmarks/scaling.py
 	@$(PY) benchmarks/data_path.py
 	@$(PY) benchmarks/checkpoint.py
+	@$(PY) benchmarks/heartbeat.py
 
 # The documentation site (MkDocs, Material theme) into build/site; --strict makes a broken link or a
 # page missing from the nav an error. Offline: no plugin downloads anything.

@@ -146,6 +146,11 @@ class TrainConfig:
     results: Optional[str] = _opt(None, "append one JSON record for this run to this JSONL file")
     save_model: Optional[str] = _opt(None, "rank 0 writes the final model state_dict here")
     timeout: float = _opt(120.0, "seconds a collective may wait for a peer before the job fails")
+    no_heartbeat: bool = _opt(
+        False,
+        "do not publish each rank's step and phase to rank 0's heartbeat store (default: publish, so that "
+        "a collective that times out names the rank that stopped; see harness/process/heartbeat.py)",
+    )
     checkpoint_dir: Optional[str] = _opt(
         None,
         "write checkpoints here: at every epoch end, every --checkpoint-every "

@@ -162,13 +162,14 @@ class TestSignal:
             os.kill(os.getpid(), self.signum)
 
 
-def peer_failure(error: BaseException, rank: int, timeout: float) -> PeerFailure:
-    """The one-line PeerFailure for a collective that failed with `error`."""
+def peer_failure(error: BaseException, rank: int, timeout: float, who: Optional[str] = None) -> PeerFailure:
+    """The one-line PeerFailure for a collective that failed with `error`; `who` names the ranks that
+    stopped, where the heartbeats tell (harness.process.heartbeat)."""
     first = first_line(error, limit=400)
     # gloo prefixes its messages with the source location: "[.../pair.cc:545] Read error ..."
     first = first.split("] ", 1)[1] if first.startswith("[") and "] " in first else first
     reason = first.split(". ")[0][:160]
     return PeerFailure(
-        f"rank {rank} lost contact with a peer ({reason}); another rank died or stopped answering "
+        f"rank {rank} lost contact with a peer ({reason}); {who or 'another rank died or stopped answering'} "
         f"(collectives wait at most --timeout {timeout:g} s), so the job stops here"
     )

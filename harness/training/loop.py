@@ -36,6 +36,8 @@ from ..data.sharding import RankSchedule, steps_per_epoch, train_batches
 from ..data.transforms import TrainTransform, train_transform
 from ..errors import EXIT_PREEMPTED, Preempted, UsageError, require
 from ..fileio import atomic_write
+from ..process import heartbeat as phase
+from ..process.heartbeat import Heartbeat
 from ..process.preemption import PreemptionWatcher, TestSignal, peer_failure
 from ..process.state import preserved_process_state
 from .callbacks import Callback, CallbackList, EpochEnd, StepEnd
@@ -195,6 +197,7 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict[str, 
         model = plan.make_model()
         gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         torch.manual_seed(config.seed * 1000 + cluster.rank + 1)
+        pulse = Heartbeat.start(cluster, not config.no_heartbeat)  # rank 0 starts the store before init
         try:
             backend.init(cluster, device, config)
             preemption.install()
@@ -204,7 +207,7 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict[str, 
             # After wrap (DeepSpeed loads into its engine); the RNG states are restored last.
             resumed = restore(resume_from, backend, cluster, device) if resume_from else None
             checkpointer = Checkpointer(config, cluster, backend, plan.layout()) if config.checkpoint_dir else None
-            state = RunState.start(plan, resumed, checkpointer)
+            state = RunState.start(plan, resumed, checkpointer, pulse)
             # Hooks on the real model's parameters mark each step's last gradient, where the wait
             # for communication begins (harness.training.timing says why it is measured so).
             state.timer.watch(backend.module().parameters(), device)
@@ -226,9 +229,10 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict[str, 
             return record
         except Exception as exc:
             if backend.is_peer_failure(exc):
-                raise peer_failure(exc, cluster.rank, config.timeout) from exc
+                raise peer_failure(exc, cluster.rank, config.timeout, pulse.who_stopped(config.timeout)) from exc
             raise
         finally:
+            pulse.stop()
             preemption.uninstall()
             backend.shutdown()
 
@@ -258,9 +262,13 @@ class RunState:
     epoch_times: list[float] = field(default_factory=list)
     epoch_throughputs: list[float] = field(default_factory=list)
     preempted: bool = False
+    heartbeat: Heartbeat = field(default_factory=Heartbeat)  # where this rank is, for peers after a hang
 
     @classmethod
-    def start(cls, plan: RunPlan, resumed: Optional[ResumeState], checkpointer: Optional[Checkpointer]) -> RunState:
+    def start(
+        cls, plan: RunPlan, resumed: Optional[ResumeState], checkpointer: Optional[Checkpointer], heartbeat: Heartbeat
+    ) -> RunState:
+        """The state before the first step; `heartbeat` starts sending here (one sum over ranks)."""
         step_losses = torch.zeros(plan.epoch_steps, 2, dtype=torch.float64, device=plan.placement.device)
         if resumed is not None:  # the steps of the unfinished epoch before the checkpoint
             step_losses += resumed.epoch_step_losses.to(step_losses.device)
@@ -276,7 +284,9 @@ class RunState:
         timer.profiler = make_profiler(config.profile_trace, plan.placement.cluster.rank, device)
         backend = plan.placement.backend
         timer.memory = WindowPeak(device, lambda: model_state_bytes(backend.model, backend))
+        heartbeat.connect(backend.all_reduce_sum, device)
         return cls(
+            heartbeat=heartbeat,
             step=resumed.step if resumed else 0,
             start_step=resumed.step if resumed else 0,
             progress=resumed.progress if resumed else Progress(),
@@ -349,6 +359,7 @@ def _train_epochs(
         if state.step - state.start_step >= timing_warmup:
             state.timer.open_window()
         state.timer.waiting_for_data()
+        state.heartbeat.beat(state.step + 1, phase.DATA)
         for images, labels in itertools.islice(stream, epoch_last_step - state.step):
             loss, lr = _train_step(plan, state, model, optimizer, images, labels, epoch)
             watchers.on_step_end(StepEnd(state.step, epoch, loss, lr, labels.numel(), cluster.rank))
@@ -359,6 +370,7 @@ def _train_epochs(
                 state.timer.open_window()
             # The preemption vote, a collective: a signal reaches one rank (or the ranks at different
             # steps), and a rank that stopped alone would leave its peers waiting in the next allreduce.
+            state.heartbeat.beat(state.step, phase.VOTE)
             state.preempted = preemption.stop_agreed(state.step, cluster.rank, backend, device)
             if state.preempted:
                 break
@@ -367,6 +379,7 @@ def _train_epochs(
                 epoch_start += pause  # not training time
                 state.timer.pause(pause)
             state.timer.waiting_for_data()
+            state.heartbeat.beat(state.step + 1, phase.DATA)
         if state.preempted and state.step < epoch_last_step:  # stopped mid-epoch: checkpoint where every rank stopped
             if state.checkpointer is not None:
                 _checkpoint(plan, state, "preempted")
@@ -393,6 +406,7 @@ def _train_step(
     backend, device, timer = plan.placement.backend, plan.placement.device, state.timer
     images = plan.transform(images, epoch, state.step)  # on the device already (to_device_ahead)
     timer.data_ready()
+    state.heartbeat.beat(state.step + 1, phase.FORWARD_BACKWARD)
     lr = plan.lr_at(state.step)  # a pure function of the step, written into the optimizer for every backend
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -412,9 +426,11 @@ def _train_step(
             with annotate("backward"):
                 backend.backward(micro_loss, sync)
         loss += micro_loss.detach().float()
+    state.heartbeat.beat(state.step + 1, phase.GRADIENT_SYNC)
     with annotate("gradient sync"):  # where Horovod waits for its allreduce, which the profiler cannot see
         backend.finish_gradient_sync()
     timer.gradients_ready()
+    state.heartbeat.beat(state.step + 1, phase.OPTIMIZER)
     with annotate("optimizer"):
         backend.step()
     timer.stepped()
@@ -434,6 +450,7 @@ def _end_epoch(
 ) -> None:
     """Close the timed window, reduce the epoch's losses (one collective), evaluate, log, checkpoint."""
     config, (backend, cluster, device, _, _) = plan.config, plan.placement
+    state.heartbeat.beat(state.step, phase.EPOCH_END)
     epoch_end = _synchronised(plan)
     window = state.timer.close_window()
     state.epoch_times.append(epoch_end - epoch_start)
@@ -449,6 +466,7 @@ def _end_epoch(
     last = epoch == plan.num_epochs - 1
     evaluated = last or bool(config.eval_every and (epoch + 1) % config.eval_every == 0)
     if evaluated:
+        state.heartbeat.beat(state.step, phase.EVALUATION)
         state.progress.evaluation = evaluate(
             backend.evaluation_model(plan.make_model), plan.test_set, backend, cluster, device, plan.precision
         )
@@ -481,6 +499,7 @@ def _end_epoch(
 def _checkpoint(plan: RunPlan, state: RunState, reason: str) -> float:
     """Write a checkpoint after `state.step` (a collective); the seconds it took."""
     assert state.checkpointer is not None
+    state.heartbeat.beat(state.step, phase.CHECKPOINT)
     return state.checkpointer.save(state.step, state.progress, state.epoch_step_losses, reason)
 
 
@@ -526,6 +545,7 @@ def _calibration_batches(plan: RunPlan) -> list[Any]:
 def _finish(plan: RunPlan, state: RunState, started: float) -> dict[str, Any]:
     """Measure what the timed window could not (compute per step, every rank's breakdown); the run's record."""
     config, (backend, cluster, device, _, _) = plan.config, plan.placement
+    state.heartbeat.beat(state.step, phase.FINISH)
     if state.timer.profiler is not None:
         state.timer.profiler.finish(state.timer)
     state.timer.stop()

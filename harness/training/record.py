@@ -153,6 +153,7 @@ def run_record(plan: RunPlan, state: RunState, started: float, breakdown: dict[s
             "cpu_malloc": cpu_malloc,
             "channels_last_weights": plan.channels_last_weights,
             "compile": backend.compiled,
+            "heartbeat": state.heartbeat.running,  # --no-heartbeat turns it off; one rank has none
         },
         "versions": {**library_versions(), **backend.versions()},
         "host": host_info(),

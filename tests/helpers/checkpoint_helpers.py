@@ -71,7 +71,8 @@ def output(result: subprocess.CompletedProcess) -> str:
 
 def rank_processes(launcher_pid: int) -> list[int]:
     """PIDs of the training ranks under a launcher: its descendants that run `harness train` and
-    have no children of their own (launchers and their helpers have the ranks as children)."""
+    have no children of their own (launchers and their helpers have the ranks as children), rank 0's
+    heartbeat store (harness.process.heartbeat) aside."""
     children: dict[int, list[int]] = {}
     commands: dict[int, str] = {}
     for entry in os.listdir("/proc"):
@@ -89,7 +90,8 @@ def rank_processes(launcher_pid: int) -> list[int]:
     while stack:
         pid = stack.pop()
         stack.extend(children.get(pid, []))
-        if not children.get(pid) and "harness train" in commands.get(pid, ""):
+        own = [child for child in children.get(pid, []) if "heartbeat_store" not in commands.get(child, "")]
+        if not own and "harness train" in commands.get(pid, ""):
             found.append(pid)
     return sorted(found)
 

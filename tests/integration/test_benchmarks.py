@@ -61,3 +61,13 @@ def test_the_scaling_benchmark_reports_the_efficiency_of_a_backend_and_of_the_ba
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for row in ("| none |", "| ddp |", "| bare loops with reuse (reference, medians) |"):
         assert row in result.stdout, result.stdout
+
+
+@pytest.mark.slow
+def test_the_heartbeat_benchmark_reports_the_ratio_on_over_off():
+    result = run(
+        [sys.executable, os.path.join(BENCHMARKS, "heartbeat.py"), "--pairs", "1", "--steps", "8"], timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for row in ("| on |", "| off |", "ratio on/off: median ", "added per step: "):
+        assert row in result.stdout, result.stdout

@@ -11,6 +11,7 @@ The hung jobs of all backends run side by side (they mostly wait), the others on
 from __future__ import annotations
 
 import re
+import socket
 import threading
 import time
 from pathlib import Path
@@ -155,4 +156,6 @@ def test_a_hung_rank_fails_its_peer_after_the_timeout(hung_jobs, backend):
         f"{job.seconds(stopped):.1f} s"
     )
     assert HUNG_TIMEOUT_S - 1 <= job.seconds(stopped, LOST) <= HUNG_TIMEOUT_S + SLACK_S, tail
+    # The heartbeats name the frozen rank (harness.process.heartbeat; tests/integration/test_stuck_rank.py).
+    assert f"stopped answering: rank 1 (host {socket.gethostname()}, step 5, " in job.output, tail
     assert job.seconds(stopped) <= HUNG_TIMEOUT_S + 30 + SLACK_S, tail

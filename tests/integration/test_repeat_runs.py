@@ -61,7 +61,13 @@ def test_backends_one_after_another_in_the_same_two_mpi_processes(tmp_path):
             assert entry["left_behind"] == [], entry
             assert entry["train_function"].startswith("<function train")
         assert {backend: first_tuning[backend] for backend in FIRST_RUN_TUNING} == {
-            backend: {**tuning, "cpu_malloc": "reuse", "channels_last_weights": False, "compile": None}
+            backend: {
+                **tuning,
+                "cpu_malloc": "reuse",
+                "channels_last_weights": False,
+                "compile": None,
+                "heartbeat": True,
+            }
             for backend, tuning in FIRST_RUN_TUNING.items()
         }
         assert all(entry["kept"] for entry in seen[len(SEQUENCE) :]), seen[len(SEQUENCE) :]

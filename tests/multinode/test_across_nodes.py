@@ -258,4 +258,7 @@ def test_a_lost_node_ends_the_job_within_the_timeout(lost_node_jobs, backend, la
     assert took <= TIMEOUT_S + SLACK_S, tail
     if launcher != "mpirun":  # mpirun ends the ranks itself, often before --timeout is up
         assert LOST in job.output, tail
+        # The survivors on node 1 name node 2's ranks from their heartbeats (harness.process.heartbeat).
+        for rank in range(RANKS_PER_NODE, RANKS):
+            assert f"rank {rank} (host node2, step " in job.output, tail
     assert left_on_node_1 == [], f"{backend} via {launcher}: processes left running on node 1\n{tail}"
