@@ -24,18 +24,21 @@ POLARIS = os.path.join(REPO, "submissions", "polaris.sc")
 PERLMUTTER = os.path.join(REPO, "submissions", "perlmutter.sbatch")
 AURORA = os.path.join(REPO, "submissions", "aurora.sc")
 FRONTIER = os.path.join(REPO, "submissions", "frontier.sbatch")
+PLUGINS = {"LD_LIBRARY_PATH": os.path.join(REPO, "tests", "data", "site_plugins")}  # the sites' NCCL/RCCL plugins
 
 
 def polaris(*args: str, **variables: str):
     """check_study of qsub ARGS polaris.sc, the -v list from `variables` (ddp only: quick imports)."""
     settings = {"BACKENDS": "ddp", **variables}
     return check_study(
-        "polaris", POLARIS, [*args, "-v", ",".join(f"{k}={v}" for k, v in settings.items())], environ={}
+        "polaris", POLARIS, [*args, "-v", ",".join(f"{k}={v}" for k, v in settings.items())], environ=PLUGINS
     )[0]
 
 
 def perlmutter(*args: str, environ=None):
-    return check_study("perlmutter", PERLMUTTER, list(args), environ={"BACKENDS": "ddp", **(environ or {})})[0]
+    return check_study(
+        "perlmutter", PERLMUTTER, list(args), environ={"BACKENDS": "ddp", **PLUGINS, **(environ or {})}
+    )[0]
 
 
 def test_the_templates_own_request_passes_once_the_account_is_given():
@@ -164,6 +167,7 @@ def test_horovod_missing_from_polaris_conda_is_refused_before_anything_is_queued
         PYTHON_ENV="venv",
         VENV=os.path.join(REPO, ".venv"),
         PATH=f"{qsub.parent}:{os.environ['PATH']}",
+        **PLUGINS,
     )
     result = subprocess.run(
         ["bash", POLARIS, "--submit", "--", "-A", "DLscaling", "-v", "BACKENDS=ddp horovod"],
@@ -257,7 +261,7 @@ def aurora(*args: str, **variables: str):
 
 
 def frontier(*args: str, environ=None):
-    return check_study("frontier", FRONTIER, list(args), environ={"BACKENDS": "ddp", **(environ or {})})[0]
+    return check_study("frontier", FRONTIER, list(args), environ={"BACKENDS": "ddp", **PLUGINS, **(environ or {})})[0]
 
 
 def test_the_aurora_and_frontier_templates_pass_once_the_account_is_given():
@@ -357,7 +361,7 @@ def test_in_the_job_the_default_qos_passes_and_chaining_in_the_debug_qos_is_refu
         job = make_job(
             "frontier", str(tmp_path / qos), {"BACKENDS": "ddp", "RESUBMIT": resubmit}, record=record, gpus=8
         )
-        environ = {}
+        environ = dict(PLUGINS)
         apply_site_environment(job, environ)
         return in_job_checks(job, sweep_settings(job.profile, job.settings, REPO), environ)
 
@@ -400,7 +404,12 @@ def test_a_backend_the_site_lacks_is_refused_through_the_template_in_one_line(te
     shims = tmp_path / "site-shell"
     shims.write_text("module() { :; }\nconda() { :; }\n")
     env = dict(
-        os.environ, BASH_ENV=str(shims), PYTHON_ENV="venv", VENV=os.path.join(REPO, ".venv"), BACKENDS="horovod"
+        os.environ,
+        BASH_ENV=str(shims),
+        PYTHON_ENV="venv",
+        VENV=os.path.join(REPO, ".venv"),
+        BACKENDS="horovod",
+        **PLUGINS,
     )
     result = subprocess.run(
         ["bash", template, "--check", "--", *args],

@@ -35,10 +35,12 @@ from typing import Any, Optional
 from ..errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, UsageError
 from ..process.accelerator import detect_accelerator
 from ..process.discovery import RENDEZVOUS_DOMAIN_VARIABLE
+from ..process.imports import IMPORT_FIRST_VARIABLE
 from ..process.launchers import launch_environment
 from .check import CheckResult, StudyRequest, run_checks
 from .continuation import continue_study
 from .jobdir import StudyJob, say
+from .network import apply_network_plugin
 from .scheduler import pbs_allocation, read_job, slurm_allocation
 from .settings import kit_directory, load_settings, resolve_settings, site_launch, sweep_settings
 from .sites import SiteProfile, load_site
@@ -94,6 +96,9 @@ def apply_site_environment(job: StudyJob, environ: dict[str, str]) -> None:
     environ.update(job.profile.environment)
     for name, value in job.profile.environment_defaults.items():
         environ.setdefault(name, value)
+    apply_network_plugin(job.profile, job.settings.network_plugin, environ)
+    if job.profile.import_first:  # read by `python -m harness` in every rank, before torch
+        environ[IMPORT_FIRST_VARIABLE] = job.profile.import_first["module"]
     if job.settings.rendezvous_domain:
         environ[RENDEZVOUS_DOMAIN_VARIABLE] = job.settings.rendezvous_domain
     environ.update(GPUS_PER_NODE=str(job.settings.gpus_per_node), PROCS_PER_GPU=str(job.settings.procs_per_gpu))

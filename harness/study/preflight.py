@@ -66,6 +66,9 @@ def check_study(
     )
     storage = submission.variables.get("JOB_DIR") or os.path.join(kit, "runs")
     result = run_checks(profile, settings, request, sweep_settings(profile, settings, kit), environ, storage)
+    result.problems += [
+        f"{option}: {why}" for option, why in profile.refused_options.items() if option in submission.options
+    ]
     stop = settings.stop_before_walltime
     if profile.warning == "timer" and stop and submission.walltime_s is not None and submission.walltime_s <= stop:
         result.problems.append(
