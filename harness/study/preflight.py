@@ -3,7 +3,9 @@
 Run through the job template (`bash submissions/polaris.sc --check -- -A <project> ...`), the check
 sees the job's own software environment (the template's module and venv lines ran first), reads the
 request the way the scheduler will (the template's directives, the command line over them), and
-judges it with harness.study.check. `--submit` queues it only when the check passed.
+judges it with harness.study.check, and refuses the submission options the site says break its
+jobs (the profile's `refused_options`: `qsub -V` on Aurora). `--submit` queues it only when the
+check passed.
 """
 
 from __future__ import annotations
