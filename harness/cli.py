@@ -60,11 +60,17 @@ def _env(args: argparse.Namespace) -> int:
     import dataclasses as dc
     import socket
 
-    from .process.discovery import default_threads, detect_cluster
+    from .process.discovery import default_threads, detect_cluster, node_id
 
     cluster = detect_cluster()
-    # The hostname tells which node each rank landed on (a multi-node job's placement).
-    found = {**dc.asdict(cluster), "default_threads": default_threads(cluster), "hostname": socket.gethostname()}
+    # The hostname (and the launcher's node index) tell which node each rank landed on: the study job
+    # checks the placement against its plan (harness.study.placement).
+    found = {
+        **dc.asdict(cluster),
+        "default_threads": default_threads(cluster),
+        "hostname": socket.gethostname(),
+        "node_id": node_id(),
+    }
     print(json.dumps(found, sort_keys=True), flush=True)
     return 0
 

@@ -19,8 +19,10 @@
 #
 # Settings are qsub -v NAME=VALUE,... (list items separated by spaces): BACKENDS NODES RANKS SCALING
 # MODEL DATASET DATA_DIR BATCH_SIZE STEPS PRECISION TRAIN_ARGS JOB_DIR RESUBMIT ...
-# (harness/study/settings.py). Software: ALCF's frameworks module (PyTorch with XPU and the xccl
-# process group, DeepSpeed; no Horovod); -v PYTHON_ENV=venv adds a venv layered on it (VENV,
+# (harness/study/settings.py). Software: ALCF's frameworks module, pinned (FRAMEWORKS_MODULE,
+# default frameworks/2025.3.1: PyTorch with XPU and the xccl process group, DeepSpeed; no Horovod;
+# the pin and its source in harness/study/sites/aurora.json); submit with -v, never -V (ALCF's
+# known issues: -V can abort the start-up); -v PYTHON_ENV=venv adds a venv layered on it (VENV,
 # default .venv-aurora: `python -m venv --system-site-packages` after `module load frameworks`,
 # then `pip install --no-deps -e .` into it).
 set -euo pipefail
@@ -32,8 +34,19 @@ if [[ ! -f "$KIT_DIR/harness/study/job.py" ]]; then
 fi
 export KIT_DIR
 
+load_modules() {  # one `module load` per name; one that fails is named in one line, exit 2
+    local name
+    for name in "$@"; do
+        if ! module load "$name" 2>/dev/null; then
+            echo "job: error: \`module load $name\` failed; \`module avail ${name%%/*}\` lists what this site has (set SITE_MODULES to choose)" >&2
+            exit 2
+        fi
+    done
+}
+
 set +u  # Lmod reads unset variables
-module load frameworks
+module use /soft/modulefiles
+load_modules "${FRAMEWORKS_MODULE:-frameworks/2025.3.1}"
 if [[ "${PYTHON_ENV:-frameworks}" == venv ]]; then
     VENV="${VENV:-$KIT_DIR/.venv-aurora}"
     if [[ ! -f "$VENV/bin/activate" ]]; then

@@ -21,6 +21,8 @@
 # (harness/study/settings.py). Software: ALCF's conda module (conda/2025-09-25: PyTorch, DeepSpeed,
 # NCCL, mpi4py; no Horovod since 2025-10); -v PYTHON_ENV=venv adds a venv layered on it
 # (VENV, default .venv-polaris, made by tools/layered_venv.sh, which builds Horovod with NCCL).
+# NCCL over Slingshot uses ALCF's aws-ofi-nccl plugin, found before any run (--check says so on a
+# login node); -v NCCL_NET_PLUGIN=off runs without it, as ALCF advises where DeepSpeed hangs.
 set -euo pipefail
 
 KIT_DIR="${KIT_DIR:-${PBS_O_WORKDIR:-$(cd "$(dirname "$0")/.." && pwd)}}"
@@ -30,9 +32,19 @@ if [[ ! -f "$KIT_DIR/harness/study/job.py" ]]; then
 fi
 export KIT_DIR
 
+load_modules() {  # one `module load` per name; one that fails is named in one line, exit 2
+    local name
+    for name in "$@"; do
+        if ! module load "$name" 2>/dev/null; then
+            echo "job: error: \`module load $name\` failed; \`module avail ${name%%/*}\` lists what this site has (set SITE_MODULES to choose)" >&2
+            exit 2
+        fi
+    done
+}
+
 set +u  # Lmod and conda read unset variables
 module use /soft/modulefiles
-module load conda
+load_modules conda
 conda activate
 if [[ "${PYTHON_ENV:-conda}" == venv ]]; then
     VENV="${VENV:-$KIT_DIR/.venv-polaris}"

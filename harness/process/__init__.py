@@ -11,6 +11,8 @@
 - `state`: what a run sets in its process (CPU threads, memory reuse) and how the process gets
   everything back afterwards.
 - `allocator`: how a CPU process keeps freed memory for the next step.
+- `imports`: the modules a site needs imported before torch (HARNESS_IMPORT_FIRST: mpi4py on
+  Polaris, for Cray MPICH's GTL), imported first by `python -m harness`.
 - `preemption`: SIGTERM/SIGUSR1 turned into a checkpoint that every rank agrees on, and a dead peer
   turned into a clear error.
 

@@ -285,6 +285,17 @@ def detect_cluster(
     return ClusterEnv(rank, world_size, local_rank, local_world_size, master_addr, _master_port(environ), launcher)
 
 
+# The launcher's index of the node a rank runs on, where it gives one: which node a rank is on even
+# where several stand on one machine (an emulated cluster) and their hostnames agree.
+NODE_ID_VARIABLES = ("PALS_NODEID", "SLURM_NODEID")
+
+
+def node_id(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    """The launcher's index of this rank's node (Cray PALS, Slurm); None where it gives none."""
+    found = _first(os.environ if environ is None else environ, NODE_ID_VARIABLES)
+    return _as_int(*found) if found else None
+
+
 def cpu_cores() -> int:
     """Cores this process may run on (respects cgroup/affinity limits, unlike os.cpu_count)."""
     try:

@@ -6,10 +6,11 @@
 - `bench` (with `allreduce`, the model and its fit), `predict`: `harness bench allreduce` (any backend's allreduce per
   message size, NCCL's ring alpha-beta model fitted to it) and `harness predict` (step time,
   throughput and efficiency at 1..512 nodes of a site, beside measured runs);
-- `job` (with `sites`, `scheduler`, `settings`, `check`, `submit`, `continuation`, `preflight`): a
-  whole study as a batch job, `harness study`: the site's profile (harness/study/sites/*.json), the
-  scheduler's view of the job, the checks before the queue (`--check`) and in the job, discovery,
-  the sweep, figures and report, and the job's continuation after a warning or a preemption;
+- `job` (with `sites`, `scheduler`, `settings`, `check`, `submit`, `continuation`, `preflight`,
+  `network`, `placement`): a whole study as a batch job, `harness study`: the site's profile
+  (harness/study/sites/*.json), the scheduler's view of the job, the checks before the queue
+  (`--check`) and in the job, the site's NCCL/RCCL network plugin, discovery and the placement it
+  shows, the sweep, figures and report, and the job's continuation after a warning or a preemption;
 - `trace`: the per-rank summary of a merged `harness train --profile-trace` trace (the training
   layer merges the ranks' traces into one, harness.training.trace);
 - `equivalence`, `weights`: the bound within which a distributed run must train the weights of one

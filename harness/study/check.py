@@ -18,7 +18,13 @@ are printed and do not stop it.
     data         DATASET's files are in DATA_DIR
     storage      JOB_DIR and DATA_DIR lie on file systems the job asked for (PBS `-l filesystems`)
                  and meant for job data (at NERSC not $HOME, 40 GB)
+    network      the site's libfabric plugin for NCCL/RCCL is where the runs will load it
+                 (unless NCCL_NET_PLUGIN=off; harness.study.network)
     the sweep    every run's `harness train` flags are accepted (batch splits, backend options)
+
+A queue the profile cannot list (a reservation queue R123456, a training queue such as ATPESC,
+Polaris' preemptable, Perlmutter's shared QOS: the profile's `unlisted_queues`) is accepted with a
+warning that its limits are unknown; a queue the profile lists is checked against its limits.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Optional
 from ..backends import get_backend
 from ..data.disk import DISK_DATASETS
 from ..errors import UsageError
+from .network import apply_network_plugin, check_network_plugin
 from .settings import StudySettings
 from .sites import Queue, SiteProfile
 from .sweep import SweepSettings, plan_sweep
@@ -101,6 +108,13 @@ def check_queue(profile: SiteProfile, request: StudyRequest, result: CheckResult
     if profile.scheduler == "pbs" and request.walltime_s is None and not request.queued:
         result.problems.append("no walltime: pass -l walltime=HH:MM:SS (e.g. -l walltime=01:00:00)")
     if not profile.queues:
+        return
+    unlisted = profile.unlisted_queue(request.queue)
+    if unlisted is not None:
+        result.warnings.append(
+            f"queue {request.queue} is a {unlisted.kind}, which {profile.name}'s profile cannot list: its "
+            "node and walltime limits are unknown here and not checked"
+        )
         return
     if not request.queue:
         option = {"queue": "-q", "qos": "-q <qos>", "partition": "-p <partition>"}.get(profile.queue_field, "-q")
@@ -259,6 +273,9 @@ def run_checks(
     check_qos(profile, request, result)
     check_chaining(profile, request, settings.resubmit, result)
     result.problems += check_data(settings)
+    environ = dict(environ)
+    apply_network_plugin(profile, settings.network_plugin, environ)  # what the runs will search
+    result.problems += check_network_plugin(profile, settings.network_plugin, settings.gpus_per_node, environ)
     check_storage(
         profile, {"JOB_DIR": storage_path, "DATA_DIR": settings.data_dir}, request.filesystems, environ, result
     )

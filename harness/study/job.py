@@ -9,9 +9,10 @@
 
 A job: reads itself from the scheduler (harness.study.scheduler), resolves its settings, applies the
 site's environment (network variables, TMPDIR, rendezvous domain), runs the same checks as
-`--check` (harness.study.check), checks what every rank discovers, warns itself before the walltime
-where the scheduler will not (PBS), runs the sweep (which passes SIGTERM/SIGUSR1 to the run in
-progress; it checkpoints), and writes figures and report. A study cut short continues: warned before
+`--check` (harness.study.check), checks where every rank landed against the plan (hosts, local
+ranks, one rendezvous; harness.study.placement), warns itself before the walltime where the
+scheduler will not (PBS), runs the sweep (which passes SIGTERM/SIGUSR1 to the run in progress; it
+checkpoints), and writes figures and report. A study cut short continues: warned before
 its time limit, or preempted, the job resubmits itself (or leaves it to Slurm where a preempted job
 is requeued); cancelled (scancel, qdel) it stops after its checkpoint.
 
@@ -35,11 +36,14 @@ from typing import Any, Optional
 from ..errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, UsageError
 from ..process.accelerator import detect_accelerator
 from ..process.discovery import RENDEZVOUS_DOMAIN_VARIABLE
+from ..process.imports import IMPORT_FIRST_VARIABLE
 from ..process.launchers import launch_environment
 from ..process.signals import SignalCatcher
 from .check import CheckResult, StudyRequest, run_checks
 from .continuation import continue_study
 from .jobdir import StudyJob, say
+from .network import apply_network_plugin
+from .placement import placement_problem
 from .scheduler import pbs_allocation, read_job, slurm_allocation
 from .settings import kit_directory, load_settings, resolve_settings, site_launch, sweep_settings
 from .sites import SiteProfile, load_site
@@ -95,6 +99,9 @@ def apply_site_environment(job: StudyJob, environ: dict[str, str]) -> None:
     environ.update(job.profile.environment)
     for name, value in job.profile.environment_defaults.items():
         environ.setdefault(name, value)
+    apply_network_plugin(job.profile, job.settings.network_plugin, environ)
+    if job.profile.import_first:  # read by `python -m harness` in every rank, before torch
+        environ[IMPORT_FIRST_VARIABLE] = job.profile.import_first["module"]
     if job.settings.rendezvous_domain:
         environ[RENDEZVOUS_DOMAIN_VARIABLE] = job.settings.rendezvous_domain
     environ.update(GPUS_PER_NODE=str(job.settings.gpus_per_node), PROCS_PER_GPU=str(job.settings.procs_per_gpu))
@@ -145,7 +152,8 @@ def warning_delay(job: StudyJob) -> Optional[float]:
 
 def discover(job: StudyJob, launch: str) -> None:
     """`harness env` on every rank of the whole allocation under the site launcher: a rank layout other
-    than nodes x ranks per node stops the job here (status 1), before hours are spent."""
+    than nodes x ranks per node (by host, with local ranks and sizes), or ranks that disagree on the
+    rendezvous, stops the job here (status 1), naming the hosts, before hours are spent."""
     per_node, nodes = job.settings.ranks_per_node, job.allocation.nodes
     total = per_node * nodes
     command = template_command(f"{launch} {{python}} -m harness env {{args}}", total, per_node, "", [])
@@ -167,7 +175,10 @@ def discover(job: StudyJob, launch: str) -> None:
             f"discovery saw {len(ranks)} of {total} ranks ({len(seen)} line(s), exit status "
             f"{status}; see {path}); check the launcher's flags and RANKS_PER_NODE"
         )
-    hosts = {entry.get("master_addr") for entry in seen}
+    problem = placement_problem(seen, nodes, per_node)
+    if problem:
+        raise StudyFailed(f"discovery: {problem} (see {path})")
+    hosts = {f"{entry.get('master_addr')}:{entry.get('master_port')}" for entry in seen}
     say(f"discovery: {total} ranks on {nodes} node(s), {per_node} per node, rendezvous at {', '.join(sorted(hosts))}")
 
 

@@ -3,7 +3,9 @@
 Run through the job template (`bash submissions/polaris.sc --check -- -A <project> ...`), the check
 sees the job's own software environment (the template's module and venv lines ran first), reads the
 request the way the scheduler will (the template's directives, the command line over them), and
-judges it with harness.study.check. `--submit` queues it only when the check passed.
+judges it with harness.study.check, and refuses the submission options the site says break its
+jobs (the profile's `refused_options`: `qsub -V` on Aurora). `--submit` queues it only when the
+check passed.
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ def check_study(
     )
     storage = submission.variables.get("JOB_DIR") or os.path.join(kit, "runs")
     result = run_checks(profile, settings, request, sweep_settings(profile, settings, kit), environ, storage)
+    result.problems += [
+        f"{option}: {why}" for option, why in profile.refused_options.items() if option in submission.options
+    ]
     stop = settings.stop_before_walltime
     if profile.warning == "timer" and stop and submission.walltime_s is not None and submission.walltime_s <= stop:
         result.problems.append(

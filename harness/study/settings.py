@@ -17,6 +17,8 @@ defaults, resolved against the allocation into one checked `StudySettings`.
     MAX_RESUBMISSIONS   bound on the job chain
     STOP_BEFORE_WALLTIME  seconds before the walltime at which the runs checkpoint (PBS)
     RENDEZVOUS_DOMAIN   appended to rank 0's host for the rendezvous (default: the site's network)
+    NCCL_NET_PLUGIN     on (default) | off: the site's libfabric plugin for NCCL/RCCL, or none of
+                        its variables (ALCF's advice where it hangs DeepSpeed; harness.study.network)
     JOB_DIR SWEEP_ID    the job's directory (default runs/<template>-<job id>) and the records' tag
 """
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..errors import UsageError
+from .network import plugin_choice
 from .scheduler import Allocation
 from .sites import SiteProfile
 from .sweep import RUN_TEMPLATE, SweepSettings
@@ -51,6 +54,7 @@ BUILTIN_DEFAULTS = {
     "STOP_BEFORE_WALLTIME": "300",
     "SRUN_MPI": "",
     "SCALE_BY": "ranks",
+    "NCCL_NET_PLUGIN": "on",
 }
 SETTINGS_FILE = "study.json"
 
@@ -88,6 +92,7 @@ class StudySettings:
     rendezvous_domain: str
     job_dir: str
     sweep_id: str
+    network_plugin: str = "on"  # NCCL_NET_PLUGIN; a default, for the study.json of an older job
 
     def train_flags(self) -> list[str]:
         """The `harness train` flags every run of the study shares."""
@@ -264,6 +269,7 @@ def resolve_settings(
         rendezvous_domain=get("RENDEZVOUS_DOMAIN"),
         job_dir=job_dir,
         sweep_id=get("SWEEP_ID") or os.path.basename(job_dir),
+        network_plugin=plugin_choice(get("NCCL_NET_PLUGIN")),
     )
 
 

@@ -9,7 +9,7 @@ environment, or what --export names).
 A job continues itself with the same request: PBS replays the job's own `Submit_arguments` to the
 queue it was submitted to (PBS_O_QUEUE: the routing queue, not the execution queue it landed in);
 Slurm asks again for every resource the job record shows (nodes, tasks and GPUs per node,
-constraint, QOS or partition, account, time limit; both partition and QOS where the site names its
+constraint, QOS or partition, account, reservation, time limit; both partition and QOS where the site names its
 queues by partition and lists QOSes, Frontier), so nothing given on sbatch's command line is dropped.
 """
 
@@ -63,7 +63,17 @@ SBATCH_FLAGS = frozenset(
     }
 )
 SBATCH_SHORT_FLAGS = frozenset({"-H", "-O", "-Q", "-v", "-W", "-h", "-s"})
-RESUBMITTED_RESOURCES = ("nodes", "ntasks-per-node", "cpus-per-task", "gpus-per-node", "constraint", "account", "time")
+# a reservation (a workshop's nodes) is kept too: the continuation runs where the study began
+RESUBMITTED_RESOURCES = (
+    "nodes",
+    "ntasks-per-node",
+    "cpus-per-task",
+    "gpus-per-node",
+    "constraint",
+    "account",
+    "reservation",
+    "time",
+)
 
 
 @dataclass
@@ -82,6 +92,7 @@ class Submission:
     tasks_per_node: Optional[int] = None
     cpus_per_task: Optional[int] = None
     variables: dict[str, str] = field(default_factory=dict)  # what the job's environment will hold
+    options: list[str] = field(default_factory=list)  # every option given, directives included (-V, --export)
 
 
 def directives(script: str, scheduler: str) -> list[str]:
@@ -134,7 +145,9 @@ def _pbs_submission(script: str, words: Sequence[str], environ: Mapping[str, str
     submission = Submission("pbs", script, list(words))
     export_all = False
     variables: dict[str, str] = {}
-    for option, value in [*qsub_words(directives(script, "pbs"))[0], *options]:
+    given = [*qsub_words(directives(script, "pbs"))[0], *options]
+    submission.options = [option for option, _ in given]
+    for option, value in given:
         if option == "-A":
             submission.account = value
         elif option == "-q":
@@ -214,6 +227,7 @@ def _slurm_submission(script: str, words: Sequence[str], environ: Mapping[str, s
         tasks_per_node=int(merged["ntasks-per-node"]) if merged.get("ntasks-per-node", "").isdigit() else None,
         cpus_per_task=int(merged["cpus-per-task"]) if merged.get("cpus-per-task", "").isdigit() else None,
         variables=variables,
+        options=[name if name.startswith("-") else f"--{name}" for name in merged],
     )
 
 

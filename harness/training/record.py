@@ -199,23 +199,49 @@ JOB_RESULTS = "results.jsonl"  # what the job templates in submissions/ write at
 
 
 def read_results(paths: Iterable[str]) -> list[dict[str, Any]]:
-    """The records of results files that must exist (a missing one is a UsageError naming the fix).
+    """The records of results files, for `harness report`, `plot`, `predict` and notebooks.
 
     A directory stands for the results.jsonl of a job directory that the job templates write (its
-    other JSONL files, such as discovery-<job>.jsonl, are not run records)."""
+    other JSONL files, such as discovery-<job>.jsonl, are not run records). A line that is not a
+    whole record (a job killed mid-write leaves at most its last line cut short) is skipped with
+    a one-line warning naming file and line. Raises UsageError, one line naming the fix, when a
+    file is missing or the files hold no record at all: every command answers an empty or missing
+    results file the same way."""
     from ..errors import UsageError
 
     paths = [os.path.join(path, JOB_RESULTS) if os.path.isdir(path) else path for path in paths]
     missing = [path for path in paths if not os.path.isfile(path)]
     if missing:
         raise UsageError(f"results file {missing[0]} does not exist; run `harness sweep --results FILE` first")
-    return read_records(paths)
+    records = read_records(paths)
+    if not records:
+        raise UsageError(
+            f"results file {', '.join(paths)} holds no records; run `harness sweep --results FILE` "
+            "(or let the study's job finish a run) first"
+        )
+    return records
 
 
 def read_records(paths: Iterable[str]) -> list[dict[str, Any]]:
-    """All records of the given JSONL files, in file order."""
+    """All whole records of the given JSONL files, in file order; a line that is not one (cut
+    short by a killed job) is skipped with a warning on stderr that names its file and line."""
     records = []
     for path in paths:
-        with open(path) as handle:
-            records.extend(json.loads(line) for line in handle if line.strip())
+        with open(path, errors="replace") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    record = None
+                if isinstance(record, dict):
+                    records.append(record)
+                    continue
+                print(
+                    f"harness: warning: {path} line {number} is not a whole record (a job stopped while "
+                    "writing it?); skipped, the other records are read",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return records

@@ -1,7 +1,7 @@
 """The job templates in submissions/, run for real: thin scripts around `harness study`.
 
 - Slurm is real: munged, slurmctld and slurmd from Debian's packages, started here with a private
-  configuration (tests/slurm_cluster.py) plus two partitions where one preempts the other with a
+  configuration (tests/helpers/slurm_cluster.py) plus two partitions where one preempts the other with a
   grace time; `sbatch submissions/slurm-cpu.sbatch` runs a whole study, a job warned before its
   time limit (`scancel --signal=USR1 --batch`) checkpoints, resubmits itself and ends with the
   weights of an uninterrupted run, a preempted one (SIGTERM to its steps, grace time) continues in

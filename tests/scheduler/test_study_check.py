@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO
-from tests.unit.test_study_check import AURORA, FRONTIER, POLARIS
+from tests.unit.test_study_check import AURORA, FRONTIER, PLUGINS, POLARIS
 
 
 def test_horovod_missing_from_polaris_conda_is_refused_before_anything_is_queued(tmp_path):
@@ -32,6 +32,7 @@ def test_horovod_missing_from_polaris_conda_is_refused_before_anything_is_queued
         PYTHON_ENV="venv",
         VENV=os.path.join(REPO, ".venv"),
         PATH=f"{qsub.parent}:{os.environ['PATH']}",
+        **PLUGINS,
     )
     result = subprocess.run(
         ["bash", POLARIS, "--submit", "--", "-A", "DLscaling", "-v", "BACKENDS=ddp horovod"],
@@ -73,7 +74,12 @@ def test_a_backend_the_site_lacks_is_refused_through_the_template_in_one_line(te
     shims = tmp_path / "site-shell"
     shims.write_text("module() { :; }\nconda() { :; }\n")
     env = dict(
-        os.environ, BASH_ENV=str(shims), PYTHON_ENV="venv", VENV=os.path.join(REPO, ".venv"), BACKENDS="horovod"
+        os.environ,
+        BASH_ENV=str(shims),
+        PYTHON_ENV="venv",
+        VENV=os.path.join(REPO, ".venv"),
+        BACKENDS="horovod",
+        **PLUGINS,
     )
     result = subprocess.run(
         ["bash", template, "--check", "--", *args],

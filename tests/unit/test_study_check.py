@@ -22,18 +22,21 @@ POLARIS = os.path.join(REPO, "submissions", "polaris.sc")
 PERLMUTTER = os.path.join(REPO, "submissions", "perlmutter.sbatch")
 AURORA = os.path.join(REPO, "submissions", "aurora.sc")
 FRONTIER = os.path.join(REPO, "submissions", "frontier.sbatch")
+PLUGINS = {"LD_LIBRARY_PATH": os.path.join(REPO, "tests", "data", "site_plugins")}  # the sites' NCCL/RCCL plugins
 
 
 def polaris(*args: str, **variables: str):
     """check_study of qsub ARGS polaris.sc, the -v list from `variables` (ddp only: quick imports)."""
     settings = {"BACKENDS": "ddp", **variables}
     return check_study(
-        "polaris", POLARIS, [*args, "-v", ",".join(f"{k}={v}" for k, v in settings.items())], environ={}
+        "polaris", POLARIS, [*args, "-v", ",".join(f"{k}={v}" for k, v in settings.items())], environ=PLUGINS
     )[0]
 
 
 def perlmutter(*args: str, environ=None):
-    return check_study("perlmutter", PERLMUTTER, list(args), environ={"BACKENDS": "ddp", **(environ or {})})[0]
+    return check_study(
+        "perlmutter", PERLMUTTER, list(args), environ={"BACKENDS": "ddp", **PLUGINS, **(environ or {})}
+    )[0]
 
 
 def test_the_templates_own_request_passes_once_the_account_is_given():
@@ -205,7 +208,7 @@ def aurora(*args: str, **variables: str):
 
 
 def frontier(*args: str, environ=None):
-    return check_study("frontier", FRONTIER, list(args), environ={"BACKENDS": "ddp", **(environ or {})})[0]
+    return check_study("frontier", FRONTIER, list(args), environ={"BACKENDS": "ddp", **PLUGINS, **(environ or {})})[0]
 
 
 def test_the_aurora_and_frontier_templates_pass_once_the_account_is_given():
@@ -305,7 +308,7 @@ def test_in_the_job_the_default_qos_passes_and_chaining_in_the_debug_qos_is_refu
         job = make_job(
             "frontier", str(tmp_path / qos), {"BACKENDS": "ddp", "RESUBMIT": resubmit}, record=record, gpus=8
         )
-        environ = {}
+        environ = dict(PLUGINS)
         apply_site_environment(job, environ)
         return in_job_checks(job, sweep_settings(job.profile, job.settings, REPO), environ)
 

@@ -217,8 +217,8 @@ def test_frontier_binds_each_rank_to_its_closest_gcd_and_sets_the_rccl_plugin_en
     # --gpu-bind=closest; the RCCL/libfabric variables HPE and AMD recommend with the plugin.
     job = make_job("frontier", str(tmp_path / "job"), gpus=8)
     assert site_launch(job.profile, job.settings, "/kit") == (
-        "srun --nodes {nodes} --ntasks {ranks} --ntasks-per-node {ppn} --cpus-per-task 7 --gpus-per-task 1 "
-        "--gpu-bind closest"
+        "srun --network=disable_rdzv_get --nodes {nodes} --ntasks {ranks} --ntasks-per-node {ppn} "
+        "--cpus-per-task 7 --gpus-per-task 1 --gpu-bind closest"
     )
     environ = {}
     apply_site_environment(job, environ)

@@ -6,7 +6,13 @@ network variables, the software environment, the queues with their node and wall
 whether a job may resubmit itself there (and, at a Slurm site whose queues are partitions, the
 QOSes a job may name beside its partition with -q, each with limits of its own: Frontier's debug),
 the file systems job data may live on, and the network's figures (NICs, links, latencies) that
-`harness predict` models the site with. `polaris`, `perlmutter`, `aurora`, `frontier`,
+`harness predict` models the site with. Site facts carry their source: `network_plugin` (the
+collective library's libfabric plugin, whose variables are set only together with it),
+`import_first` (a module each rank imports before torch, and why), `pins` (each pinned software
+version and the guide it comes from), `unlisted_queues` (queues a workshop uses whose limits the
+profile cannot know: reservation and training queues), `refused_options` (submission options the
+site says break its jobs) and `verified_on` (the date the profile last ran there, or "not run
+there"). `polaris`, `perlmutter`, `aurora`, `frontier`,
 `generic-slurm` and `generic-pbs` come with the kit; `--site path/to/site.json` takes another
 written the same way.
 
@@ -79,6 +85,29 @@ class Storage:
 
 
 @dataclass(frozen=True)
+class NetworkPlugin:
+    """The collective library's network plugin (aws-ofi-nccl, aws-ofi-rccl): a library NCCL/RCCL
+    loads from LD_LIBRARY_PATH. Its `variables` (NCCL_NET names it) are set only together with it:
+    NCCL_NET naming a network whose plugin is not loaded fails every communicator at init."""
+
+    library: str  # the file NCCL/RCCL dlopens, e.g. libnccl-net.so
+    library_path: tuple[str, ...] = ()  # directories put first on LD_LIBRARY_PATH (may hold $VARIABLES)
+    variables: dict[str, str] = field(default_factory=dict)  # set with the plugin, unset without it
+    fix: str = ""  # how to get the plugin, for the one-line error when it is missing
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class UnlistedQueue:
+    """Queues the profile cannot list (reservation queues, training queues): a name pattern; such a
+    queue is accepted with a warning that its limits are not known here."""
+
+    pattern: str  # a regular expression the whole queue name matches
+    kind: str  # what such a queue is, for the warning ("reservation queue")
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class SiteProfile:
     """One cluster, as its JSON file describes it (see the module docstring)."""
 
@@ -114,10 +143,27 @@ class SiteProfile:
     defaults: dict[str, str] = field(default_factory=dict)
     # NICs, links and NCCL ring latencies for `harness predict` (harness.study.predict.network_from_site)
     network: dict[str, Any] = field(default_factory=dict)
+    network_plugin: Optional[NetworkPlugin] = None
+    # a module every rank imports before torch: {"module": ..., "reason": ..., "source": ...}
+    import_first: dict[str, str] = field(default_factory=dict)
+    # pinned software: {what: {"value": ..., "source": the guide it comes from}}
+    pins: dict[str, dict[str, str]] = field(default_factory=dict)
+    unlisted_queues: tuple[UnlistedQueue, ...] = ()
+    # qsub/sbatch options the site says break its jobs: {option: why, with its source}
+    refused_options: dict[str, str] = field(default_factory=dict)
+    verified_on: str = "not run there"  # the date the profile last ran there
+
+    def unlisted_queue(self, name: Optional[str]) -> Optional[UnlistedQueue]:
+        """The kind of queue `name` is where the profile cannot list it (a reservation or training
+        queue), else None."""
+        if not name or name in self.queues:
+            return None
+        return next((kind for kind in self.unlisted_queues if re.fullmatch(kind.pattern, name)), None)
 
     def queue(self, name: Optional[str]) -> Optional[Queue]:
-        """The queue `name`; None where the profile lists no queues (or no name is known)."""
-        if not self.queues or not name:
+        """The queue `name`; None where the profile lists no queues, no name is given, or the name
+        is one of `unlisted_queues` (limits unknown); UsageError naming the known ones otherwise."""
+        if not self.queues or not name or self.unlisted_queue(name):
             return None
         if name not in self.queues:
             raise unknown_choice(
@@ -161,7 +207,7 @@ class SiteProfile:
         best: Optional[tuple[int, Storage]] = None
         real = os.path.realpath(path)
         for entry in self.storage:
-            prefix = _expand(entry.path, environ)
+            prefix = expand_path(entry.path, environ)
             if not prefix:
                 continue  # a variable that is not set here ($SCRATCH on a laptop)
             prefix = os.path.realpath(prefix)
@@ -223,7 +269,7 @@ class SiteProfile:
         return shlex.split(_PLACEHOLDER.sub(lambda m: shlex.quote(str(values.get(m[1], m[0]))), template))
 
 
-def _expand(path: str, environ: Mapping[str, str]) -> str:
+def expand_path(path: str, environ: Mapping[str, str]) -> str:
     """`path` with $NAME replaced from `environ`; empty when a variable it names is unset."""
     names = re.findall(r"\$(\w+)", path)
     if any(not environ.get(name) for name in names):
@@ -264,7 +310,12 @@ def profile_from_dict(data: dict[str, Any], source: str) -> SiteProfile:
     qos = _queue_table("qos", data.pop("qos", {}), source)
     storage = tuple(Storage(**entry) for entry in data.pop("storage", []))
     try:
+        plugin = data.pop("network_plugin", None)
+        plugin = NetworkPlugin(**{**plugin, "library_path": tuple(plugin.get("library_path", ()))}) if plugin else None
+        unlisted = tuple(UnlistedQueue(**entry) for entry in data.pop("unlisted_queues", []))
         profile = SiteProfile(
+            network_plugin=plugin,
+            unlisted_queues=unlisted,
             queues=queues,
             qos=qos,
             storage=storage,

@@ -2,7 +2,9 @@
 
 Usage: qstat_json.py SPOOL SUFFIX NUMBER...  Resource_List.* become one object (numbers as numbers,
 as PBS prints nodect), Variable_List holds the job's PBS_O_* and -v (or -V) variables, job_state
-and Exit_status come from the spool.
+and Exit_status come from the spool. `qstat_json.py --variable-list SPOOL NUMBER` prints plain
+`qstat -f`'s Variable_List line instead: NAME=VALUE items joined by commas, a comma inside a value
+escaped with a backslash.
 """
 
 import json
@@ -38,6 +40,11 @@ def job(spool: str, number: str) -> dict:
 
 
 def main() -> None:
+    if sys.argv[1] == "--variable-list":
+        variables = job(sys.argv[2], sys.argv[3])["Variable_List"]
+        items = ",".join(f"{name}={value.replace(',', chr(92) + ',')}" for name, value in variables.items())
+        print(f"    Variable_List = {items}")
+        return
     spool, suffix, numbers = sys.argv[1], sys.argv[2], sys.argv[3:]
     jobs = {f"{number}.{suffix}": job(spool, number) for number in numbers}
     print(

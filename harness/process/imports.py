@@ -1,0 +1,31 @@
+"""Modules a site needs imported before anything imports torch.
+
+On Polaris, Cray MPICH aborts a rank ("GPU_SUPPORT_ENABLED is requested, but GTL library is not
+linked") when torch is loaded before MPI; ALCF's fix is to import mpi4py's MPI first (the site
+profile's `import_first` says so, with its source). A study job names such modules in
+HARNESS_IMPORT_FIRST, and `python -m harness` imports them in every rank before its command runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+
+from ..errors import UsageError
+
+IMPORT_FIRST_VARIABLE = "HARNESS_IMPORT_FIRST"
+
+
+def import_first(environ: Mapping[str, str]) -> list[str]:
+    """Import the modules HARNESS_IMPORT_FIRST names (commas between them), in order; the names
+    imported. Raises UsageError naming the module when one cannot be imported."""
+    names = [name.strip() for name in environ.get(IMPORT_FIRST_VARIABLE, "").split(",") if name.strip()]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise UsageError(
+                f"{IMPORT_FIRST_VARIABLE} asks for {name} before torch, and it cannot be imported ({exc}); "
+                f"install it in the job's Python, or unset {IMPORT_FIRST_VARIABLE}"
+            ) from exc
+    return names
