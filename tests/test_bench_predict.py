@@ -260,6 +260,7 @@ def test_predicted_and_measured_on_the_same_axes(tmp_path):
     bench.write_text(
         json.dumps(
             {
+                "kind": "allreduce-benchmark",
                 "backend": "ddp",
                 "world_size": 2,
                 "nodes": 2,

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
 from ..errors import UsageError
+from ..fileio import atomic_write
 
 GB = 1e9
 DEFAULT_NODES = tuple(2**k for k in range(10))  # 1 .. 512
@@ -319,12 +320,26 @@ def add_predict_flags(parser: Any) -> None:
     parser.add_argument("-o", "--output", default=None, help="figure prefix: PREFIX-prediction.{png,svg,json}")
 
 
+def parse_nodes(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; UsageError for anything but positive whole node counts."""
+    try:
+        nodes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        nodes = []
+    if not nodes or min(nodes) < 1:
+        raise UsageError(f"--nodes takes positive node counts, e.g. --nodes 1,2,4; got {text!r}")
+    return nodes
+
+
+def _dump(document: Mapping[str, Any], path: str) -> None:
+    with open(path, "w") as handle:
+        json.dump(document, handle, indent=1, allow_nan=False)
+
+
 def predict_command(args: Any) -> int:
     """`harness predict`: print the prediction table (and write JSON and figure when asked)."""
+    nodes = parse_nodes(args.nodes)
     network, workload = network_and_workload(args)
-    nodes = [int(part) for part in args.nodes.split(",") if part.strip()]
-    if not nodes or min(nodes) < 1:
-        raise UsageError(f"--nodes takes positive node counts, e.g. 1,2,4; got {args.nodes!r}")
     rows = predict_scaling(workload, network, nodes)
     measured = None
     if args.measured:
@@ -344,14 +359,41 @@ def predict_command(args: Any) -> int:
         "measured": {str(k): v for k, v in (measured or {}).items()},
     }
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(document, handle, indent=1, allow_nan=False)
+        atomic_write(args.json, lambda tmp: _dump(document, tmp))
     if args.output:
         from .plot import write_prediction_figure
 
         for path in write_prediction_figure(rows, measured, f"{network.name}: {workload.source}", args.output):
             print(path)
     return 0
+
+
+POSITIVE_FLAGS = ("throughput", "batch_size", "gradient_bytes", "bucket_mb", "ranks_per_node")
+
+
+def check_positive(args: Any) -> None:
+    """UsageError for a count or rate given as zero or less (a negative throughput has no prediction)."""
+    for name in POSITIVE_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} must be positive, got {value:g}; give {flag} a number above zero")
+
+
+def read_bench(path: str) -> dict[str, Any]:
+    """The result file of `harness bench allreduce --results`; UsageError naming the fix when it is
+    missing, not JSON, or another kind of file (a results.jsonl of runs, a profile)."""
+    fix = "give --network the JSON that `harness bench allreduce --results FILE` wrote"
+    try:
+        with open(path) as handle:
+            result = json.load(handle)
+    except FileNotFoundError:
+        raise UsageError(f"--network file {path} does not exist; {fix}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, IsADirectoryError):
+        raise UsageError(f"--network file {path} is not one JSON document; {fix}") from None
+    if not isinstance(result, dict) or result.get("kind") != "allreduce-benchmark":
+        raise UsageError(f"--network file {path} is not a benchmark result; {fix}")
+    return result
 
 
 def network_and_workload(args: Any) -> tuple[Network, Workload]:
@@ -362,10 +404,10 @@ def network_and_workload(args: Any) -> tuple[Network, Workload]:
             "name the network: --site polaris (its profile) or --network BENCH.json "
             "(`harness bench allreduce --results`)"
         )
+    check_positive(args)
     network = network_from_site(args.site) if args.site else None
     if args.network:
-        with open(args.network) as handle:
-            network = network_from_bench(json.load(handle), args.ranks_per_node, within=network)
+        network = network_from_bench(read_bench(args.network), args.ranks_per_node, within=network)
     assert network is not None
     if args.ranks_per_node:
         network = replace(network, ranks_per_node=args.ranks_per_node)

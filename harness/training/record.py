@@ -212,9 +212,31 @@ def read_results(paths: Iterable[str]) -> list[dict[str, Any]]:
 
 
 def read_records(paths: Iterable[str]) -> list[dict[str, Any]]:
-    """All records of the given JSONL files, in file order."""
+    """All records of the given JSONL files, in file order.
+
+    A last line cut off (a run stopped while appending it) is left out with a warning on stderr
+    naming the file and line; a bad line before the last raises UsageError naming it."""
     records = []
     for path in paths:
         with open(path) as handle:
-            records.extend(json.loads(line) for line in handle if line.strip())
+            lines = [(number, line) for number, line in enumerate(handle, 1) if line.strip()]
+        for index, (number, line) in enumerate(lines):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                _bad_line(path, number, last=index == len(lines) - 1)
     return records
+
+
+def _bad_line(path: str, number: int, last: bool) -> None:
+    from ..errors import UsageError
+
+    if not last:
+        raise UsageError(
+            f"results file {path} line {number} is not a JSON record; remove that line (or use another results file)"
+        )
+    print(
+        f"warning: results file {path} line {number} is cut off (a run stopped while writing it); "
+        "read the records before it; remove the line to silence this",
+        file=sys.stderr,
+    )
