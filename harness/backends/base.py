@@ -38,6 +38,7 @@ from ..fileio import load_tensors
 from ..process.discovery import ClusterEnv
 from .options import BackendOptions
 from .precision import Precision
+from .traffic import Collective, ModelShape
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -286,6 +287,11 @@ class Backend(abc.ABC):
     def tuning(self) -> dict[str, Any]:
         """The framework's performance knobs as applied (they change speed, not the math)."""
         return {}
+
+    @abc.abstractmethod
+    def traffic(self, shape: ModelShape) -> list[Collective]:
+        """The collectives one optimizer step runs under this backend's options on a model of
+        `shape`, in the order they are issued (harness.backends.traffic): what a cost model prices."""
 
     def versions(self) -> dict[str, str]:
         """Versions of the libraries this backend used."""

@@ -29,12 +29,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
+from ..backends.traffic import Collective
 from ..errors import UsageError
 from ..fileio import atomic_write
+from .nccl import Choice
+from .stepmodel import BACKWARD_SHARE, step_communication
 
 GB = 1e9
 DEFAULT_NODES = tuple(2**k for k in range(10))  # 1 .. 512
-BACKWARD_SHARE = 2 / 3
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,12 @@ class Network:
 
     def busbw(self, nodes: int) -> float:
         return self.busbw_intra if nodes <= 1 else min(self.busbw_intra, self.busbw_inter)
+
+    def seconds(self, kind: str, size: float, ranks: int, nodes: int) -> Choice:
+        """The ring model of this fit for any collective: all_gather and reduce_scatter take half
+        the allreduce's steps and bytes (an assumption where `harness bench` measured only allreduce)."""
+        seconds = self.allreduce_seconds(size, ranks, nodes)
+        return Choice(seconds if kind == "all_reduce" else seconds / 2, "ring (fitted)", "-")
 
     def allreduce_seconds(self, size: float, ranks: int, nodes: int) -> float:
         """NCCL's ring model for one allreduce of `size` bytes over `ranks` ranks on `nodes` nodes."""
@@ -78,22 +86,40 @@ class Workload:
     overlap: float  # 0: communication starts after backward; 1: each bucket as soon as it is ready
     local_batch: int
     source: str
+    calls: tuple[Collective, ...] = ()  # the backend's traffic; () for allreduce in buckets
+    traffic_source: str = "allreduce of the gradients in buckets"
+    node_step_s: Optional[float] = None  # a full node's measured step: all but inter-node traffic
 
     def buckets(self) -> list[int]:
         full, rest = divmod(self.gradient_bytes, self.bucket_bytes)
         return [self.bucket_bytes] * full + ([rest] if rest else [])
 
+    def collectives(self) -> tuple[Collective, ...]:
+        """The backend's calls, else the gradient allreduced in buckets (after backward at overlap 0)."""
+        if self.calls:
+            return self.calls
+        phase = "backward_reduce" if self.overlap else "after_backward"
+        return tuple(Collective("all_reduce", size, 1, phase, bool(self.overlap)) for size in self.buckets())
 
-def communication(workload: Workload, network: Network, ranks: int, nodes: int) -> tuple[float, float]:
-    """(seconds of allreduce per step, seconds of it not hidden behind the backward)."""
-    done, produced, total = 0.0, 0, 0.0
-    for size in workload.buckets():
-        produced += size
-        ready = workload.backward_s * (1 - workload.overlap * (1 - produced / workload.gradient_bytes))
-        seconds = network.allreduce_seconds(size, ranks, nodes)
-        done = max(ready, done) + seconds
-        total += seconds
-    return total, max(done - workload.backward_s, 0.0) if total else 0.0
+    @property
+    def forward_s(self) -> float:
+        return self.backward_s * (1 - BACKWARD_SHARE) / BACKWARD_SHARE
+
+    @property
+    def optimizer_s(self) -> float:
+        return max(self.compute_s - self.forward_s - self.backward_s, 0.0)
+
+
+def communication(workload: Workload, network: Any, ranks: int, nodes: int) -> tuple[float, float]:
+    """(seconds of collectives per step, seconds of them not hidden behind compute)."""
+    timing = step_communication(
+        workload.collectives(),
+        lambda call: network.seconds(call.kind, call.bytes, ranks, nodes).seconds,
+        workload.forward_s,
+        workload.backward_s,
+        workload.optimizer_s,
+    )
+    return timing.total_s, timing.exposed_s
 
 
 def predict_scaling(
@@ -101,11 +127,14 @@ def predict_scaling(
 ) -> list[dict[str, Any]]:
     """One row per node count: ranks, communication, step time, throughput and efficiency."""
     alone = workload.compute_s + workload.overhead_s
+    node_extra = 0.0
+    if workload.node_step_s is not None:  # the node's own traffic and host as measured, not modelled
+        node_extra = workload.node_step_s - alone - communication(workload, network, network.ranks_per_node, 1)[1]
     rows = []
     for count in nodes:
         ranks = count * network.ranks_per_node
         total, exposed = communication(workload, network, ranks, count)
-        step = alone + exposed
+        step = alone + exposed + node_extra
         rows.append(
             {
                 "nodes": count,
