@@ -179,13 +179,13 @@ def _bench_allreduce(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from .study.predict import predict_command
+    from .study.predict_cli import predict_command
 
     return predict_command(args)
 
 
 def _predict_flags(parser: argparse.ArgumentParser) -> None:
-    from .study.predict import add_predict_flags
+    from .study.predict_cli import add_predict_flags
 
     add_predict_flags(parser)
 

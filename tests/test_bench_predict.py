@@ -108,15 +108,16 @@ def test_no_overlap_sends_everything_after_the_backward_and_one_rank_sends_nothi
         "step_s": 0.1,
         "throughput": 320.0,
         "efficiency": 1.0,
+        "algorithms": "",
     }
 
 
 def test_site_figures_come_from_the_profile():
     polaris, perlmutter = network_from_site("polaris"), network_from_site("perlmutter")
     assert polaris.ranks_per_node == 4 and perlmutter.ranks_per_node == 4
-    assert polaris.busbw_inter == pytest.approx(2 * 25e9 * 0.8)  # a pair of 25 GB/s NICs at 80%
-    assert perlmutter.busbw_inter == pytest.approx(4 * 25e9 * 0.8)
-    assert polaris.busbw_intra == pytest.approx(300e9 * 0.8) and polaris.alpha_inter_s == pytest.approx(14e-6)
+    assert polaris.model.inter_gbytes_per_s == pytest.approx(2 * 25 * 0.8)  # a pair of 25 GB/s NICs at 80%
+    assert perlmutter.model.inter_gbytes_per_s == pytest.approx(4 * 25 * 0.8)
+    assert polaris.busbw_intra == pytest.approx(300e9 * 0.8) and polaris.model.cpu_vendor == "amd"
     with pytest.raises(UsageError, match="has no network figures"):
         network_from_site("generic-slurm")
 
@@ -295,8 +296,8 @@ def test_predicted_and_measured_on_the_same_axes(tmp_path):
         for line in result.stdout.splitlines()
         if line.startswith("|")
     ]
-    assert table[0][-3:] == ["measured step ms", "± 95%", "error"]
-    assert table[3][1] == "2" and table[3][-1].startswith(("+", "-")) and table[4][-1] == "-"  # 4 ranks: not run
+    assert table[0][-4:-1] == ["measured step ms", "± 95%", "error"]
+    assert table[3][1] == "2" and table[3][-2].startswith(("+", "-")) and table[4][-2] == "-"  # 4 ranks: not run
 
 
 def test_the_prediction_figure_boxes_contended_measurements_and_shows_anchors():

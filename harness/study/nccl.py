@@ -242,3 +242,36 @@ class NcclModel:
                 self.channels * PER_CHANNEL_TREE_LL128[self.generation][column],
             )
         return bus * 0.5
+
+
+@dataclass(frozen=True)
+class NcclNetwork:
+    """A site's network as NCCL's tuner sees it, with the `harness predict` interface."""
+
+    name: str
+    ranks_per_node: int
+    model: NcclModel
+    source: str
+
+    def seconds(self, kind: str, size: float, ranks: int, nodes: int) -> Choice:
+        return self.model.seconds(kind, size, ranks, nodes)
+
+    @property
+    def alpha_intra_s(self) -> float:  # a ring's step on the node's links (Simple), for a bench's fit
+        return HW_LATENCY[self.model.intra_link]["ring"][2] * 1e-6
+
+    @property
+    def busbw_intra(self) -> float:
+        return self.model.intra_gbytes_per_s * 1e9
+
+    def assumptions(self) -> list[str]:
+        """What this prediction takes for granted, one line each."""
+        model = self.model
+        return [
+            f"collectives priced by NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc): {LIBRARY_NOTES[model.library]}",
+            f"{model.generation} GPUs, {model.cpu_vendor} CPUs, {model.intra_link} inside a node, {model.channels} channels",
+            f"bus bandwidth {model.intra_gbytes_per_s:g} GB/s inside a node, {model.inter_gbytes_per_s:g} GB/s "
+            "across nodes (line rates x the profile's efficiency)",
+            "LL128 across nodes " + ("on" if model.ll128_across_nodes else "off (the NIC is not next to the GPU)"),
+            "left out: CollNet, NVLS, PAT; congestion and placement on the network; stragglers",
+        ]

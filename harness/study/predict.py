@@ -24,15 +24,13 @@ waits for the slowest rank), and compute slowed by communication sharing memory 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from ..backends.traffic import Collective
+from ..backends.traffic import Collective, ModelShape, per_step
 from ..errors import UsageError
-from ..fileio import atomic_write
-from .nccl import Choice
+from .nccl import Choice, NcclModel, NcclNetwork
 from .stepmodel import BACKWARD_SHARE, step_communication
 
 GB = 1e9
@@ -58,6 +56,8 @@ class Network:
     def seconds(self, kind: str, size: float, ranks: int, nodes: int) -> Choice:
         """The ring model of this fit for any collective: all_gather and reduce_scatter take half
         the allreduce's steps and bytes (an assumption where `harness bench` measured only allreduce)."""
+        if ranks < 2:
+            return Choice(0.0, "none", "-")
         seconds = self.allreduce_seconds(size, ranks, nodes)
         return Choice(seconds if kind == "all_reduce" else seconds / 2, "ring (fitted)", "-")
 
@@ -144,12 +144,28 @@ def predict_scaling(
                 "step_s": step,
                 "throughput": ranks * workload.local_batch / step,
                 "efficiency": alone / step,
+                "algorithms": picked_algorithms(workload, network, ranks, count),
             }
         )
     return rows
 
 
-def network_from_site(name: str) -> Network:
+def picked_algorithms(workload: Workload, network: Any, ranks: int, nodes: int) -> str:
+    """Which algorithm and protocol each kind of call gets, e.g. 'all_reduce: tree/Simple x4'."""
+    picks: dict[str, dict[str, int]] = {}
+    for call in workload.collectives():
+        choice = network.seconds(call.kind, call.bytes, ranks, nodes)
+        if choice.algorithm != "none":
+            label = choice.algorithm + (f"/{choice.protocol}" if choice.protocol != "-" else "")
+            counts = picks.setdefault(call.kind, {})
+            counts[label] = counts.get(label, 0) + call.count
+    return "; ".join(
+        f"{kind}: " + ", ".join(f"{label} x{count}" for label, count in labels.items())
+        for kind, labels in picks.items()
+    )
+
+
+def network_from_site(name: str) -> Any:
     """The network figures of a site profile's `network` section (harness/study/sites/*.json)."""
     from .sites import load_site
 
@@ -159,6 +175,14 @@ def network_from_site(name: str) -> Network:
         raise UsageError(
             f"site {name} has no network figures; give --network BENCH.json from `harness bench "
             "allreduce`, or add a `network` section to its profile"
+        )
+    tuner: Mapping[str, Any] = getattr(profile, "nccl", None) or {}
+    if tuner:
+        return NcclNetwork(
+            name=profile.name,
+            ranks_per_node=max(profile.gpus_per_node, 1),
+            model=NcclModel.from_profile(figures, tuner),
+            source=f"site profile {profile.name}: {figures.get('source', '')}; {tuner.get('source', '')}",
         )
     efficiency = figures["efficiency"]
     return Network(
@@ -173,9 +197,7 @@ def network_from_site(name: str) -> Network:
     )
 
 
-def network_from_bench(
-    result: Mapping[str, Any], ranks_per_node: Optional[int] = None, within: Optional[Network] = None
-) -> Network:
+def network_from_bench(result: Mapping[str, Any], ranks_per_node: Optional[int] = None, within: Any = None) -> Network:
     """Figures fitted by `harness bench allreduce`: across nodes they are the network's (the node's
     own from `within`, else the same), on one node the node's."""
     fit = result.get("fit")
@@ -245,10 +267,41 @@ def workload_from_records(
 
 def model_gradient_bytes(model: str, channels: int = 3, size: int = 224, classes: int = 1000) -> int:
     """Bytes of the trainable float32 parameters of one of the harness's models (ImageNet-shaped by default)."""
+    return model_shape(model, channels, size, classes).parameter_bytes
+
+
+def model_shape(model: str, channels: int = 3, size: int = 224, classes: int = 1000) -> ModelShape:
+    """The float32 parameter bytes of one of the harness's models: in all, per top-level child
+    (the root's own parameters as one more), per module that holds parameters, in forward order."""
     from ..training.models import build_model
 
     built = build_model(model, channels, size, classes)
-    return sum(p.numel() * 4 for p in built.parameters() if p.requires_grad)
+
+    def own(module: Any, recurse: bool) -> int:
+        return sum(p.numel() * 4 for p in module.parameters(recurse=recurse) if p.requires_grad)
+
+    units = [own(child, True) for child in built.children()] + [own(built, False)]
+    modules = [own(module, False) for module in built.modules()]
+    return ModelShape(own(built, True), tuple(b for b in units if b), tuple(b for b in modules if b))
+
+
+def backend_traffic(name: str, options: Mapping[str, Any], shape: ModelShape) -> tuple[Collective, ...]:
+    """The collectives of backend `name` with `options` on a model of `shape` (the backend's own declaration)."""
+    from ..backends import backend_class
+
+    cls = backend_class(name)
+    return tuple(cls(cls.parse_options(options)).traffic(shape))
+
+
+def scaled_to_measured(calls: Sequence[Collective], measured: Mapping[str, Any]) -> tuple[Collective, ...]:
+    """The modelled calls with each kind's bytes scaled to the record's `step_breakdown.collectives`."""
+    modelled = per_step(calls)
+    return tuple(
+        replace(call, bytes=int(call.bytes * measured[call.kind]["bytes"] / modelled[call.kind]["bytes"]))
+        if call.kind in measured and modelled[call.kind]["bytes"]
+        else call
+        for call in calls
+    )
 
 
 def measured_steps(records: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -289,182 +342,10 @@ def prediction_table(rows: Sequence[dict[str, Any]], measured: Optional[Mapping[
             ("± 95%", lambda r: _measured(measured, r, lambda m: 1e3 * m["ci95"] if m["ci95"] else None)),
             ("error", lambda r: _measured(measured, r, lambda m: f"{r['step_s'] / m['mean'] - 1:+.1%}")),
         ]
+    columns.append(("algorithm", lambda r: r.get("algorithms") or "-"))
     return markdown_table(list(rows), columns)
 
 
 def _measured(measured: Mapping[int, dict[str, Any]], row: dict[str, Any], get: Any) -> Any:
     found = measured.get(row["ranks"])
     return get(found) if found and found.get("mean") else None
-
-
-def add_predict_flags(parser: Any) -> None:
-    """`harness predict`'s flags."""
-    parser.add_argument(
-        "--site",
-        default=None,
-        help="site profile for the network and GPUs per node: polaris, perlmutter (or a profile JSON)",
-    )
-    parser.add_argument(
-        "--network",
-        default=None,
-        help="network figures fitted by `harness bench allreduce --results FILE` (across nodes: the network's)",
-    )
-    parser.add_argument(
-        "--record",
-        nargs="+",
-        default=None,
-        help="results file(s): compute per step from the runs at the fewest workers",
-    )
-    parser.add_argument("--throughput", type=float, default=None, help="or: published samples/s of one GPU")
-    parser.add_argument("--batch-size", type=int, default=None, help="with --throughput: samples per GPU per step")
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="with --throughput: cnn, resnet18 or resnet50 (its gradient bytes, ImageNet-shaped)",
-    )
-    parser.add_argument(
-        "--gradient-bytes",
-        type=int,
-        default=None,
-        help="bytes averaged per step (default: the record's, or --model's)",
-    )
-    parser.add_argument(
-        "--bucket-mb",
-        type=float,
-        default=None,
-        help="gradient bucket in MiB (default: the record's bucket_cap_mb / fusion_threshold_mb, else 25)",
-    )
-    parser.add_argument(
-        "--overlap", type=float, default=1.0, help="0 (after backward) .. 1 (buckets as ready); default 1"
-    )
-    parser.add_argument("--ranks-per-node", type=int, default=None, help="default: the site's GPUs per node")
-    parser.add_argument("--nodes", default=",".join(map(str, DEFAULT_NODES)), help="node counts (default: 1..512)")
-    parser.add_argument(
-        "--measured",
-        nargs="+",
-        default=None,
-        help="results file(s) of runs to put beside the prediction (matched by world size)",
-    )
-    parser.add_argument("--json", default=None, help="write the prediction (and measured steps) as JSON here")
-    parser.add_argument("-o", "--output", default=None, help="figure prefix: PREFIX-prediction.{png,svg,json}")
-
-
-def parse_nodes(text: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4]; UsageError for anything but positive whole node counts."""
-    try:
-        nodes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        nodes = []
-    if not nodes or min(nodes) < 1:
-        raise UsageError(f"--nodes takes positive node counts, e.g. --nodes 1,2,4; got {text!r}")
-    return nodes
-
-
-def _dump(document: Mapping[str, Any], path: str) -> None:
-    with open(path, "w") as handle:
-        json.dump(document, handle, indent=1, allow_nan=False)
-
-
-def predict_command(args: Any) -> int:
-    """`harness predict`: print the prediction table (and write JSON and figure when asked)."""
-    nodes = parse_nodes(args.nodes)
-    network, workload = network_and_workload(args)
-    rows = predict_scaling(workload, network, nodes)
-    measured = None
-    if args.measured:
-        from ..training.record import read_results
-
-        measured = measured_steps(read_results(args.measured))
-    print(
-        f"network: {network.source}\ncompute: {workload.source}: {workload.compute_s * 1e3:.2f} ms per step "
-        f"(+ {workload.overhead_s * 1e3:.2f} ms overhead), {workload.gradient_bytes / 2**20:.1f} MiB of "
-        f"gradients in {len(workload.buckets())} bucket(s), overlap {workload.overlap:g}\n"
-    )
-    print(prediction_table(rows, measured))
-    document = {
-        "network": asdict(network),
-        "workload": asdict(workload),
-        "predicted": rows,
-        "measured": {str(k): v for k, v in (measured or {}).items()},
-    }
-    if args.json:
-        atomic_write(args.json, lambda tmp: _dump(document, tmp))
-    if args.output:
-        from .plot import write_prediction_figure
-
-        for path in write_prediction_figure(rows, measured, f"{network.name}: {workload.source}", args.output):
-            print(path)
-    return 0
-
-
-POSITIVE_FLAGS = ("throughput", "batch_size", "gradient_bytes", "bucket_mb", "ranks_per_node")
-
-
-def check_positive(args: Any) -> None:
-    """UsageError for a count or rate given as zero or less (a negative throughput has no prediction)."""
-    for name in POSITIVE_FLAGS:
-        value = getattr(args, name, None)
-        if value is not None and not value > 0:
-            flag = "--" + name.replace("_", "-")
-            raise UsageError(f"{flag} must be positive, got {value:g}; give {flag} a number above zero")
-
-
-def read_bench(path: str) -> dict[str, Any]:
-    """The result file of `harness bench allreduce --results`; UsageError naming the fix when it is
-    missing, not JSON, or another kind of file (a results.jsonl of runs, a profile)."""
-    fix = "give --network the JSON that `harness bench allreduce --results FILE` wrote"
-    try:
-        with open(path) as handle:
-            result = json.load(handle)
-    except FileNotFoundError:
-        raise UsageError(f"--network file {path} does not exist; {fix}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, IsADirectoryError):
-        raise UsageError(f"--network file {path} is not one JSON document; {fix}") from None
-    if not isinstance(result, dict) or result.get("kind") != "allreduce-benchmark":
-        raise UsageError(f"--network file {path} is not a benchmark result; {fix}")
-    return result
-
-
-def network_and_workload(args: Any) -> tuple[Network, Workload]:
-    """The network (site profile and/or benchmark fit) and workload (records or a published
-    throughput) that `harness predict`'s flags name; UsageError naming what is missing."""
-    if not args.site and not args.network:
-        raise UsageError(
-            "name the network: --site polaris (its profile) or --network BENCH.json "
-            "(`harness bench allreduce --results`)"
-        )
-    check_positive(args)
-    network = network_from_site(args.site) if args.site else None
-    if args.network:
-        network = network_from_bench(read_bench(args.network), args.ranks_per_node, within=network)
-    assert network is not None
-    if args.ranks_per_node:
-        network = replace(network, ranks_per_node=args.ranks_per_node)
-    if not 0 <= args.overlap <= 1:
-        raise UsageError(f"--overlap is a share between 0 and 1, got {args.overlap}")
-    bucket = int(args.bucket_mb * 2**20) if args.bucket_mb else None
-    if args.record:
-        from ..training.record import read_results
-
-        workload = workload_from_records(read_results(args.record), args.overlap, args.bucket_mb)
-        if args.gradient_bytes:
-            workload = replace(workload, gradient_bytes=args.gradient_bytes)
-        return network, workload
-    if not (args.throughput and args.batch_size and (args.model or args.gradient_bytes)):
-        raise UsageError(
-            "give the compute: --record RESULTS.jsonl, or --throughput SAMPLES_PER_S --batch-size N "
-            "with --model NAME (or --gradient-bytes N)"
-        )
-    compute = args.batch_size / args.throughput
-    gradient = args.gradient_bytes or model_gradient_bytes(args.model)
-    return network, Workload(
-        compute_s=compute,
-        backward_s=BACKWARD_SHARE * compute,
-        overhead_s=0.0,
-        gradient_bytes=gradient,
-        bucket_bytes=bucket or 25 * 2**20,
-        overlap=args.overlap,
-        local_batch=args.batch_size,
-        source=f"{args.throughput:g} samples/s per GPU at batch {args.batch_size}"
-        + (f", {args.model}" if args.model else ""),
-    )

@@ -114,6 +114,8 @@ class SiteProfile:
     defaults: dict[str, str] = field(default_factory=dict)
     # NICs, links and NCCL ring latencies for `harness predict` (harness.study.predict.network_from_site)
     network: dict[str, Any] = field(default_factory=dict)
+    # NCCL's tuner inputs (GPU generation, CPU vendor, channels, library) for harness.study.nccl
+    nccl: dict[str, Any] = field(default_factory=dict)
 
     def queue(self, name: Optional[str]) -> Optional[Queue]:
         """The queue `name`; None where the profile lists no queues (or no name is known)."""
