@@ -93,7 +93,9 @@ def test_a_measured_node_keeps_its_own_step_and_adds_only_the_network():
     measured = predict_scaling(Workload(**{**WORK.__dict__, "node_step_s": 0.13}), NETWORK, [1, 2])
     assert measured[0]["step_s"] == pytest.approx(0.13)
     # The node's own 25 ms above the model carry over; the network's share is the model's.
-    assert measured[1]["step_s"] - measured[0]["step_s"] == pytest.approx(modelled[1]["step_s"] - modelled[0]["step_s"])
+    assert measured[1]["step_s"] - measured[0]["step_s"] == pytest.approx(
+        modelled[1]["step_s"] - modelled[0]["step_s"]
+    )
 
 
 def test_a_one_gpu_figure_says_node_efficiency_is_assumed_and_shows_the_anchors(tmp_path, capsys):
