@@ -162,6 +162,7 @@ def _bench_allreduce(args: argparse.Namespace) -> int:
 
     settings = BenchSettings(
         backend=args.backend,
+        collective=args.collective,
         ranks=args.n,
         sizes=parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES,
         seconds_per_size=args.seconds_per_size,
@@ -441,6 +442,11 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
     )
     allreduce.add_argument(
         "--backend", default="ddp", help="whose communicator: ddp, horovod, deepspeed, fsdp, none (default: ddp)"
+    )
+    allreduce.add_argument(
+        "--collective",
+        default="all_reduce",
+        help="all_reduce, all_gather or reduce_scatter (sizes are the whole buffer; default: all_reduce)",
     )
     allreduce.add_argument(
         "-n",

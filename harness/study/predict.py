@@ -30,6 +30,7 @@ from typing import Any, Optional
 
 from ..backends.traffic import Collective, ModelShape, per_step
 from ..errors import UsageError
+from .allreduce import RING_STEPS
 from .nccl import Choice, NcclModel, NcclNetwork
 from .stepmodel import BACKWARD_SHARE, step_communication
 
@@ -49,6 +50,8 @@ class Network:
     busbw_intra: float
     busbw_inter: float
     source: str
+    # (collective, alpha_s, busbw) fitted by `harness bench allreduce --collective` across nodes
+    fits: tuple[tuple[str, float, float], ...] = ()
 
     def busbw(self, nodes: int) -> float:
         return self.busbw_intra if nodes <= 1 else min(self.busbw_intra, self.busbw_inter)
@@ -58,6 +61,10 @@ class Network:
         the allreduce's steps and bytes (an assumption where `harness bench` measured only allreduce)."""
         if ranks < 2:
             return Choice(0.0, "none", "-")
+        for collective, alpha, busbw in self.fits:
+            if collective == kind:
+                steps = RING_STEPS[kind] * (ranks - 1)
+                return Choice(steps * alpha + steps / ranks * size / busbw, f"ring (fitted {kind})", "-")
         seconds = self.allreduce_seconds(size, ranks, nodes)
         return Choice(seconds if kind == "all_reduce" else seconds / 2, "ring (fitted)", "-")
 
@@ -206,7 +213,7 @@ def network_from_bench(result: Mapping[str, Any], ranks_per_node: Optional[int] 
     alpha, busbw = fit["alpha_s"], fit["busbw_bytes_per_s"]
     across = result.get("nodes", 1) > 1
     source = (
-        f"harness bench allreduce, {result['backend']}, {result['world_size']} ranks on {result.get('nodes', 1)} "
+        f"harness bench allreduce --collective {result.get('collective', 'all_reduce')}, {result['backend']}, {result['world_size']} ranks on {result.get('nodes', 1)} "
         f"node(s): alpha {alpha * 1e6:.1f} us, busbw {busbw / GB:.3f} GB/s"
     )
     return Network(
@@ -219,6 +226,23 @@ def network_from_bench(result: Mapping[str, Any], ranks_per_node: Optional[int] 
         busbw_inter=busbw,
         source=source,
     )
+
+
+def network_from_benches(
+    results: Sequence[Mapping[str, Any]], ranks_per_node: Optional[int] = None, within: Any = None
+) -> Network:
+    """One network from benchmarks of several collectives: the allreduce's (else the first's) ring
+    figures, and each other collective's own fit for its own calls."""
+    kinds = [result.get("collective", "all_reduce") for result in results]
+    main = results[kinds.index("all_reduce")] if "all_reduce" in kinds else results[0]
+    network = network_from_bench(main, ranks_per_node, within)
+    fits = tuple(
+        (kind, result["fit"]["alpha_s"], result["fit"]["busbw_bytes_per_s"])
+        for kind, result in zip(kinds, results)
+        if result.get("fit") and kind != "all_reduce"
+    )
+    own = "; ".join(f"{kind}: alpha {alpha * 1e6:.1f} us, busbw {busbw / GB:.3f} GB/s" for kind, alpha, busbw in fits)
+    return replace(network, fits=fits, source=f"{network.source}; {own}" if fits else network.source)
 
 
 def _baseline_runs(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from .predict import (
     measured_steps,
     model_gradient_bytes,
     model_shape,
-    network_from_bench,
+    network_from_benches,
     network_from_site,
     predict_scaling,
     prediction_table,
@@ -48,8 +48,10 @@ def add_predict_flags(parser: Any) -> None:
     )
     parser.add_argument(
         "--network",
+        nargs="+",
         default=None,
-        help="network figures fitted by `harness bench allreduce --results FILE` (across nodes: the network's)",
+        help="network figures fitted by `harness bench allreduce --results FILE` (across nodes: the network's); "
+        "one file per --collective measured",
     )
     parser.add_argument(
         "--record",
@@ -191,7 +193,8 @@ def network_and_workload(args: Any) -> tuple[Network, Workload]:
     check_positive(args)
     network = network_from_site(args.site) if args.site else None
     if args.network:
-        network = network_from_bench(read_bench(args.network), args.ranks_per_node, within=network)
+        benches = [read_bench(path) for path in args.network]
+        network = network_from_benches(benches, args.ranks_per_node, within=network)
     assert network is not None
     if args.ranks_per_node:
         network = replace(network, ranks_per_node=args.ranks_per_node)
