@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
-from typing import Any
+from typing import Any, Optional
 
 from ..backends.traffic import ModelShape, per_step
 from ..errors import UsageError
@@ -208,7 +208,7 @@ def network_and_workload(args: Any) -> tuple[Network, Workload]:
         workload = workload_from_records(records, args.overlap, args.bucket_mb)
         if args.gradient_bytes:
             workload = replace(workload, gradient_bytes=args.gradient_bytes)
-        return network, with_node_and_traffic(workload, args, records, network.ranks_per_node)
+        return network, with_node_and_traffic(workload, records, network.ranks_per_node, *_backend(args))
     if not (args.throughput and args.batch_size and (args.model or args.gradient_bytes)):
         raise UsageError(
             "give the compute: --record RESULTS.jsonl, or --throughput SAMPLES_PER_S --batch-size N "
@@ -228,10 +228,14 @@ def network_and_workload(args: Any) -> tuple[Network, Workload]:
             source=f"{args.throughput:g} samples/s per GPU at batch {args.batch_size}"
             + (f", {args.model}" if args.model else ""),
         ),
-        args,
         [],
         network.ranks_per_node,
+        *_backend(args),
     )
+
+
+def _backend(args: Any) -> tuple[Optional[str], dict[str, Any], Optional[str]]:
+    return args.backend, _options(args.backend_option), args.model
 
 
 def _options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -253,23 +257,24 @@ def _is_json(text: str) -> bool:
 
 
 def with_node_and_traffic(
-    workload: Workload, args: Any, records: Sequence[dict[str, Any]], ranks_per_node: int
+    workload: Workload,
+    records: Sequence[dict[str, Any]],
+    ranks_per_node: int,
+    backend: Optional[str] = None,
+    options: Optional[Mapping[str, Any]] = None,
+    model: Optional[str] = None,
 ) -> Workload:
-    """The workload with its backend's own collectives (measured bytes where the record has them)
-    and, where its runs filled one node, that node's measured step."""
+    """The workload with its backend's own collectives (`backend` with `options`, else the
+    records' own; bytes per kind as measured where the record has them) and, where its runs
+    filled one node, that node's measured step."""
     baseline = [r for r in records if r.get("world_size") == min(x["world_size"] for x in records)] if records else []
     first = baseline[0] if baseline else {}
-    backend = args.backend or first.get("backend")
+    if not backend:
+        backend, options = first.get("backend"), first.get("config", {}).get("backend_options", {})
     if not backend or backend == "none":
         return workload
-    options = _options(args.backend_option) if args.backend else first.get("config", {}).get("backend_options", {})
-    model = args.model or first.get("model")
-    try:
-        shape = model_shape(model) if model else ModelShape(workload.gradient_bytes)
-    except (UsageError, ValueError, KeyError):
-        shape = ModelShape(workload.gradient_bytes)
-    if shape.parameter_bytes != workload.gradient_bytes:
-        shape = ModelShape(workload.gradient_bytes)
+    options = options or {}
+    shape = _shape_for(model or first.get("model"), workload.gradient_bytes)
     calls = backend_traffic(backend, options, shape)
     measured = first.get("step_breakdown", {}).get("collectives")
     source = f"{backend} {options or 'defaults'}: modelled from its options"
@@ -279,6 +284,23 @@ def with_node_and_traffic(
     if ranks_per_node > 1 and first.get("world_size") == ranks_per_node == first.get("local_world_size"):
         node_step = measured_steps(baseline)[ranks_per_node]["mean"]
     return replace(workload, calls=calls, traffic_source=source, node_step_s=node_step)
+
+
+# Inputs the harness's models are built for (ImageNet, MNIST, CIFAR-10): channels, size, classes.
+MODEL_INPUTS = ((3, 224, 1000), (1, 28, 10), (3, 32, 10))
+
+
+def _shape_for(model: Optional[str], gradient_bytes: int) -> ModelShape:
+    """The model's units and modules, built for the input whose parameters match `gradient_bytes`;
+    one unit of that size where none does."""
+    for inputs in MODEL_INPUTS if model else ():
+        try:
+            shape = model_shape(model, *inputs)
+        except (UsageError, ValueError, KeyError, RuntimeError):
+            return ModelShape(gradient_bytes)
+        if shape.parameter_bytes == gradient_bytes:
+            return shape
+    return ModelShape(gradient_bytes)
 
 
 def describe(network: Any, workload: Workload) -> list[str]:
