@@ -24,6 +24,7 @@ waits for the slowest rank), and compute slowed by communication sharing memory 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Optional
@@ -294,6 +295,7 @@ def model_gradient_bytes(model: str, channels: int = 3, size: int = 224, classes
     return model_shape(model, channels, size, classes).parameter_bytes
 
 
+@functools.lru_cache(maxsize=16)  # building ResNet-50 takes seconds; a shape never changes
 def model_shape(model: str, channels: int = 3, size: int = 224, classes: int = 1000) -> ModelShape:
     """The float32 parameter bytes of one of the harness's models: in all, per top-level child
     (the root's own parameters as one more), per module that holds parameters, in forward order."""
