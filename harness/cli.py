@@ -152,7 +152,14 @@ def _report(args: argparse.Namespace) -> int:
     from .study.report import scaling_report
     from .training.record import read_results
 
-    print(scaling_report(read_results(args.results)))
+    records = read_results(args.results)
+    if args.html:
+        from .study.html_report import write_html_report
+
+        directory = args.results[0] if len(args.results) == 1 and os.path.isdir(args.results[0]) else None
+        print(write_html_report(records, args.html, directory))
+        return 0
+    print(scaling_report(records))
     return 0
 
 
@@ -428,6 +435,12 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
 
     report = commands.add_parser("report", help="Markdown table of a scaling study: throughput, efficiency, POP")
     report.add_argument("results", nargs="+", help="JSONL results file(s), or job directories (their results.jsonl)")
+    report.add_argument(
+        "--html",
+        default=None,
+        metavar="FILE",
+        help="write one self-contained HTML report here (tables, figures, prediction, environment, commands)",
+    )
     report.set_defaults(run=_report)
 
     bench = commands.add_parser("bench", help="benchmarks of the communicator: `harness bench allreduce`")

@@ -233,6 +233,7 @@ def predicted_beside_measured(directory: str, records: list[dict[str, Any]]) -> 
 def summarize(job: StudyJob) -> None:
     """Figures and report from whatever records the study has so far."""
     from ..training.record import read_records
+    from .html_report import write_html_report
     from .plot import write_figures
     from .report import scaling_report
 
@@ -246,10 +247,11 @@ def summarize(job: StudyJob) -> None:
         write_figures(records, job.path("figures", "scaling"))
         with open(job.path("report.md"), "w") as handle:
             handle.write(scaling_report(records) + "\n" + predicted_beside_measured(job.settings.job_dir, records))
+        write_html_report(records, job.path("report.html"), job.settings.job_dir)
     except Exception as exc:  # whatever it is: a figure that fails must not cost the study its continuation
         say(f"figures or report failed ({type(exc).__name__}: {exc}); the records are in {results}")
         return
-    say(f"figures in {job.path('figures')}, report in {job.path('report.md')}")
+    say(f"figures in {job.path('figures')}, report in {job.path('report.md')} and {job.path('report.html')}")
 
 
 def predict_first(job: StudyJob, sweep: SweepSettings) -> None:
