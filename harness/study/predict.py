@@ -1,25 +1,24 @@
 """`harness predict`: step time, throughput and scaling efficiency of data-parallel training on
-1..512 nodes of a site, from the compute of one rank and the site's network.
+1..512 nodes of a site, from the compute of one rank (or one node) and the site's network.
 
 The model, per optimizer step on each of n = nodes x ranks_per_node ranks (weak scaling):
 - compute: forward + backward + optimizer of one rank, measured (a run's record at its fewest
-  workers) or derived from a published throughput (batch / samples per second);
-- the gradient (the model's trainable parameters' bytes) is averaged in buckets of `bucket_bytes`
-  (DDP's bucket cap, Horovod's fusion buffer); a bucket becomes ready as the backward produces its
-  gradients, spread evenly over the backward (`backward_share` of forward + backward, 2/3 by the
-  rule that backward costs twice forward); `overlap` 1 launches each bucket when it is ready (DDP,
-  Horovod), 0 only after the whole backward (DeepSpeed ZeRO-0);
-- buckets are reduced one after another, each by NCCL's ring allreduce model:
-      base + (2(n-1) - 2(N-1)) x alpha_intra + 2(N-1) x alpha_inter + 2(n-1)/n x bytes / busbw(N)
-  on N nodes (NCCL's tuning.cc: ring steps inside a node cost the NVLink latency, steps across
-  nodes the network's), busbw(N) the NVLink bus bandwidth on one node, else the node's NICs
-  together (a ring crosses each node boundary once per channel, and the channels share the NICs);
-- step time = compute + fixed overhead (data wait and bookkeeping of the measured run) + the
-  communication still running when the backward ends (exposed);
+  workers) or derived from a published throughput (batch / samples per second); a record of one
+  full node keeps that node's measured step (its host, input pipeline and intra-node traffic) and
+  only the traffic across nodes is added on top;
+- traffic: the collectives the backend declares for its options (harness.backends.traffic: DDP's
+  buckets, Horovod's fusion, ZeRO 0-3, FSDP with or without reshard-after-forward), with bytes per
+  kind as the record measured where it did (step_breakdown.collectives); without a backend, the
+  gradient allreduced in buckets of `bucket_bytes`;
+- each call priced by NCCL's tuner where the site profile has an `nccl` section (harness.study.nccl:
+  ring or tree, LL, LL128 or Simple, per size and node count), else by a ring fitted to
+  `harness bench allreduce` (one fit per collective measured);
+- the calls laid out on the step's compute (harness.study.stepmodel): the step waits for what
+  compute does not hide;
 - efficiency = step time of one rank (no communication) / step time on n ranks.
-What it leaves out: NCCL picks tree or CollNet algorithms at scale (latency log N, not N), the
-network's congestion and the job's placement on the dragonfly, stragglers and jitter (each step
-waits for the slowest rank), and compute slowed by communication sharing memory bandwidth.
+What it leaves out: CollNet and NVLS, the network's congestion and the job's placement, stragglers
+and jitter (each step waits for the slowest rank), compute slowed by communication sharing memory
+bandwidth. The CLI is harness.study.predict_cli.
 """
 
 from __future__ import annotations
