@@ -114,17 +114,23 @@ def _bench(out: str, rate: float, collective: str) -> str:
     return os.path.join(out, f"bench-{rate:g}-{collective}.json")
 
 
-def measure(out: str, repeats: int, steps: int) -> None:
+def measure(
+    out: str,
+    repeats: int,
+    steps: int,
+    rates: Sequence[float] = RATES_MBIT,
+    backends: Sequence[tuple[str, list[str]]] = BACKENDS,
+) -> None:
     """Benchmarks and training runs for every rate, appended to OUT/runs.jsonl and OUT/bench-*.json."""
     results = os.path.join(out, "runs.jsonl")
     train = [*TRAIN, "--max-steps", str(steps), "--results", results]
     for repeat in range(repeats):
-        for label, flags in BACKENDS:  # one node: no link is crossed, one set serves every rate
+        for label, flags in backends:  # one node: no link is crossed, one set serves every rate
             tags = ["--tag", f"repeat={repeat}", "--tag", "setting=local", "--tag", f"label={label}"]
             if ("local", label, str(repeat)) not in _done(results):
                 command = ["taskset", "-c", "0", sys.executable, "-m", "harness", "train", *train, *flags, *tags]
                 subprocess.run(command, check=True, env=launch_environment(), timeout=900)
-        for rate in RATES_MBIT:
+        for rate in rates:
             with NetnsCluster(2, tempfile.mkdtemp(prefix="prediction-")) as cluster:
                 cluster.shape(rate_mbit=rate)
                 for collective in COLLECTIVES:
@@ -132,7 +138,7 @@ def measure(out: str, repeats: int, steps: int) -> None:
                         program = ["bench", "allreduce", "--backend", "ddp", "--collective", collective]
                         program += ["--sizes", BENCH_SIZES, "--seconds-per-size", "1"]
                         _across(cluster, [*program, "--results", _bench(out, rate, collective)])
-                for label, flags in BACKENDS:
+                for label, flags in backends:
                     if (f"{rate:g}", label, str(repeat)) not in _done(results):
                         tags = ["--tag", f"repeat={repeat}", "--tag", f"setting={rate:g}", "--tag", f"label={label}"]
                         _across(cluster, ["train", *train, *flags, *tags])
@@ -152,7 +158,9 @@ def _prediction(out: str, rate: float, local: list[dict[str, Any]]) -> dict[str,
     return {"network": network, "workload": workload, "rows": predict_scaling(workload, network, [1, 2])}
 
 
-def compare(out: str) -> dict[str, Any]:
+def compare(
+    out: str, rates: Sequence[float] = RATES_MBIT, backends: Sequence[tuple[str, list[str]]] = BACKENDS
+) -> dict[str, Any]:
     """Predicted vs measured 2-node step per backend and rate (the goal: within 15%), with the
     communication each predicts and measures, to tell the model's errors apart. Printed; returned."""
     records = read_records([os.path.join(out, "runs.jsonl")])
@@ -162,9 +170,9 @@ def compare(out: str) -> dict[str, Any]:
         "|" + "---|" * 9,
     ]
     document: dict[str, Any] = {"rows": []}
-    for label, _ in BACKENDS:
+    for label, _ in backends:
         local = [r for r in records if r["tags"]["label"] == label and r["tags"]["setting"] == "local"]
-        for rate in RATES_MBIT:
+        for rate in rates:
             runs = [r for r in records if r["tags"]["label"] == label and r["tags"]["setting"] == f"{rate:g}"]
             if not local or not runs or not os.path.exists(_bench(out, rate, COLLECTIVES[-1])):
                 continue
