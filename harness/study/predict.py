@@ -93,7 +93,7 @@ class Workload:
     overlap: float  # 0: communication starts after backward; 1: each bucket as soon as it is ready
     local_batch: int
     source: str
-    calls: tuple[Collective, ...] = ()  # the backend's traffic; () for allreduce in buckets
+    calls: Optional[tuple[Collective, ...]] = None  # the backend's traffic; None: allreduce in buckets
     traffic_source: str = "allreduce of the gradients in buckets"
     node_step_s: Optional[float] = None  # a full node's measured step: all but inter-node traffic
 
@@ -103,7 +103,7 @@ class Workload:
 
     def collectives(self) -> tuple[Collective, ...]:
         """The backend's calls, else the gradient allreduced in buckets (after backward at overlap 0)."""
-        if self.calls:
+        if self.calls is not None:
             return self.calls
         phase = "backward_reduce" if self.overlap else "after_backward"
         return tuple(Collective("all_reduce", size, 1, phase, bool(self.overlap)) for size in self.buckets())

@@ -271,7 +271,7 @@ def with_node_and_traffic(
     first = baseline[0] if baseline else {}
     if not backend:
         backend, options = first.get("backend"), first.get("config", {}).get("backend_options", {})
-    if not backend or backend == "none":
+    if not backend:
         return workload
     options = options or {}
     shape = _shape_for(model or first.get("model"), workload.gradient_bytes)
