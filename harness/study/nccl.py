@@ -156,7 +156,7 @@ class NcclModel:
 
     generation: str
     cpu_vendor: str
-    intra_link: str  # nvlink or pci
+    intra_link: str  # nvlink or pci (xgmi, xelink: NVLink's latencies stand in)
     channels: int
     intra_gbytes_per_s: float
     inter_gbytes_per_s: float
@@ -211,7 +211,7 @@ class NcclModel:
         return latency + size / (1000 * bandwidth)
 
     def _latency(self, kind: str, algorithm: str, protocol: int, ranks: int, nodes: int) -> float:
-        intra = HW_LATENCY[self.intra_link][algorithm][protocol]
+        intra = HW_LATENCY[self.intra_link if self.intra_link in HW_LATENCY else "nvlink"][algorithm][protocol]
         inter = HW_LATENCY["net"]["tree" if ranks == nodes else algorithm][protocol]
         base = BASE_LATENCY[algorithm][protocol]
         if algorithm == "tree":
@@ -258,7 +258,7 @@ class NcclNetwork:
 
     @property
     def alpha_intra_s(self) -> float:  # a ring's step on the node's links (Simple), for a bench's fit
-        return HW_LATENCY[self.model.intra_link]["ring"][2] * 1e-6
+        return HW_LATENCY.get(self.model.intra_link, HW_LATENCY["nvlink"])["ring"][2] * 1e-6
 
     @property
     def busbw_intra(self) -> float:

@@ -31,7 +31,7 @@ from typing import Any, Optional
 from ..backends.traffic import Collective, ModelShape, per_step
 from ..errors import UsageError
 from .allreduce import RING_STEPS
-from .nccl import Choice, NcclModel, NcclNetwork
+from .nccl import LIBRARY_NOTES, Choice, NcclModel, NcclNetwork
 from .stepmodel import BACKWARD_SHARE, step_communication
 
 GB = 1e9
@@ -178,12 +178,13 @@ def network_from_site(name: str) -> Any:
 
     profile = load_site(name)
     figures: Mapping[str, Any] = getattr(profile, "network", None) or {}
+    tuner: Mapping[str, Any] = getattr(profile, "nccl", None) or {}
     if not figures:
+        library = LIBRARY_NOTES.get(tuner.get("library", ""), "")
         raise UsageError(
             f"site {name} has no network figures; give --network BENCH.json from `harness bench "
-            "allreduce`, or add a `network` section to its profile"
+            "allreduce`, or add a `network` section to its profile" + (f" ({library})" if library else "")
         )
-    tuner: Mapping[str, Any] = getattr(profile, "nccl", None) or {}
     if tuner:
         return NcclNetwork(
             name=profile.name,
