@@ -158,7 +158,14 @@ def _report(args: argparse.Namespace) -> int:
     from .study.report import scaling_report
     from .training.record import read_results
 
-    print(scaling_report(read_results(args.results)))
+    records = read_results(args.results)
+    if args.html:
+        from .study.html_report import write_html_report
+
+        directory = args.results[0] if len(args.results) == 1 and os.path.isdir(args.results[0]) else None
+        print(write_html_report(records, args.html, directory))
+        return 0
+    print(scaling_report(records))
     return 0
 
 
@@ -168,6 +175,7 @@ def _bench_allreduce(args: argparse.Namespace) -> int:
 
     settings = BenchSettings(
         backend=args.backend,
+        collective=args.collective,
         ranks=args.n,
         sizes=parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES,
         seconds_per_size=args.seconds_per_size,
@@ -185,13 +193,13 @@ def _bench_allreduce(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from .study.predict import predict_command
+    from .study.predict_cli import predict_command
 
     return predict_command(args)
 
 
 def _predict_flags(parser: argparse.ArgumentParser) -> None:
-    from .study.predict import add_predict_flags
+    from .study.predict_cli import add_predict_flags
 
     add_predict_flags(parser)
 
@@ -433,6 +441,12 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
 
     report = commands.add_parser("report", help="Markdown table of a scaling study: throughput, efficiency, POP")
     report.add_argument("results", nargs="+", help="JSONL results file(s), or job directories (their results.jsonl)")
+    report.add_argument(
+        "--html",
+        default=None,
+        metavar="FILE",
+        help="write one self-contained HTML report here (tables, figures, prediction, environment, commands)",
+    )
     report.set_defaults(run=_report)
 
     bench = commands.add_parser("bench", help="benchmarks of the communicator: `harness bench allreduce`")
@@ -447,6 +461,11 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
     )
     allreduce.add_argument(
         "--backend", default="ddp", help="whose communicator: ddp, horovod, deepspeed, fsdp, none (default: ddp)"
+    )
+    allreduce.add_argument(
+        "--collective",
+        default="all_reduce",
+        help="all_reduce, all_gather or reduce_scatter (sizes are the whole buffer; default: all_reduce)",
     )
     allreduce.add_argument(
         "-n",

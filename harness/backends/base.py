@@ -38,6 +38,7 @@ from ..process.discovery import ClusterEnv
 from ..process.environment import patched_environ
 from .options import BackendOptions
 from .precision import Precision
+from .traffic import Collective, ModelShape
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -196,6 +197,17 @@ class Backend(abc.ABC):
         call from one place (Horovod then negotiates it once); at most one per name is in flight.
         """
 
+    def start_collective(
+        self, kind: str, send: torch.Tensor, receive: torch.Tensor, name: str
+    ) -> Callable[[], torch.Tensor]:
+        """Start one collective of `kind` (harness.backends.traffic.KINDS) for `harness bench`:
+        all_reduce sums `send` in place (`receive` is the same tensor), all_gather fills `receive`
+        with every rank's `send`, reduce_scatter leaves this rank's slice of the sum of `send` in
+        `receive`; the returned function waits. A kind this backend cannot run raises UsageError."""
+        if kind == "all_reduce":
+            return self.start_all_reduce_sum(send, name)
+        raise UsageError(f"backend {self.name!r} does not time {kind} on its own; use --backend ddp for {kind}")
+
     @abc.abstractmethod
     def barrier(self) -> None:
         """Wait until every rank gets here."""
@@ -281,6 +293,11 @@ class Backend(abc.ABC):
     def tuning(self) -> dict[str, Any]:
         """The framework's performance knobs as applied (they change speed, not the math)."""
         return {}
+
+    @abc.abstractmethod
+    def traffic(self, shape: ModelShape) -> list[Collective]:
+        """The collectives one optimizer step runs under this backend's options on a model of
+        `shape`, in the order they are issued (harness.backends.traffic): what a cost model prices."""
 
     def versions(self) -> dict[str, str]:
         """Versions of the libraries this backend used."""

@@ -16,6 +16,7 @@ from . import compat
 from .base import OptimizerFactory
 from .options import BackendOptions, option
 from .torch_distributed import TorchDistributedBackend
+from .traffic import Collective, ModelShape, in_buckets
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -65,6 +66,12 @@ class DDPBackend(TorchDistributedBackend):
     def no_sync(self, sync: bool) -> AbstractContextManager:
         # DDP decides in forward whether backward will reduce, so the context spans both.
         return super().no_sync(sync) if sync and self.reduces else self.model.no_sync()
+
+    def traffic(self, shape: ModelShape) -> list[Collective]:
+        # The reducer fills buckets in the reverse order of the parameters (the order backward
+        # produces gradients) and launches each allreduce as its bucket is full.
+        bucket = int(self.options.bucket_cap_mb * 2**20)
+        return in_buckets("all_reduce", shape.modules()[::-1], bucket, "backward_reduce", overlapped=True)
 
     def tuning(self) -> dict[str, Any]:
         return {

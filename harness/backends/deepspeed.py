@@ -19,11 +19,13 @@ from .base import OptimizerFactory
 from .options import BackendOptions, option
 from .precision import LOSS_SCALE, Precision
 from .torch_distributed import TorchDistributedBackend
+from .traffic import Collective, ModelShape, evenly
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
 
 NO_PRINT = 1 << 30
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000  # reduce_bucket_size and allgather_bucket_size by default
 FLOAT32_BYTES = 4  # the harness trains float32 weights (autocast for bf16/fp16): ZeRO buckets hold float32
 # DeepSpeed's names for the autocast dtypes of --precision.
 AUTOCAST_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -274,6 +276,29 @@ class DeepSpeedBackend(TorchDistributedBackend):
         # ZeRO-3 gathers weights inside forward, a collective; ranks evaluate uneven shards, so
         # each evaluates a plain copy instead.
         return self._plain_copy(make_model)
+
+    def traffic(self, shape: ModelShape) -> list[Collective]:
+        # ZeRO-0 allreduces the gradients after backward; ZeRO-1 reduce-scatters them after backward,
+        # ZeRO-2 in buckets during it (overlap_comm is off by default below ZeRO-3: the backward waits
+        # for each), and both all-gather the updated slices after the step. ZeRO-3 gathers each
+        # module's weights before its forward and again before its backward (prefetched, overlap_comm
+        # on by default) and reduce-scatters the gradients in buckets as backward produces them.
+        stage, total = self.options.zero_stage, shape.parameter_bytes
+        mib = self.options.zero_bucket_mb
+        bucket = int(mib * 2**20) if mib is not None else DEEPSPEED_BUCKET_ELEMENTS * FLOAT32_BYTES
+        if stage == 0:
+            return evenly("all_reduce", total, bucket, "after_backward", overlapped=False)
+        if stage in (1, 2):
+            phase = "after_backward" if stage == 1 else "backward_reduce"
+            return evenly("reduce_scatter", total, bucket, phase, overlapped=False) + evenly(
+                "all_gather", total, bucket, "after_step", overlapped=False
+            )
+        modules = shape.modules()
+        return (
+            [Collective("all_gather", size, 1, "forward_gather", True) for size in modules]
+            + [Collective("all_gather", size, 1, "backward_gather", True) for size in modules[::-1]]
+            + evenly("reduce_scatter", total, bucket, "backward_reduce", overlapped=True)
+        )
 
     def tuning(self) -> dict[str, Any]:
         return {

@@ -31,6 +31,7 @@ from ..process.discovery import ClusterEnv
 from .base import OptimizerFactory
 from .options import BackendOptions, option
 from .torch_distributed import TorchDistributedBackend
+from .traffic import Collective, ModelShape
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -159,6 +160,16 @@ class FSDPBackend(TorchDistributedBackend):
 
     def math_settings(self, config: TrainConfig) -> dict[str, Any]:
         return {**super().math_settings(config), "fsdp": fsdp_math(dist.get_world_size())}
+
+    def traffic(self, shape: ModelShape) -> list[Collective]:
+        # Per unit (a top-level child): its weights gathered before its forward, gathered again
+        # before its backward unless kept, and its gradients reduce-scattered after; FSDP2 prefetches
+        # the next unit's gathers and reduce-scatters on its own streams (overlapped with compute).
+        units = shape.units()
+        calls = [Collective("all_gather", size, 1, "forward_gather", True) for size in units]
+        if self.options.reshard_after_forward:
+            calls += [Collective("all_gather", size, 1, "backward_gather", True) for size in units[::-1]]
+        return calls + [Collective("reduce_scatter", size, 1, "backward_reduce", True) for size in units[::-1]]
 
     def tuning(self) -> dict[str, Any]:
         return {

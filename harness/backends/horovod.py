@@ -18,6 +18,7 @@ from ..process.launchers import MPI_FAMILIES, families
 from . import compat
 from .base import Backend, OptimizerFactory
 from .options import BackendOptions, option
+from .traffic import Collective, ModelShape, in_buckets
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -256,6 +257,15 @@ class HorovodBackend(Backend):
         if self.options.fp16_compression:
             settings["gradient_compression"] = "fp16"
         return settings
+
+    def traffic(self, shape: ModelShape) -> list[Collective]:
+        # The background thread fuses the gradients ready in one cycle into buffers of at most the
+        # fusion threshold; a cycle (1 ms on GPU) is shorter than a backward, so the threshold is
+        # an upper bound on a call's size. fp16 compression halves the bytes sent.
+        fusion = self.options.fusion_threshold_mb or HOROVOD_DEFAULT_FUSION_MB
+        share = 2 if self.options.fp16_compression else 1
+        sizes = [size // share for size in shape.modules()[::-1]]
+        return in_buckets("all_reduce", sizes, int(fusion * 2**20), "backward_reduce", overlapped=True)
 
     def tuning(self) -> dict[str, Any]:
         return {

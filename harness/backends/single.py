@@ -10,6 +10,7 @@ from torch import nn
 from ..errors import UsageError
 from ..process.discovery import ClusterEnv
 from .base import Backend, OptimizerFactory
+from .traffic import Collective, ModelShape
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -33,6 +34,9 @@ class SingleProcessBackend(Backend):
 
     def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
         """Nothing to join."""
+
+    def traffic(self, shape: ModelShape) -> list[Collective]:
+        return []
 
     def wrap(
         self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig, local_batch: int

@@ -101,6 +101,22 @@ class TorchDistributedBackend(Backend):
 
         return wait
 
+    def start_collective(
+        self, kind: str, send: torch.Tensor, receive: torch.Tensor, name: str
+    ) -> Callable[[], torch.Tensor]:
+        if kind == "all_gather":
+            work = dist.all_gather_into_tensor(receive, send, async_op=True)
+        elif kind == "reduce_scatter":
+            work = dist.reduce_scatter_tensor(receive, send, async_op=True)
+        else:
+            return super().start_collective(kind, send, receive, name)
+
+        def wait() -> torch.Tensor:
+            work.wait()
+            return receive
+
+        return wait
+
     def barrier(self) -> None:
         dist.barrier()
 

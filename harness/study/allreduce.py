@@ -16,6 +16,8 @@ KIB, MIB = 1024, 1024 * 1024
 # 4 KiB to 256 MiB by factors of 4: on a 2-core CPU, 2 ranks over gloo take about half a minute.
 DEFAULT_SIZES = tuple(4 * KIB * 4**k for k in range(9))
 ELEMENT_BYTES = 4  # float32
+# A ring's steps per rank count, as multiples of (n-1): all_reduce is a reduce-scatter and an all-gather.
+RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}
 
 
 @dataclass
@@ -23,6 +25,7 @@ class BenchSettings:
     """What `harness bench allreduce` measures (its flags, or the Python API's arguments)."""
 
     backend: str = "ddp"
+    collective: str = "all_reduce"  # all_reduce, all_gather or reduce_scatter
     ranks: Optional[int] = None  # start this many local ranks; None: this process is one rank of a job
     sizes: Sequence[int] = DEFAULT_SIZES  # message sizes in bytes (rounded down to whole float32s)
     seconds_per_size: float = 0.4  # time budget per size, repetitions agreed from a warm-up
@@ -37,6 +40,8 @@ class BenchSettings:
         """UsageError for settings that cannot be measured."""
         if not self.sizes or any(size < ELEMENT_BYTES for size in self.sizes):
             raise UsageError(f"--sizes needs sizes of at least {ELEMENT_BYTES} bytes, e.g. --sizes 4K,1M,64M")
+        if self.collective not in RING_STEPS:
+            raise UsageError(f"--collective is one of {', '.join(RING_STEPS)}, got {self.collective!r}")
         if self.ranks is not None and self.ranks < 1:
             raise UsageError(f"-n must be a positive number of ranks, got {self.ranks}")
         if not self.seconds_per_size > 0 or not 1 <= self.min_repeats <= self.max_repeats:
@@ -65,7 +70,9 @@ def ring_allreduce_seconds(size: float, ranks: int, alpha: float, busbw: float) 
     return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * size / busbw
 
 
-def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], ranks: int) -> Optional[dict[str, Any]]:
+def fit_alpha_beta(
+    sizes: Sequence[float], seconds: Sequence[float], ranks: int, collective: str = "all_reduce"
+) -> Optional[dict[str, Any]]:
     """alpha (s per step) and busbw (bytes/s) of the ring model, least squares on relative error.
 
     With a = steps x alpha and b = 2(n-1)/n / busbw the model is t = a + b S, linear in (a, b);
@@ -74,7 +81,8 @@ def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], ranks: int)
     """
     if ranks < 2 or len(sizes) < 2:
         return None
-    steps, factor = 2 * (ranks - 1), 2 * (ranks - 1) / ranks
+    steps = RING_STEPS[collective] * (ranks - 1)
+    factor = steps / ranks
     weights = [1 / t**2 for t in seconds]
     sw = sum(weights)
     sx = sum(w * s for w, s in zip(weights, sizes))
@@ -89,9 +97,11 @@ def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], ranks: int)
     if slope <= 0:
         return None  # time does not grow with size: nothing to fit a bandwidth to
     alpha, busbw = intercept / steps, factor / slope
-    errors = [abs(ring_allreduce_seconds(s, ranks, alpha, busbw) - t) / t for s, t in zip(sizes, seconds)]
+    errors = [abs(steps * alpha + factor * s / busbw - t) / t for s, t in zip(sizes, seconds)]
+    multiple = "2(n-1)" if RING_STEPS[collective] == 2 else "(n-1)"
     return {
-        "model": "time = 2(n-1) x alpha + 2(n-1)/n x bytes / busbw (NCCL's ring allreduce)",
+        "model": f"time = {multiple} x alpha + {multiple}/n x bytes / busbw (NCCL's ring {collective})",
+        "collective": collective,
         "ranks": ranks,
         "steps": steps,
         "alpha_s": alpha,
@@ -101,15 +111,16 @@ def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], ranks: int)
     }
 
 
-def size_result(size: int, seconds: float, ranks: int, repeats: int) -> dict[str, Any]:
-    """One size's line, as nccl-tests prints it: time, algbw and busbw."""
+def size_result(size: int, seconds: float, ranks: int, repeats: int, collective: str = "all_reduce") -> dict[str, Any]:
+    """One size's line, as nccl-tests prints it: time, algbw and busbw (size: the whole buffer)."""
     algbw = size / seconds if seconds > 0 else None
+    factor = RING_STEPS[collective] * (ranks - 1) / ranks
     return {
         "bytes": size,
         "seconds": seconds,
         "repeats": repeats,
         "algbw_bytes_per_s": algbw,
-        "busbw_bytes_per_s": algbw * 2 * (ranks - 1) / ranks if algbw and ranks > 1 else None,
+        "busbw_bytes_per_s": algbw * factor if algbw and ranks > 1 else None,
     }
 
 
@@ -124,7 +135,7 @@ def repeats_for(warmup_seconds: float, settings: BenchSettings) -> int:
 def format_result(result: dict[str, Any]) -> str:
     """nccl-tests-like lines, then the fit."""
     lines = [
-        f"allreduce, {result['backend']}, {result['world_size']} ranks on {result['nodes']} node(s), "
+        f"{result.get('collective', 'all_reduce')}, {result['backend']}, {result['world_size']} ranks on {result['nodes']} node(s), "
         f"{result['device']}; load average {result.get('load_average') or 0:.1f} on {result['cores']} cores"
         + (
             " (contended: " + "; ".join(result["contention"]["reasons"][:2]) + ")"
@@ -144,6 +155,6 @@ def format_result(result: dict[str, Any]) -> str:
         f"fit: alpha {fit['alpha_s'] * 1e6:.1f} us per step, busbw {fit['busbw_bytes_per_s'] / 1e9:.3f} GB/s "
         f"(max error {fit['max_relative_error']:.0%})"
         if fit
-        else "fit: none (one rank communicates nothing)"
+        else "fit: none (one rank communicates nothing, or time did not grow with size: rerun on a quieter machine)"
     )
     return "\n".join(lines)

@@ -72,6 +72,8 @@ def worker_flags(settings: BenchSettings, results: str) -> list[str]:
     return [
         "--backend",
         settings.backend,
+        "--collective",
+        settings.collective,
         "--sizes",
         ",".join(str(size) for size in settings.sizes),
         "--seconds-per-size",
@@ -133,28 +135,36 @@ def _slowest(
 def _time_size(
     backend: Backend, size: int, device: torch.device, settings: BenchSettings, cluster: ClusterEnv
 ) -> dict[str, Any]:
-    """The mean seconds of one allreduce of `size` bytes on this rank, repetitions agreed by all ranks."""
-    tensor = torch.zeros(max(1, size // ELEMENT_BYTES), dtype=torch.float32, device=device)
-    name = f"harness.bench.allreduce.{size}"  # one name per size: Horovod negotiates it once
+    """The mean seconds of one collective of `size` bytes (the whole buffer) on this rank,
+    repetitions agreed by all ranks."""
+    kind, ranks = settings.collective, cluster.world_size
+    piece = max(1, size // ELEMENT_BYTES // (1 if kind == "all_reduce" else ranks))
+    whole = torch.zeros(piece * (1 if kind == "all_reduce" else ranks), dtype=torch.float32, device=device)
+    part = whole if kind == "all_reduce" else torch.zeros(piece, dtype=torch.float32, device=device)
+    send, receive = (part, whole) if kind == "all_gather" else (whole, part)
+    name = f"harness.bench.{kind}.{size}"  # one name per size: Horovod negotiates it once
     wait_for_device = device_waiter(device)
 
+    def start() -> Callable[[], torch.Tensor]:
+        return backend.start_collective(kind, send, receive, name)
+
     def once() -> float:
-        start = time.perf_counter()
-        backend.start_all_reduce_sum(tensor, name)()
+        begin = time.perf_counter()
+        start()()
         wait_for_device()
-        return time.perf_counter() - start
+        return time.perf_counter() - begin
 
     once()  # the first of a size allocates buffers (and Horovod negotiates its name)
     warmup = _slowest(backend, cluster.rank, cluster.world_size, [once()], device)[0]
     repeats = repeats_for(max(warmup), settings)  # the same count on every rank: each repetition is a collective
     backend.barrier()
-    start = time.perf_counter()
+    begin = time.perf_counter()
     for _ in range(repeats):
-        backend.start_all_reduce_sum(tensor, name)()
+        start()()
     wait_for_device()
-    mean = (time.perf_counter() - start) / repeats
+    mean = (time.perf_counter() - begin) / repeats
     slowest = max(_slowest(backend, cluster.rank, cluster.world_size, [mean], device)[0])
-    return size_result(tensor.numel() * ELEMENT_BYTES, slowest, cluster.world_size, repeats)
+    return size_result(whole.numel() * ELEMENT_BYTES, slowest, cluster.world_size, repeats, kind)
 
 
 def _timed(
@@ -207,10 +217,13 @@ def measure_on_this_rank(settings: BenchSettings) -> dict[str, Any]:
         finally:
             backend.shutdown()
     lines = measured["sizes"]
-    fit = fit_alpha_beta([line["bytes"] for line in lines], [line["seconds"] for line in lines], cluster.world_size)
+    fit = fit_alpha_beta(
+        [line["bytes"] for line in lines], [line["seconds"] for line in lines], cluster.world_size, settings.collective
+    )
     return {
         "kind": "allreduce-benchmark",
         "backend": settings.backend,
+        "collective": settings.collective,
         "rank": cluster.rank,
         "world_size": cluster.world_size,
         "ranks_per_node": cluster.local_world_size,

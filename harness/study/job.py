@@ -212,9 +212,20 @@ def _mps(job: StudyJob, which: str) -> Optional[str]:
     return f"MPS {which} (`{shlex.join(command)}`) failed with status {status}" if status else None
 
 
+def predicted_beside_measured(directory: str, records: list[dict[str, Any]]) -> str:
+    """The report's section of the study's prediction against its runs ('' where none was written)."""
+    from .foresight import prediction_markdown, prediction_rows
+
+    rows = prediction_rows(directory, records)
+    if not rows:
+        return ""
+    return "\n## Predicted before the runs, and measured\n\n" + prediction_markdown(rows) + "\n"
+
+
 def summarize(job: StudyJob) -> None:
     """Figures and report from whatever records the study has so far."""
     from ..training.record import read_records
+    from .html_report import write_html_report
     from .plot import write_figures
     from .report import scaling_report
 
@@ -227,11 +238,29 @@ def summarize(job: StudyJob) -> None:
         os.makedirs(job.path("figures"), exist_ok=True)
         write_figures(records, job.path("figures", "scaling"))
         with open(job.path("report.md"), "w") as handle:
-            handle.write(scaling_report(records) + "\n")
+            handle.write(scaling_report(records) + "\n" + predicted_beside_measured(job.settings.job_dir, records))
+        write_html_report(records, job.path("report.html"), job.settings.job_dir)
     except Exception as exc:  # whatever it is: a figure that fails must not cost the study its continuation
         say(f"figures or report failed ({type(exc).__name__}: {exc}); the records are in {results}")
         return
-    say(f"figures in {job.path('figures')}, report in {job.path('report.md')}")
+    say(f"figures in {job.path('figures')}, report in {job.path('report.md')} and {job.path('report.html')}")
+
+
+def predict_first(job: StudyJob, sweep: SweepSettings) -> None:
+    """The study's prediction for its planned backends and node counts, in JOB_DIR before the
+    first run (harness.study.foresight); a prediction that fails costs the study nothing."""
+    from .foresight import PREDICTION_FILE, write_prediction
+
+    if os.path.exists(job.path(PREDICTION_FILE)):  # a continued study keeps the first job's prediction
+        return
+    ppn = max(sweep.ppn or job.settings.ranks_per_node or 1, 1)
+    nodes = [max(1, -(-ranks // ppn)) for ranks in sweep.ranks]
+    try:
+        say(
+            f"prediction in {write_prediction(job.settings.job_dir, job.profile.name, sweep.backends, nodes, sweep.train_args)}"
+        )
+    except Exception as exc:  # the model is no reason to lose the allocation
+        say(f"no prediction ({type(exc).__name__}: {exc})")
 
 
 def move_outputs(job: StudyJob) -> None:
@@ -265,6 +294,7 @@ def _run(job: StudyJob, sweep: SweepSettings, launch: str, recorder: SignalCatch
     """Discovery, the walltime timer, MPS and the sweep: the sweep's status, and the preemption
     signal this process received (None when none came: a preempted step's ranks may get it alone)."""
     discover(job, launch)
+    predict_first(job, sweep)
     timer = arm_warning(job)
     try:
         failed = _mps(job, "start")

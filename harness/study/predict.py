@@ -1,39 +1,41 @@
 """`harness predict`: step time, throughput and scaling efficiency of data-parallel training on
-1..512 nodes of a site, from the compute of one rank and the site's network.
+1..512 nodes of a site, from the compute of one rank (or one node) and the site's network.
 
 The model, per optimizer step on each of n = nodes x ranks_per_node ranks (weak scaling):
 - compute: forward + backward + optimizer of one rank, measured (a run's record at its fewest
-  workers) or derived from a published throughput (batch / samples per second);
-- the gradient (the model's trainable parameters' bytes) is averaged in buckets of `bucket_bytes`
-  (DDP's bucket cap, Horovod's fusion buffer); a bucket becomes ready as the backward produces its
-  gradients, spread evenly over the backward (`backward_share` of forward + backward, 2/3 by the
-  rule that backward costs twice forward); `overlap` 1 launches each bucket when it is ready (DDP,
-  Horovod), 0 only after the whole backward (DeepSpeed ZeRO-0);
-- buckets are reduced one after another, each by NCCL's ring allreduce model:
-      base + (2(n-1) - 2(N-1)) x alpha_intra + 2(N-1) x alpha_inter + 2(n-1)/n x bytes / busbw(N)
-  on N nodes (NCCL's tuning.cc: ring steps inside a node cost the NVLink latency, steps across
-  nodes the network's), busbw(N) the NVLink bus bandwidth on one node, else the node's NICs
-  together (a ring crosses each node boundary once per channel, and the channels share the NICs);
-- step time = compute + fixed overhead (data wait and bookkeeping of the measured run) + the
-  communication still running when the backward ends (exposed);
+  workers) or derived from a published throughput (batch / samples per second); a record of one
+  full node keeps that node's measured step (its host, input pipeline and intra-node traffic) and
+  only the traffic across nodes is added on top;
+- traffic: the collectives the backend declares for its options (harness.backends.traffic: DDP's
+  buckets, Horovod's fusion, ZeRO 0-3, FSDP with or without reshard-after-forward), with bytes per
+  kind as the record measured where it did (step_breakdown.collectives); without a backend, the
+  gradient allreduced in buckets of `bucket_bytes`;
+- each call priced by NCCL's tuner where the site profile has an `nccl` section (harness.study.nccl:
+  ring or tree, LL, LL128 or Simple, per size and node count), else by a ring fitted to
+  `harness bench allreduce` (one fit per collective measured);
+- the calls laid out on the step's compute (harness.study.stepmodel): the step waits for what
+  compute does not hide;
 - efficiency = step time of one rank (no communication) / step time on n ranks.
-What it leaves out: NCCL picks tree or CollNet algorithms at scale (latency log N, not N), the
-network's congestion and the job's placement on the dragonfly, stragglers and jitter (each step
-waits for the slowest rank), and compute slowed by communication sharing memory bandwidth.
+What it leaves out: CollNet and NVLS, the network's congestion and the job's placement, stragglers
+and jitter (each step waits for the slowest rank), compute slowed by communication sharing memory
+bandwidth. The CLI is harness.study.predict_cli.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
+from ..backends.traffic import Collective, ModelShape, per_step
 from ..errors import UsageError
+from .allreduce import RING_STEPS
+from .nccl import LIBRARY_NOTES, Choice, NcclModel, NcclNetwork
+from .stepmodel import BACKWARD_SHARE, step_communication
 
 GB = 1e9
 DEFAULT_NODES = tuple(2**k for k in range(10))  # 1 .. 512
-BACKWARD_SHARE = 2 / 3
 
 
 @dataclass(frozen=True)
@@ -48,9 +50,23 @@ class Network:
     busbw_intra: float
     busbw_inter: float
     source: str
+    # (collective, alpha_s, busbw) fitted by `harness bench allreduce --collective` across nodes
+    fits: tuple[tuple[str, float, float], ...] = ()
 
     def busbw(self, nodes: int) -> float:
         return self.busbw_intra if nodes <= 1 else min(self.busbw_intra, self.busbw_inter)
+
+    def seconds(self, kind: str, size: float, ranks: int, nodes: int) -> Choice:
+        """The ring model of this fit for any collective: all_gather and reduce_scatter take half
+        the allreduce's steps and bytes (an assumption where `harness bench` measured only allreduce)."""
+        if ranks < 2:
+            return Choice(0.0, "none", "-")
+        for collective, alpha, busbw in self.fits:
+            if collective == kind:
+                steps = RING_STEPS[kind] * (ranks - 1)
+                return Choice(steps * alpha + steps / ranks * size / busbw, f"ring (fitted {kind})", "-")
+        seconds = self.allreduce_seconds(size, ranks, nodes)
+        return Choice(seconds if kind == "all_reduce" else seconds / 2, "ring (fitted)", "-")
 
     def allreduce_seconds(self, size: float, ranks: int, nodes: int) -> float:
         """NCCL's ring model for one allreduce of `size` bytes over `ranks` ranks on `nodes` nodes."""
@@ -77,22 +93,40 @@ class Workload:
     overlap: float  # 0: communication starts after backward; 1: each bucket as soon as it is ready
     local_batch: int
     source: str
+    calls: Optional[tuple[Collective, ...]] = None  # the backend's traffic; None: allreduce in buckets
+    traffic_source: str = "allreduce of the gradients in buckets"
+    node_step_s: Optional[float] = None  # a full node's measured step: all but inter-node traffic
 
     def buckets(self) -> list[int]:
         full, rest = divmod(self.gradient_bytes, self.bucket_bytes)
         return [self.bucket_bytes] * full + ([rest] if rest else [])
 
+    def collectives(self) -> tuple[Collective, ...]:
+        """The backend's calls, else the gradient allreduced in buckets (after backward at overlap 0)."""
+        if self.calls is not None:
+            return self.calls
+        phase = "backward_reduce" if self.overlap else "after_backward"
+        return tuple(Collective("all_reduce", size, 1, phase, bool(self.overlap)) for size in self.buckets())
 
-def communication(workload: Workload, network: Network, ranks: int, nodes: int) -> tuple[float, float]:
-    """(seconds of allreduce per step, seconds of it not hidden behind the backward)."""
-    done, produced, total = 0.0, 0, 0.0
-    for size in workload.buckets():
-        produced += size
-        ready = workload.backward_s * (1 - workload.overlap * (1 - produced / workload.gradient_bytes))
-        seconds = network.allreduce_seconds(size, ranks, nodes)
-        done = max(ready, done) + seconds
-        total += seconds
-    return total, max(done - workload.backward_s, 0.0) if total else 0.0
+    @property
+    def forward_s(self) -> float:
+        return self.backward_s * (1 - BACKWARD_SHARE) / BACKWARD_SHARE
+
+    @property
+    def optimizer_s(self) -> float:
+        return max(self.compute_s - self.forward_s - self.backward_s, 0.0)
+
+
+def communication(workload: Workload, network: Any, ranks: int, nodes: int) -> tuple[float, float]:
+    """(seconds of collectives per step, seconds of them not hidden behind compute)."""
+    timing = step_communication(
+        workload.collectives(),
+        lambda call: network.seconds(call.kind, call.bytes, ranks, nodes).seconds,
+        workload.forward_s,
+        workload.backward_s,
+        workload.optimizer_s,
+    )
+    return timing.total_s, timing.exposed_s
 
 
 def predict_scaling(
@@ -100,11 +134,14 @@ def predict_scaling(
 ) -> list[dict[str, Any]]:
     """One row per node count: ranks, communication, step time, throughput and efficiency."""
     alone = workload.compute_s + workload.overhead_s
+    node_extra = 0.0
+    if workload.node_step_s is not None:  # the node's own traffic and host as measured, not modelled
+        node_extra = workload.node_step_s - alone - communication(workload, network, network.ranks_per_node, 1)[1]
     rows = []
     for count in nodes:
         ranks = count * network.ranks_per_node
         total, exposed = communication(workload, network, ranks, count)
-        step = alone + exposed
+        step = alone + exposed + node_extra
         rows.append(
             {
                 "nodes": count,
@@ -114,21 +151,46 @@ def predict_scaling(
                 "step_s": step,
                 "throughput": ranks * workload.local_batch / step,
                 "efficiency": alone / step,
+                "algorithms": picked_algorithms(workload, network, ranks, count),
             }
         )
     return rows
 
 
-def network_from_site(name: str) -> Network:
+def picked_algorithms(workload: Workload, network: Any, ranks: int, nodes: int) -> str:
+    """Which algorithm and protocol each kind of call gets, e.g. 'all_reduce: tree/Simple x4'."""
+    picks: dict[str, dict[str, int]] = {}
+    for call in workload.collectives():
+        choice = network.seconds(call.kind, call.bytes, ranks, nodes)
+        if choice.algorithm != "none":
+            label = choice.algorithm + (f"/{choice.protocol}" if choice.protocol != "-" else "")
+            counts = picks.setdefault(call.kind, {})
+            counts[label] = counts.get(label, 0) + call.count
+    return "; ".join(
+        f"{kind}: " + ", ".join(f"{label} x{count}" for label, count in labels.items())
+        for kind, labels in picks.items()
+    )
+
+
+def network_from_site(name: str) -> Any:
     """The network figures of a site profile's `network` section (harness/study/sites/*.json)."""
     from .sites import load_site
 
     profile = load_site(name)
     figures: Mapping[str, Any] = getattr(profile, "network", None) or {}
+    tuner: Mapping[str, Any] = getattr(profile, "nccl", None) or {}
     if not figures:
+        library = LIBRARY_NOTES.get(tuner.get("library", ""), "")
         raise UsageError(
             f"site {name} has no network figures; give --network BENCH.json from `harness bench "
-            "allreduce`, or add a `network` section to its profile"
+            "allreduce`, or add a `network` section to its profile" + (f" ({library})" if library else "")
+        )
+    if tuner:
+        return NcclNetwork(
+            name=profile.name,
+            ranks_per_node=max(profile.gpus_per_node, 1),
+            model=NcclModel.from_profile(figures, tuner),
+            source=f"site profile {profile.name}: {figures.get('source', '')}; {tuner.get('source', '')}",
         )
     efficiency = figures["efficiency"]
     return Network(
@@ -143,9 +205,7 @@ def network_from_site(name: str) -> Network:
     )
 
 
-def network_from_bench(
-    result: Mapping[str, Any], ranks_per_node: Optional[int] = None, within: Optional[Network] = None
-) -> Network:
+def network_from_bench(result: Mapping[str, Any], ranks_per_node: Optional[int] = None, within: Any = None) -> Network:
     """Figures fitted by `harness bench allreduce`: across nodes they are the network's (the node's
     own from `within`, else the same), on one node the node's."""
     fit = result.get("fit")
@@ -154,7 +214,7 @@ def network_from_bench(
     alpha, busbw = fit["alpha_s"], fit["busbw_bytes_per_s"]
     across = result.get("nodes", 1) > 1
     source = (
-        f"harness bench allreduce, {result['backend']}, {result['world_size']} ranks on {result.get('nodes', 1)} "
+        f"harness bench allreduce --collective {result.get('collective', 'all_reduce')}, {result['backend']}, {result['world_size']} ranks on {result.get('nodes', 1)} "
         f"node(s): alpha {alpha * 1e6:.1f} us, busbw {busbw / GB:.3f} GB/s"
     )
     return Network(
@@ -167,6 +227,23 @@ def network_from_bench(
         busbw_inter=busbw,
         source=source,
     )
+
+
+def network_from_benches(
+    results: Sequence[Mapping[str, Any]], ranks_per_node: Optional[int] = None, within: Any = None
+) -> Network:
+    """One network from benchmarks of several collectives: the allreduce's (else the first's) ring
+    figures, and each other collective's own fit for its own calls."""
+    kinds = [result.get("collective", "all_reduce") for result in results]
+    main = results[kinds.index("all_reduce")] if "all_reduce" in kinds else results[0]
+    network = network_from_bench(main, ranks_per_node, within)
+    fits = tuple(
+        (kind, result["fit"]["alpha_s"], result["fit"]["busbw_bytes_per_s"])
+        for kind, result in zip(kinds, results)
+        if result.get("fit") and kind != "all_reduce"
+    )
+    own = "; ".join(f"{kind}: alpha {alpha * 1e6:.1f} us, busbw {busbw / GB:.3f} GB/s" for kind, alpha, busbw in fits)
+    return replace(network, fits=fits, source=f"{network.source}; {own}" if fits else network.source)
 
 
 def _baseline_runs(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -215,10 +292,42 @@ def workload_from_records(
 
 def model_gradient_bytes(model: str, channels: int = 3, size: int = 224, classes: int = 1000) -> int:
     """Bytes of the trainable float32 parameters of one of the harness's models (ImageNet-shaped by default)."""
+    return model_shape(model, channels, size, classes).parameter_bytes
+
+
+@functools.lru_cache(maxsize=16)  # building ResNet-50 takes seconds; a shape never changes
+def model_shape(model: str, channels: int = 3, size: int = 224, classes: int = 1000) -> ModelShape:
+    """The float32 parameter bytes of one of the harness's models: in all, per top-level child
+    (the root's own parameters as one more), per module that holds parameters, in forward order."""
     from ..training.models import build_model
 
     built = build_model(model, channels, size, classes)
-    return sum(p.numel() * 4 for p in built.parameters() if p.requires_grad)
+
+    def own(module: Any, recurse: bool) -> int:
+        return sum(p.numel() * 4 for p in module.parameters(recurse=recurse) if p.requires_grad)
+
+    units = [own(child, True) for child in built.children()] + [own(built, False)]
+    modules = [own(module, False) for module in built.modules()]
+    return ModelShape(own(built, True), tuple(b for b in units if b), tuple(b for b in modules if b))
+
+
+def backend_traffic(name: str, options: Mapping[str, Any], shape: ModelShape) -> tuple[Collective, ...]:
+    """The collectives of backend `name` with `options` on a model of `shape` (the backend's own declaration)."""
+    from ..backends import backend_class
+
+    cls = backend_class(name)
+    return tuple(cls(cls.parse_options(options)).traffic(shape))
+
+
+def scaled_to_measured(calls: Sequence[Collective], measured: Mapping[str, Any]) -> tuple[Collective, ...]:
+    """The modelled calls with each kind's bytes scaled to the record's `step_breakdown.collectives`."""
+    modelled = per_step(calls)
+    return tuple(
+        replace(call, bytes=int(call.bytes * measured[call.kind]["bytes"] / modelled[call.kind]["bytes"]))
+        if call.kind in measured and modelled[call.kind]["bytes"]
+        else call
+        for call in calls
+    )
 
 
 def measured_steps(records: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -259,141 +368,10 @@ def prediction_table(rows: Sequence[dict[str, Any]], measured: Optional[Mapping[
             ("± 95%", lambda r: _measured(measured, r, lambda m: 1e3 * m["ci95"] if m["ci95"] else None)),
             ("error", lambda r: _measured(measured, r, lambda m: f"{r['step_s'] / m['mean'] - 1:+.1%}")),
         ]
+    columns.append(("algorithm", lambda r: r.get("algorithms") or "-"))
     return markdown_table(list(rows), columns)
 
 
 def _measured(measured: Mapping[int, dict[str, Any]], row: dict[str, Any], get: Any) -> Any:
     found = measured.get(row["ranks"])
     return get(found) if found and found.get("mean") else None
-
-
-def add_predict_flags(parser: Any) -> None:
-    """`harness predict`'s flags."""
-    parser.add_argument(
-        "--site",
-        default=None,
-        help="site profile for the network and GPUs per node: polaris, perlmutter (or a profile JSON)",
-    )
-    parser.add_argument(
-        "--network",
-        default=None,
-        help="network figures fitted by `harness bench allreduce --results FILE` (across nodes: the network's)",
-    )
-    parser.add_argument(
-        "--record",
-        nargs="+",
-        default=None,
-        help="results file(s): compute per step from the runs at the fewest workers",
-    )
-    parser.add_argument("--throughput", type=float, default=None, help="or: published samples/s of one GPU")
-    parser.add_argument("--batch-size", type=int, default=None, help="with --throughput: samples per GPU per step")
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="with --throughput: cnn, resnet18 or resnet50 (its gradient bytes, ImageNet-shaped)",
-    )
-    parser.add_argument(
-        "--gradient-bytes",
-        type=int,
-        default=None,
-        help="bytes averaged per step (default: the record's, or --model's)",
-    )
-    parser.add_argument(
-        "--bucket-mb",
-        type=float,
-        default=None,
-        help="gradient bucket in MiB (default: the record's bucket_cap_mb / fusion_threshold_mb, else 25)",
-    )
-    parser.add_argument(
-        "--overlap", type=float, default=1.0, help="0 (after backward) .. 1 (buckets as ready); default 1"
-    )
-    parser.add_argument("--ranks-per-node", type=int, default=None, help="default: the site's GPUs per node")
-    parser.add_argument("--nodes", default=",".join(map(str, DEFAULT_NODES)), help="node counts (default: 1..512)")
-    parser.add_argument(
-        "--measured",
-        nargs="+",
-        default=None,
-        help="results file(s) of runs to put beside the prediction (matched by world size)",
-    )
-    parser.add_argument("--json", default=None, help="write the prediction (and measured steps) as JSON here")
-    parser.add_argument("-o", "--output", default=None, help="figure prefix: PREFIX-prediction.{png,svg,json}")
-
-
-def predict_command(args: Any) -> int:
-    """`harness predict`: print the prediction table (and write JSON and figure when asked)."""
-    network, workload = network_and_workload(args)
-    nodes = [int(part) for part in args.nodes.split(",") if part.strip()]
-    if not nodes or min(nodes) < 1:
-        raise UsageError(f"--nodes takes positive node counts, e.g. 1,2,4; got {args.nodes!r}")
-    rows = predict_scaling(workload, network, nodes)
-    measured = None
-    if args.measured:
-        from ..training.record import read_results
-
-        measured = measured_steps(read_results(args.measured))
-    print(
-        f"network: {network.source}\ncompute: {workload.source}: {workload.compute_s * 1e3:.2f} ms per step "
-        f"(+ {workload.overhead_s * 1e3:.2f} ms overhead), {workload.gradient_bytes / 2**20:.1f} MiB of "
-        f"gradients in {len(workload.buckets())} bucket(s), overlap {workload.overlap:g}\n"
-    )
-    print(prediction_table(rows, measured))
-    document = {
-        "network": asdict(network),
-        "workload": asdict(workload),
-        "predicted": rows,
-        "measured": {str(k): v for k, v in (measured or {}).items()},
-    }
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(document, handle, indent=1, allow_nan=False)
-    if args.output:
-        from .plot import write_prediction_figure
-
-        for path in write_prediction_figure(rows, measured, f"{network.name}: {workload.source}", args.output):
-            print(path)
-    return 0
-
-
-def network_and_workload(args: Any) -> tuple[Network, Workload]:
-    """The network (site profile and/or benchmark fit) and workload (records or a published
-    throughput) that `harness predict`'s flags name; UsageError naming what is missing."""
-    if not args.site and not args.network:
-        raise UsageError(
-            "name the network: --site polaris (its profile) or --network BENCH.json "
-            "(`harness bench allreduce --results`)"
-        )
-    network = network_from_site(args.site) if args.site else None
-    if args.network:
-        with open(args.network) as handle:
-            network = network_from_bench(json.load(handle), args.ranks_per_node, within=network)
-    assert network is not None
-    if args.ranks_per_node:
-        network = replace(network, ranks_per_node=args.ranks_per_node)
-    if not 0 <= args.overlap <= 1:
-        raise UsageError(f"--overlap is a share between 0 and 1, got {args.overlap}")
-    bucket = int(args.bucket_mb * 2**20) if args.bucket_mb else None
-    if args.record:
-        from ..training.record import read_results
-
-        workload = workload_from_records(read_results(args.record), args.overlap, args.bucket_mb)
-        if args.gradient_bytes:
-            workload = replace(workload, gradient_bytes=args.gradient_bytes)
-        return network, workload
-    if not (args.throughput and args.batch_size and (args.model or args.gradient_bytes)):
-        raise UsageError(
-            "give the compute: --record RESULTS.jsonl, or --throughput SAMPLES_PER_S --batch-size N "
-            "with --model NAME (or --gradient-bytes N)"
-        )
-    compute = args.batch_size / args.throughput
-    gradient = args.gradient_bytes or model_gradient_bytes(args.model)
-    return network, Workload(
-        compute_s=compute,
-        backward_s=BACKWARD_SHARE * compute,
-        overhead_s=0.0,
-        gradient_bytes=gradient,
-        bucket_bytes=bucket or 25 * 2**20,
-        overlap=args.overlap,
-        local_batch=args.batch_size,
-        source=f"{args.throughput:g} samples/s per GPU at batch {args.batch_size}"
-        + (f", {args.model}" if args.model else ""),
-    )

@@ -223,25 +223,35 @@ def read_results(paths: Iterable[str]) -> list[dict[str, Any]]:
 
 
 def read_records(paths: Iterable[str]) -> list[dict[str, Any]]:
-    """All whole records of the given JSONL files, in file order; a line that is not one (cut
-    short by a killed job) is skipped with a warning on stderr that names its file and line."""
+    """All records of the given JSONL files, in file order.
+
+    A last line that is not a whole record (a job stopped while appending it) is left out with a
+    warning on stderr naming the file and line; a bad line before the last raises UsageError naming it."""
     records = []
     for path in paths:
         with open(path, errors="replace") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    record = None
-                if isinstance(record, dict):
-                    records.append(record)
-                    continue
-                print(
-                    f"harness: warning: {path} line {number} is not a whole record (a job stopped while "
-                    "writing it?); skipped, the other records are read",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            lines = [(number, line) for number, line in enumerate(handle, 1) if line.strip()]
+        for index, (number, line) in enumerate(lines):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                _bad_line(path, number, last=index == len(lines) - 1)
     return records
+
+
+def _bad_line(path: str, number: int, last: bool) -> None:
+    from ..errors import UsageError
+
+    if not last:
+        raise UsageError(
+            f"results file {path} line {number} is not a JSON record; remove that line (or use another results file)"
+        )
+    print(
+        f"warning: results file {path} line {number} is cut off (a run stopped while writing it); "
+        "read the records before it; remove the line to silence this",
+        file=sys.stderr,
+    )

@@ -122,6 +122,12 @@ def assert_job_directory(
             assert os.path.getsize(os.path.join(job_dir, "figures", f"scaling-{kind}.{extension}")) > 0
     report = read_text(os.path.join(job_dir, "report.md"))
     assert "Weak scaling" in report and all(re.search(rf"^\|\s+{backend}\b", report, re.M) for backend in backends)
+    page = read_text(os.path.join(job_dir, "report.html"))  # the report a person opens, figures inside
+    assert page.count("data:image/png;base64,") >= 2 and "Each run and its contention" in page
+    # Predicted before the first run (the generic profiles have no network figures: it says so).
+    assert os.path.getmtime(os.path.join(job_dir, "prediction.json")) <= min(
+        os.path.getmtime(p) for p in glob.glob(os.path.join(job_dir, "logs", "*.log"))
+    )
     logs = sorted(os.path.basename(p) for p in glob.glob(os.path.join(job_dir, "logs", "*.log")))
     assert len(logs) == len(records) and all(
         any(f"-{b}-{n}r-rep0.log" in log for log in logs) for b in backends for n in ranks

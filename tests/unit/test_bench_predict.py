@@ -105,15 +105,16 @@ def test_no_overlap_sends_everything_after_the_backward_and_one_rank_sends_nothi
         "step_s": 0.1,
         "throughput": 320.0,
         "efficiency": 1.0,
+        "algorithms": "",
     }
 
 
 def test_site_figures_come_from_the_profile():
     polaris, perlmutter = network_from_site("polaris"), network_from_site("perlmutter")
     assert polaris.ranks_per_node == 4 and perlmutter.ranks_per_node == 4
-    assert polaris.busbw_inter == pytest.approx(2 * 25e9 * 0.8)  # a pair of 25 GB/s NICs at 80%
-    assert perlmutter.busbw_inter == pytest.approx(4 * 25e9 * 0.8)
-    assert polaris.busbw_intra == pytest.approx(300e9 * 0.8) and polaris.alpha_inter_s == pytest.approx(14e-6)
+    assert polaris.model.inter_gbytes_per_s == pytest.approx(2 * 25 * 0.8)  # a pair of 25 GB/s NICs at 80%
+    assert perlmutter.model.inter_gbytes_per_s == pytest.approx(4 * 25 * 0.8)
+    assert polaris.busbw_intra == pytest.approx(300e9 * 0.8) and polaris.model.cpu_vendor == "amd"
     with pytest.raises(UsageError, match="has no network figures"):
         network_from_site("generic-slurm")
 

@@ -160,6 +160,9 @@ class SiteProfile:
             return None
         return next((kind for kind in self.unlisted_queues if re.fullmatch(kind.pattern, name)), None)
 
+    # NCCL's tuner inputs (GPU generation, CPU vendor, channels, library) for harness.study.nccl
+    nccl: dict[str, Any] = field(default_factory=dict)
+
     def queue(self, name: Optional[str]) -> Optional[Queue]:
         """The queue `name`; None where the profile lists no queues, no name is given, or the name
         is one of `unlisted_queues` (limits unknown); UsageError naming the known ones otherwise."""

@@ -1,0 +1,162 @@
+"""Every study predicts before it runs, and its report says by how much the prediction missed.
+
+Before the first run, `write_prediction` puts JOB_DIR/prediction.json beside the study: for each
+planned backend and node count, the traffic per step the backend declares, what each collective
+costs on the site's network (NCCL's algorithm and protocol where the profile has an `nccl` section)
+and, where a published figure gives the compute of one GPU (harness/study/anchors.json), the step
+time and efficiency. What is fixed then is the communication model; the compute is the node's:
+after the runs, `prediction_rows` takes each backend's runs at the fewest nodes as the node
+measured first (harness.study.predict_cli.with_node_and_traffic) and sets the saved network's
+prediction for every node count beside the measured step, with the error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any, Optional
+
+from ..fileio import atomic_write
+from .predict import measured_steps, network_from_site, predict_scaling, workload_from_records
+
+PREDICTION_FILE = "prediction.json"
+
+
+def _flag(arguments: Sequence[str], name: str, default: Optional[str]) -> Optional[str]:
+    for index, argument in enumerate(arguments):
+        if argument == name and index + 1 < len(arguments):
+            return arguments[index + 1]
+        if argument.startswith(name + "="):
+            return argument.split("=", 1)[1]
+    return default
+
+
+def _published_compute(model: str) -> Optional[dict[str, Any]]:
+    from .predict_cli import published_anchors
+
+    for anchor in published_anchors():
+        if anchor.get("model") == model and anchor.get("gpus") == 1 and anchor.get("samples_per_s"):
+            return anchor
+    return None
+
+
+def plan_prediction(
+    site: str, backends: Sequence[str], nodes: Sequence[int], train_args: Sequence[str]
+) -> dict[str, Any]:
+    """The prediction document for a study's plan; {"skipped": why} where the site has no network figures."""
+    from ..errors import UsageError
+    from .predict import Workload
+    from .predict_cli import with_node_and_traffic
+
+    try:
+        network = network_from_site(site)
+    except UsageError as exc:
+        return {"skipped": str(exc)}
+    model = _flag(train_args, "--model", "cnn") or "cnn"
+    batch = int(_flag(train_args, "--batch-size", "32") or 32)
+    anchor = _published_compute(model)
+    compute = batch / anchor["samples_per_s"] if anchor else 1e-9  # 1 ns: communication alone
+    document: dict[str, Any] = {
+        "site": site,
+        "model": model,
+        "batch_size": batch,
+        "network": asdict(network),
+        "compute": anchor or "none published for this model: only the communication is predicted before the runs",
+        "backends": {},
+    }
+    for backend in backends:
+        planned = Workload(compute, 2 / 3 * compute, 0.0, _parameter_bytes(model), 25 * 2**20, 1.0, batch, "plan")
+        workload = with_node_and_traffic(planned, [], network.ranks_per_node, backend, {}, model)
+        rows = predict_scaling(workload, network, list(nodes))
+        document["backends"][backend] = {
+            "traffic": [asdict(call) for call in workload.collectives()],
+            "rows": rows
+            if anchor
+            else [{k: row[k] for k in ("nodes", "ranks", "allreduce_s", "algorithms")} for row in rows],
+        }
+    return document
+
+
+def _parameter_bytes(model: str) -> int:
+    from ..data.builtin import synthetic_shape
+    from .predict import model_shape
+
+    (channels, size, _), classes = synthetic_shape(model)
+    return model_shape(model, channels, size, classes).parameter_bytes
+
+
+def write_prediction(
+    directory: str, site: str, backends: Sequence[str], nodes: Sequence[int], train_args: Sequence[str]
+) -> str:
+    """Write DIRECTORY/prediction.json for the plan (atomically); returns its path."""
+    document = plan_prediction(site, backends, sorted(set(nodes)), train_args)
+    path = os.path.join(directory, PREDICTION_FILE)
+    atomic_write(path, lambda tmp: _dump(document, tmp))
+    return path
+
+
+def _dump(document: dict[str, Any], path: str) -> None:
+    with open(path, "w") as handle:
+        json.dump(document, handle, indent=1, allow_nan=False, default=str)
+
+
+def prediction_rows(directory: str, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per backend and node count: predicted step (node measured first, the saved site network)
+    and measured step with its interval and the error; [] where no prediction was written."""
+    from .predict_cli import with_node_and_traffic
+
+    path = os.path.join(directory, PREDICTION_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        saved = json.load(handle)
+    if "skipped" in saved:
+        return []
+    network = network_from_site(saved["site"])
+    rows = []
+    for backend in saved["backends"]:
+        runs = [r for r in records if r.get("backend") == backend and r.get("step_breakdown", {}).get("timed_steps")]
+        if not runs:
+            continue
+        fewest = min(r["world_size"] for r in runs)
+        node = [r for r in runs if r["world_size"] == fewest]
+        workload = with_node_and_traffic(
+            workload_from_records(node, 1.0, None), node, network.ranks_per_node, backend, None
+        )
+        measured = measured_steps(runs)
+        planned = sorted({max(1, r["world_size"] // network.ranks_per_node) for r in runs})
+        for row in predict_scaling(workload, network, planned):
+            found = measured.get(row["ranks"])
+            rows.append(
+                {
+                    "backend": backend,
+                    "nodes": row["nodes"],
+                    "ranks": row["ranks"],
+                    "predicted_step_s": row["step_s"],
+                    "measured_step_s": found["mean"] if found else None,
+                    "measured_ci95_s": found["ci95"] if found else None,
+                    "error": row["step_s"] / found["mean"] - 1 if found and found["mean"] else None,
+                    "algorithms": row["algorithms"],
+                }
+            )
+    return rows
+
+
+def prediction_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """The predicted-vs-measured table of a study's report."""
+    from .report import markdown_table
+
+    return markdown_table(
+        list(rows),
+        [
+            ("backend", lambda r: r["backend"]),
+            ("nodes", lambda r: r["nodes"]),
+            ("predicted step ms", lambda r: 1e3 * r["predicted_step_s"]),
+            ("measured step ms", lambda r: 1e3 * r["measured_step_s"] if r["measured_step_s"] else None),
+            ("± 95%", lambda r: 1e3 * r["measured_ci95_s"] if r["measured_ci95_s"] else None),
+            ("error", lambda r: f"{r['error']:+.1%}" if r["error"] is not None else None),
+            ("algorithm", lambda r: r["algorithms"] or "-"),
+        ],
+    )

@@ -1,0 +1,338 @@
+"""`harness predict`'s flags and command: bad input refused before anything is written; the
+network and workload the flags name; the prediction printed with its assumptions and, where the
+compute comes from one GPU, the published anchors beside it."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, replace
+from typing import Any, Optional
+
+from ..backends.traffic import ModelShape, per_step
+from ..errors import UsageError
+from ..fileio import atomic_write
+from .predict import (
+    BACKWARD_SHARE,
+    DEFAULT_NODES,
+    Network,
+    Workload,
+    backend_traffic,
+    measured_steps,
+    model_gradient_bytes,
+    model_shape,
+    network_from_benches,
+    network_from_site,
+    predict_scaling,
+    prediction_table,
+    scaled_to_measured,
+    workload_from_records,
+)
+
+ANCHORS = os.path.join(os.path.dirname(__file__), "anchors.json")
+
+
+def published_anchors() -> list[dict[str, Any]]:
+    """Published scaling figures (NVIDIA DGX A100 ResNet-50, Horovod, torchtitan) with their sources."""
+    with open(ANCHORS) as handle:
+        return json.load(handle)
+
+
+def add_predict_flags(parser: Any) -> None:
+    """`harness predict`'s flags."""
+    parser.add_argument(
+        "--site",
+        default=None,
+        help="site profile for the network and GPUs per node: polaris, perlmutter (or a profile JSON)",
+    )
+    parser.add_argument(
+        "--network",
+        nargs="+",
+        default=None,
+        help="network figures fitted by `harness bench allreduce --results FILE` (across nodes: the network's); "
+        "one file per --collective measured",
+    )
+    parser.add_argument(
+        "--record",
+        nargs="+",
+        default=None,
+        help="results file(s): compute per step from the runs at the fewest workers",
+    )
+    parser.add_argument("--throughput", type=float, default=None, help="or: published samples/s of one GPU")
+    parser.add_argument("--batch-size", type=int, default=None, help="with --throughput: samples per GPU per step")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="with --throughput: cnn, resnet18 or resnet50 (its gradient bytes, ImageNet-shaped)",
+    )
+    parser.add_argument(
+        "--backend",
+        default=None,
+        help="whose traffic to price: ddp, horovod, deepspeed, fsdp (default: the record's, else ddp's buckets)",
+    )
+    parser.add_argument(
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a backend option by field name, e.g. zero_stage=3, keep_gathered=true, bucket_cap_mb=50",
+    )
+    parser.add_argument(
+        "--gradient-bytes",
+        type=int,
+        default=None,
+        help="bytes averaged per step (default: the record's, or --model's)",
+    )
+    parser.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=None,
+        help="gradient bucket in MiB (default: the record's bucket_cap_mb / fusion_threshold_mb, else 25)",
+    )
+    parser.add_argument(
+        "--overlap",
+        type=float,
+        default=1.0,
+        help="without --backend: 0 (allreduce after backward) or 1 (buckets as ready); default 1",
+    )
+    parser.add_argument("--ranks-per-node", type=int, default=None, help="default: the site's GPUs per node")
+    parser.add_argument("--nodes", default=",".join(map(str, DEFAULT_NODES)), help="node counts (default: 1..512)")
+    parser.add_argument(
+        "--measured",
+        nargs="+",
+        default=None,
+        help="results file(s) of runs to put beside the prediction (matched by world size)",
+    )
+    parser.add_argument("--json", default=None, help="write the prediction (and measured steps) as JSON here")
+    parser.add_argument("-o", "--output", default=None, help="figure prefix: PREFIX-prediction.{png,svg,json}")
+
+
+def parse_nodes(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; UsageError for anything but positive whole node counts."""
+    try:
+        nodes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        nodes = []
+    if not nodes or min(nodes) < 1:
+        raise UsageError(f"--nodes takes positive node counts, e.g. --nodes 1,2,4; got {text!r}")
+    return nodes
+
+
+def _dump(document: Mapping[str, Any], path: str) -> None:
+    with open(path, "w") as handle:
+        json.dump(document, handle, indent=1, allow_nan=False)
+
+
+def predict_command(args: Any) -> int:
+    """`harness predict`: print the prediction table (and write JSON and figure when asked)."""
+    nodes = parse_nodes(args.nodes)
+    network, workload = network_and_workload(args)
+    rows = predict_scaling(workload, network, nodes)
+    measured = None
+    if args.measured:
+        from ..training.record import read_results
+
+        measured = measured_steps(read_results(args.measured))
+    print("\n".join(describe(network, workload)) + "\n")
+    print(prediction_table(rows, measured))
+    if workload.node_step_s is None and network.ranks_per_node > 1:
+        print("\n" + "\n".join(anchor_lines()))
+    document = {
+        "network": asdict(network),
+        "workload": asdict(workload),
+        "predicted": rows,
+        "measured": {str(k): v for k, v in (measured or {}).items()},
+    }
+    if args.json:
+        atomic_write(args.json, lambda tmp: _dump(document, tmp))
+    if args.output:
+        from .plot import write_prediction_figure
+
+        for path in write_prediction_figure(rows, measured, f"{network.name}: {workload.source}", args.output):
+            print(path)
+    return 0
+
+
+POSITIVE_FLAGS = ("throughput", "batch_size", "gradient_bytes", "bucket_mb", "ranks_per_node")
+
+
+def check_positive(args: Any) -> None:
+    """UsageError for a count or rate given as zero or less (a negative throughput has no prediction)."""
+    for name in POSITIVE_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} must be positive, got {value:g}; give {flag} a number above zero")
+
+
+def read_bench(path: str) -> dict[str, Any]:
+    """The result file of `harness bench allreduce --results`; UsageError naming the fix when it is
+    missing, not JSON, or another kind of file (a results.jsonl of runs, a profile)."""
+    fix = "give --network the JSON that `harness bench allreduce --results FILE` wrote"
+    try:
+        with open(path) as handle:
+            result = json.load(handle)
+    except FileNotFoundError:
+        raise UsageError(f"--network file {path} does not exist; {fix}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, IsADirectoryError):
+        raise UsageError(f"--network file {path} is not one JSON document; {fix}") from None
+    if not isinstance(result, dict) or result.get("kind") != "allreduce-benchmark":
+        raise UsageError(f"--network file {path} is not a benchmark result; {fix}")
+    return result
+
+
+def network_and_workload(args: Any) -> tuple[Network, Workload]:
+    """The network (site profile and/or benchmark fit) and workload (records or a published
+    throughput) that `harness predict`'s flags name; UsageError naming what is missing."""
+    if not args.site and not args.network:
+        raise UsageError(
+            "name the network: --site polaris (its profile) or --network BENCH.json "
+            "(`harness bench allreduce --results`)"
+        )
+    check_positive(args)
+    network = network_from_site(args.site) if args.site else None
+    if args.network:
+        benches = [read_bench(path) for path in args.network]
+        network = network_from_benches(benches, args.ranks_per_node, within=network)
+    assert network is not None
+    if args.ranks_per_node:
+        network = replace(network, ranks_per_node=args.ranks_per_node)
+    if args.overlap not in (0, 1):
+        raise UsageError(f"--overlap is 0 (after backward) or 1 (as buckets are ready), got {args.overlap:g}")
+    bucket = int(args.bucket_mb * 2**20) if args.bucket_mb else None
+    if args.record:
+        from ..training.record import read_results
+
+        records = read_results(args.record)
+        workload = workload_from_records(records, args.overlap, args.bucket_mb)
+        if args.gradient_bytes:
+            workload = replace(workload, gradient_bytes=args.gradient_bytes)
+        return network, with_node_and_traffic(workload, records, network.ranks_per_node, *_backend(args))
+    if not (args.throughput and args.batch_size and (args.model or args.gradient_bytes)):
+        raise UsageError(
+            "give the compute: --record RESULTS.jsonl, or --throughput SAMPLES_PER_S --batch-size N "
+            "with --model NAME (or --gradient-bytes N)"
+        )
+    compute = args.batch_size / args.throughput
+    gradient = args.gradient_bytes or model_gradient_bytes(args.model)
+    return network, with_node_and_traffic(
+        Workload(
+            compute_s=compute,
+            backward_s=BACKWARD_SHARE * compute,
+            overhead_s=0.0,
+            gradient_bytes=gradient,
+            bucket_bytes=bucket or 25 * 2**20,
+            overlap=args.overlap,
+            local_batch=args.batch_size,
+            source=f"{args.throughput:g} samples/s per GPU at batch {args.batch_size}"
+            + (f", {args.model}" if args.model else ""),
+        ),
+        [],
+        network.ranks_per_node,
+        *_backend(args),
+    )
+
+
+def _backend(args: Any) -> tuple[Optional[str], dict[str, Any], Optional[str]]:
+    return args.backend, _options(args.backend_option), args.model
+
+
+def _options(pairs: Sequence[str]) -> dict[str, Any]:
+    options = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--backend-option takes NAME=VALUE, e.g. zero_stage=3; got {pair!r}")
+        options[name.strip()] = json.loads(value) if value.strip() not in ("",) and _is_json(value) else value
+    return options
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def with_node_and_traffic(
+    workload: Workload,
+    records: Sequence[dict[str, Any]],
+    ranks_per_node: int,
+    backend: Optional[str] = None,
+    options: Optional[Mapping[str, Any]] = None,
+    model: Optional[str] = None,
+) -> Workload:
+    """The workload with its backend's own collectives (`backend` with `options`, else the
+    records' own; bytes per kind as measured where the record has them) and, where its runs
+    filled one node, that node's measured step."""
+    baseline = [r for r in records if r.get("world_size") == min(x["world_size"] for x in records)] if records else []
+    first = baseline[0] if baseline else {}
+    if not backend:
+        backend, options = first.get("backend"), first.get("config", {}).get("backend_options", {})
+    if not backend:
+        return workload
+    options = options or {}
+    shape = _shape_for(model or first.get("model"), workload.gradient_bytes)
+    calls = backend_traffic(backend, options, shape)
+    measured = first.get("step_breakdown", {}).get("collectives")
+    source = f"{backend} {options or 'defaults'}: modelled from its options"
+    if measured:
+        calls, source = scaled_to_measured(calls, measured), f"{backend}: bytes per kind as the record measured"
+    node_step = None
+    if ranks_per_node > 1 and first.get("world_size") == ranks_per_node == first.get("local_world_size"):
+        node_step = measured_steps(baseline)[ranks_per_node]["mean"]
+    return replace(workload, calls=calls, traffic_source=source, node_step_s=node_step)
+
+
+# Inputs the harness's models are built for (ImageNet, MNIST, CIFAR-10): channels, size, classes.
+MODEL_INPUTS = ((3, 224, 1000), (1, 28, 10), (3, 32, 10))
+
+
+def _shape_for(model: Optional[str], gradient_bytes: int) -> ModelShape:
+    """The model's units and modules, built for the input whose parameters match `gradient_bytes`;
+    one unit of that size where none does."""
+    for inputs in MODEL_INPUTS if model else ():
+        try:
+            shape = model_shape(model, *inputs)
+        except (UsageError, ValueError, KeyError, RuntimeError):
+            return ModelShape(gradient_bytes)
+        if shape.parameter_bytes == gradient_bytes:
+            return shape
+    return ModelShape(gradient_bytes)
+
+
+def describe(network: Any, workload: Workload) -> list[str]:
+    """The lines printed before the table: inputs, traffic per step, and every assumption."""
+    traffic = per_step(workload.collectives())
+    lines = [
+        f"network: {network.source}",
+        f"compute: {workload.source}: {workload.compute_s * 1e3:.2f} ms per step "
+        f"(+ {workload.overhead_s * 1e3:.2f} ms overhead)",
+        f"traffic per step ({workload.traffic_source}): "
+        + "; ".join(f"{kind} x{t['count']}, {t['bytes'] / 2**20:.1f} MiB" for kind, t in traffic.items()),
+    ]
+    assumptions = getattr(network, "assumptions", lambda: ["collectives priced by a ring alpha-beta model"])()
+    if workload.node_step_s is not None:
+        assumptions.append(
+            f"one full node measured: {workload.node_step_s * 1e3:.2f} ms per step; only the traffic across "
+            "nodes is modelled on top of it"
+        )
+    elif network.ranks_per_node > 1:
+        assumptions.append(
+            "compute from one GPU: per-node efficiency assumed 1.0 (no host, input or node contention); "
+            "see the published anchors below"
+        )
+    assumptions.append(f"backward is {BACKWARD_SHARE:.2f} of forward + backward; buckets ready evenly over it")
+    return lines + ["assumptions:"] + [f"  - {line}" for line in assumptions]
+
+
+def anchor_lines() -> list[str]:
+    """The published anchors, one line each with its source."""
+    found = []
+    for anchor in published_anchors():
+        figures = [f"{anchor['samples_per_s']:,} samples/s" if "samples_per_s" in anchor else ""]
+        figures += [f"efficiency {anchor['efficiency']:.3f}" if "efficiency" in anchor else ""]
+        found.append(f"  {anchor['name']}: {', '.join(f for f in figures if f)} ({anchor['source']})")
+    return ["published anchors:", *found]

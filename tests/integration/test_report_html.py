@@ -1,0 +1,89 @@
+"""`harness report --html` opened in a real browser (Debian's chromium under selenium): every
+figure renders from the file alone, and the tables, prediction and commands are there."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+
+import pytest
+
+from harness.study.foresight import write_prediction
+from tests.conftest import harness
+from tests.helpers.handmade_records import record
+
+BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
+PAGE_S = 60
+
+
+def _runs():
+    runs = []
+    for world_size, runtime in ((4, 0.100), (4, 0.103), (8, 0.110), (8, 0.113)):
+        run = record("ddp", world_size, 256 * world_size / runtime, local_batch=256, model="resnet50")
+        run["step_breakdown"]["seconds_per_step"] = {
+            "runtime": runtime,
+            "forward_backward": 0.09,
+            "optimizer": 0.005,
+            "data_wait": 0.001,
+            "other": 0.002,
+            "communication": 0.0,
+        }
+        run["step_breakdown"]["timed_steps"] = 20
+        run.update(local_world_size=4, gradient_bytes=102_228_128, tuning={}, versions={"torch": "2.x"})
+        runs.append(run)
+    return runs
+
+
+@pytest.fixture
+def browser(tmp_path):
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver_path):
+        pytest.fail("the report test needs chromium and chromium-driver: run `make setup`")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in [*BROWSER_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]:
+        options.add_argument(flag)
+    service = Service(driver_path, popen_kw={"start_new_session": True})
+    driver = None
+    try:
+        driver = webdriver.Chrome(service=service, options=options)
+        driver.set_page_load_timeout(PAGE_S)
+        yield driver
+    finally:
+        if driver is not None:
+            quitting = threading.Thread(target=driver.quit, daemon=True)  # quit() can hang on a wedged browser
+            quitting.start()
+            quitting.join(20)
+        process = getattr(service, "process", None)
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_the_html_report_renders_its_figures_from_the_file_alone(tmp_path, browser):
+    job = tmp_path / "job"
+    (job / "logs").mkdir(parents=True)
+    (job / "results.jsonl").write_text("".join(json.dumps(run) + "\n" for run in _runs()))
+    (job / "logs" / "commands.txt").write_text("mpiexec -n 8 python -m harness train --backend ddp\n")
+    write_prediction(str(job), "polaris", ["ddp"], [1, 2], ["--model", "resnet50", "--batch-size", "256"])
+    page = tmp_path / "report.html"
+    result = harness("report", str(job), "--html", str(page), timeout=300)
+    assert result.returncode == 0, result.stderr
+    text = page.read_text()
+    assert "http://" not in text and "https://" not in text  # nothing to fetch: the file is the report
+    browser.get(page.as_uri())
+    images = browser.find_elements("tag name", "img")
+    assert len(images) >= 2
+    widths = [browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth", i) for i in images]
+    assert all(width and width > 0 for width in widths), widths
+    body = browser.find_element("tag name", "body").text
+    assert "Predicted before the runs, and measured" in body and "+" in body.split("measured")[-1]
+    assert "mpiexec -n 8 python -m harness train --backend ddp" in body
+    assert "Each run and its contention" in body and "2.x" in body
+    headers = [h.text for h in browser.find_elements("tag name", "th")]
+    assert "error" in headers and any("95" in h for h in headers)

@@ -1,0 +1,61 @@
+"""A study's prediction, written before its runs, set beside what they measured."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.backends import BACKENDS
+from harness.study.foresight import PREDICTION_FILE, prediction_markdown, prediction_rows, write_prediction
+from tests.helpers.handmade_records import record
+
+DISTRIBUTED = sorted(name for name, cls in BACKENDS.items() if cls.max_world_size is None)
+
+
+def _run(backend, world_size, runtime, repeat):
+    run = record(backend, world_size, 256 * world_size / runtime, local_batch=256, model="resnet50", repeat=repeat)
+    run["step_breakdown"]["seconds_per_step"] = {
+        "runtime": runtime,
+        "forward_backward": 0.09,
+        "optimizer": 0.005,
+        "data_wait": 0.001,
+        "other": 0.002,
+        "communication": 0.0,
+    }
+    run["step_breakdown"]["timed_steps"] = 20
+    run.update(local_world_size=4, gradient_bytes=102_228_128, tuning={})
+    return run
+
+
+def test_the_plan_is_predicted_before_the_runs_and_the_report_gives_the_error(tmp_path):
+    path = write_prediction(
+        str(tmp_path), "polaris", DISTRIBUTED, [2, 1, 2], ["--model", "resnet50", "--batch-size", "256"]
+    )
+    saved = json.loads((tmp_path / PREDICTION_FILE).read_text())
+    assert path.endswith(PREDICTION_FILE) and set(saved["backends"]) == set(DISTRIBUTED)
+    for planned in saved["backends"].values():
+        assert [row["nodes"] for row in planned["rows"]] == [1, 2]
+        assert planned["traffic"] and 0 < planned["rows"][1]["efficiency"] <= 1  # from the 1-GPU anchor
+    assert saved["compute"]["samples_per_s"] == 2470
+    backend = DISTRIBUTED[0]
+    runs = [
+        _run(backend, 4, 0.100, 0),
+        _run(backend, 4, 0.102, 1),
+        _run(backend, 8, 0.110, 0),
+        _run(backend, 8, 0.114, 1),
+    ]
+    rows = prediction_rows(str(tmp_path), runs)
+    assert [(r["backend"], r["nodes"]) for r in rows] == [(backend, 1), (backend, 2)]
+    # The node measured first: its own step is the prediction at one node.
+    assert rows[0]["predicted_step_s"] == pytest.approx(0.101) and rows[0]["error"] == pytest.approx(0.0, abs=1e-9)
+    assert rows[1]["measured_step_s"] == pytest.approx(0.112)
+    assert rows[1]["error"] == pytest.approx(rows[1]["predicted_step_s"] / 0.112 - 1)
+    table = prediction_markdown(rows)
+    assert "| error" in table and f"{rows[1]['error']:+.1%}" in table
+
+
+def test_a_site_without_network_figures_writes_why_and_reports_nothing(tmp_path):
+    write_prediction(str(tmp_path), "generic-slurm", DISTRIBUTED, [1, 2], [])
+    assert "has no network figures" in json.loads((tmp_path / PREDICTION_FILE).read_text())["skipped"]
+    assert prediction_rows(str(tmp_path), [_run(DISTRIBUTED[0], 4, 0.1, 0)]) == []

@@ -1,0 +1,126 @@
+"""Each backend's declared traffic, NCCL's tuner model and the step timeline, on figures worked out
+by hand (tuning.cc's constants), in process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.backends import BACKENDS
+from harness.backends.traffic import Collective, ModelShape, per_step
+from harness.cli import main
+from harness.study.nccl import NcclModel
+from harness.study.predict import Network, Workload, predict_scaling
+from harness.study.stepmodel import step_communication
+
+SHAPE = ModelShape(100 * 2**20, unit_bytes=(30 * 2**20, 70 * 2**20), module_bytes=(10 * 2**20,) * 10)
+POLARIS_LIKE = NcclModel("ampere", "amd", "nvlink", 8, 240.0, 40.0, ll128_across_nodes=False)
+WIRE = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (n-1)/n x bytes per rank in a ring
+
+
+def _option_sets():
+    for name, cls in BACKENDS.items():
+        for options in getattr(cls.Options, "examples", lambda: (cls.Options(),))():
+            yield pytest.param(cls, options, id=f"{name}-{options}")
+
+
+@pytest.mark.parametrize("cls, options", list(_option_sets()))
+def test_every_backend_sends_the_gradient_once_and_the_weights_at_most_twice(cls, options):
+    calls = cls(options).traffic(SHAPE)
+    totals = per_step(calls)
+    if cls.max_world_size == 1:
+        assert calls == []
+        return
+    reduced = sum(totals.get(kind, {}).get("bytes", 0) for kind in ("all_reduce", "reduce_scatter"))
+    assert reduced == SHAPE.parameter_bytes  # the whole gradient, averaged once
+    gathered = totals.get("all_gather", {}).get("bytes", 0)
+    assert gathered in (0, SHAPE.parameter_bytes, 2 * SHAPE.parameter_bytes)
+    # The brief's per-rank ring traffic: 2(n-1)/n x S (allreduce, or reduce-scatter + all-gather)
+    # or 3(n-1)/n x S (weights gathered in forward and again in backward).
+    wire = sum(WIRE[call.kind] * call.bytes * call.count for call in calls) / SHAPE.parameter_bytes
+    assert wire in (2, 3)
+    assert all(call.phase != "forward_gather" or call.kind == "all_gather" for call in calls)
+
+
+def test_the_gradient_bucket_fills_in_backward_order():
+    from harness.backends.traffic import in_buckets
+
+    calls = in_buckets("all_reduce", [10, 10, 30, 5], 25, "backward_reduce", True)
+    assert [call.bytes for call in calls] == [20, 30, 5]
+
+
+def test_nccl_ring_on_one_node_by_hand():
+    # 4 ranks on NVLink, Simple: 8.4 us base + 6 steps x 3.4 us; algorithm bandwidth 240 x 4/6 GB/s.
+    choice = POLARIS_LIKE.seconds("all_reduce", 100 * 2**20, 4, 1)
+    assert (choice.algorithm, choice.protocol) == ("ring", "Simple")
+    assert choice.seconds == pytest.approx((8.4 + 6 * 3.4 + 100 * 2**20 / (1000 * 160)) * 1e-6)
+
+
+def test_nccl_picks_the_tree_at_scale_and_low_latency_protocols_for_small_messages():
+    big = 25 * 2**20
+    picks = {nodes: POLARIS_LIKE.seconds("all_reduce", big, 4 * nodes, nodes).algorithm for nodes in (1, 64, 512)}
+    assert picks == {1: "ring", 64: "tree", 512: "tree"}
+    # The tree's latency grows with log2 N: 512 nodes cost little more than 64, where a ring's
+    # 2(N-1) network steps alone would take 1022 x 14 us.
+    t64, t512 = (POLARIS_LIKE.seconds("all_reduce", big, 4 * n, n).seconds for n in (64, 512))
+    assert t512 < 1.2 * t64 and t512 < 1022 * 14e-6
+    assert POLARIS_LIKE.seconds("all_reduce", 4096, 8, 2).protocol == "LL"
+    assert POLARIS_LIKE.seconds("all_gather", big, 8, 2).algorithm == "ring"  # no tree for all-gather
+    assert POLARIS_LIKE.seconds("all_reduce", big, 1, 1).seconds == 0.0
+
+
+def test_overlapped_gathers_hide_behind_compute_and_blocking_ones_do_not():
+    def price(call: Collective) -> float:
+        return 0.01
+
+    gathers = [Collective("all_gather", 1, 4, "forward_gather", True)]
+    hidden = step_communication(gathers, price, forward_s=0.1, backward_s=0.2, optimizer_s=0.0)
+    # Prefetched one piece ahead: only the first gather (10 ms) waits; 4 x 10 ms in flight.
+    assert hidden.total_s == pytest.approx(0.04) and hidden.exposed_s == pytest.approx(0.01)
+    blocking = [Collective("all_gather", 1, 4, "forward_gather", False)]
+    assert step_communication(blocking, price, 0.1, 0.2, 0.0).exposed_s == pytest.approx(0.04)
+    after = [Collective("all_gather", 1, 2, "after_step", False)]
+    assert step_communication(after, price, 0.1, 0.2, 0.05).exposed_s == pytest.approx(0.02)
+
+
+NETWORK = Network("hand", 2, 1e-5, 1e-4, 0.0, 10e9, 1e9, "by hand")
+WORK = Workload(0.1, 0.06, 0.0, 100_000_000, 50_000_000, 1.0, 32, "by hand")
+
+
+def test_a_measured_node_keeps_its_own_step_and_adds_only_the_network():
+    modelled = predict_scaling(WORK, NETWORK, [1, 2])
+    measured = predict_scaling(Workload(**{**WORK.__dict__, "node_step_s": 0.13}), NETWORK, [1, 2])
+    assert measured[0]["step_s"] == pytest.approx(0.13)
+    # The node's own 25 ms above the model carry over; the network's share is the model's.
+    assert measured[1]["step_s"] - measured[0]["step_s"] == pytest.approx(
+        modelled[1]["step_s"] - modelled[0]["step_s"]
+    )
+
+
+def test_a_one_gpu_figure_says_node_efficiency_is_assumed_and_shows_the_anchors(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    flags = ["predict", "--site", "polaris", "--throughput", "2470", "--batch-size", "256"]
+    assert main([*flags, "--gradient-bytes", "102228128", "--nodes", "1,8,64,512", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "per-node efficiency assumed 1.0" in printed and "16,621 samples/s" in printed
+    assert "NVIDIA/nccl src/graph/tuning.cc" in printed
+    rows = json.loads(out.read_text())["predicted"]
+    assert [row["algorithms"].split(":")[1].split("/")[0].strip() for row in rows] == ["ring", "ring", "tree", "tree"]
+
+
+def test_bytes_per_kind_come_from_the_record_where_it_measured_them():
+    from harness.study.predict_cli import with_node_and_traffic
+    from tests.helpers.handmade_records import record
+
+    run = record(sorted(n for n, c in BACKENDS.items() if c.max_world_size is None)[0], 1, 100.0)
+    run["step_breakdown"]["collectives"] = {
+        kind: {"count": 1, "bytes": 3 * SHAPE.parameter_bytes, "seconds": 0.1, "exposed_seconds": 0.05}
+        for kind in ("all_reduce", "all_gather", "reduce_scatter")
+    }
+    modelled = with_node_and_traffic(WORK, [], 1, run["backend"], {}, None)
+    measured = with_node_and_traffic(WORK, [run], 1)
+    assert "as the record measured" in measured.traffic_source and "modelled" in modelled.traffic_source
+    for kind, totals in per_step(measured.collectives()).items():
+        assert totals["bytes"] == pytest.approx(3 * SHAPE.parameter_bytes, rel=1e-6)
+        assert totals["count"] == per_step(modelled.collectives())[kind]["count"]
