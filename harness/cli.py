@@ -8,221 +8,25 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
+from . import cli_commands
 from .config import OneLineParser, TrainConfig
 from .errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, PeerFailure, Preempted, UsageError
-from .training.flags import add_train_flags, config_from_args
+from .training.flags import add_train_flags
 
 # How long a finished rank waits in MPI_Finalize for its peers before it gives up (status 1).
 MPI_FINALIZE_LIMIT_S = 60.0
-
-
-def _train(args: argparse.Namespace) -> int:
-    from . import train
-
-    train(config_from_args(args))  # with --profile-trace DIR, rank 0 also merges DIR/trace.json
-    return 0
-
-
-def _trace_merge(args: argparse.Namespace) -> int:
-    from .training.trace import merge_traces
-
-    print(merge_traces(args.directory, args.output), flush=True)
-    return 0
-
-
-def _launch(args: argparse.Namespace) -> int:
-    from .backends import get_backend
-    from .training.launch import run_launch
-    from .training.placement import check_config
-
-    train_args = list(args.train_args)
-    if train_args and train_args[0] == "--":
-        train_args = train_args[1:]
-    # Check the flags here, in one process, so bad input fails once and before any rank starts.
-    train_parser = OneLineParser(prog="harness train")
-    add_train_flags(train_parser)
-    config = config_from_args(train_parser.parse_args(["--backend", args.backend, *train_args]))
-    check_config(config)
-    config.local_batch(args.n)
-    if not args.dry_run:
-        get_backend(args.backend).check_available()
-    return run_launch(args.n, args.backend, train_args, args.launcher, args.dry_run)
-
-
-def _env(args: argparse.Namespace) -> int:
-    import dataclasses as dc
-    import socket
-
-    from .process.discovery import default_threads, detect_cluster, node_id
-
-    cluster = detect_cluster()
-    # The hostname (and the launcher's node index) tell which node each rank landed on: the study job
-    # checks the placement against its plan (harness.study.placement).
-    found = {
-        **dc.asdict(cluster),
-        "default_threads": default_threads(cluster),
-        "hostname": socket.gethostname(),
-        "node_id": node_id(),
-    }
-    print(json.dumps(found, sort_keys=True), flush=True)
-    return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from .workshop.demo import run_demo
-
-    return run_demo(args.results, args.epochs, verbose=args.verbose)
-
-
-def _evaluate(args: argparse.Namespace) -> int:
-    from .training.evaluate import evaluate_model_file
-
-    record = evaluate_model_file(config_from_args(args), args.model_file)
-    if record["rank"] == 0:
-        print(json.dumps(record, sort_keys=True), flush=True)
-    return 0
-
-
-def _data_download(args: argparse.Namespace) -> int:
-    from .data.download import download
-
-    print(
-        f"{args.name} is in {download(args.name, args.data_dir)}; next: `harness data prepare {args.name} "
-        f"--data-dir {args.data_dir}`"
-    )
-    return 0
-
-
-def _data_prepare(args: argparse.Namespace) -> int:
-    from .data import prepare_dataset
-
-    directory, prepared_now = prepare_dataset(args.name, args.data_dir, args.image_size, args.timeout)
-    print(f"{args.name} {'prepared in' if prepared_now else 'was already prepared in'} {directory}")
-    return 0
-
-
-def _sweep(args: argparse.Namespace) -> int:
-    from .study.report import scaling_report
-    from .study.sweep import SweepSettings, parse_list, parse_ranks, run_sweep
-
-    settings = SweepSettings(
-        backends=parse_list(args.backends, "backends"),
-        ranks=parse_ranks(args.ranks),
-        scaling=args.scaling,
-        results=args.results,
-        train_args=list(args.pass_through),
-        repeats=args.repeats,
-        launch_template=args.launch_template,
-        launcher=args.launcher,
-        ppn=args.ppn,
-        sweep_id=args.sweep_id,
-        run_timeout=args.run_timeout,
-        dry_run=args.dry_run,
-        log_dir=args.log_dir,
-        checkpoint_root=args.checkpoint_root,
-        all_cores_baseline=args.all_cores_baseline,
-    )
-    result = run_sweep(settings)
-    if settings.dry_run:
-        return 0
-    print(f"\nsweep {result.sweep_id}: {len(result.records)} record(s) in {settings.results}\n")
-    print(scaling_report(result.records), flush=True)
-    if result.preempted:
-        print(
-            f"\nsweep {result.sweep_id} was preempted; run it again with --sweep-id {result.sweep_id} to finish it "
-            f"(exit status {EXIT_PREEMPTED})",
-            flush=True,
-        )
-    if result.failed:
-        print(f"\nfailed runs: {'; '.join(result.failed)}", flush=True)
-    return result.status
-
-
-def _plot(args: argparse.Namespace) -> int:
-    from .study.plot import write_figures
-    from .training.record import read_results
-
-    for path in write_figures(read_results(args.results), args.output):
-        print(path)
-    return 0
-
-
-def _report(args: argparse.Namespace) -> int:
-    from .study.report import scaling_report
-    from .training.record import read_results
-
-    records = read_results(args.results)
-    if args.html:
-        from .study.html_report import write_html_report
-
-        directory = args.results[0] if len(args.results) == 1 and os.path.isdir(args.results[0]) else None
-        print(write_html_report(records, args.html, directory))
-        return 0
-    print(scaling_report(records))
-    return 0
-
-
-def _bench_allreduce(args: argparse.Namespace) -> int:
-    from .study.allreduce import DEFAULT_SIZES, BenchSettings, format_result, parse_sizes
-    from .study.bench import bench_allreduce
-
-    settings = BenchSettings(
-        backend=args.backend,
-        collective=args.collective,
-        ranks=args.n,
-        sizes=parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES,
-        seconds_per_size=args.seconds_per_size,
-        min_repeats=args.min_repeats,
-        max_repeats=args.max_repeats,
-        results=args.results,
-        launcher=args.launcher,
-        device=args.device,
-        timeout=args.timeout,
-    )
-    result = bench_allreduce(settings)
-    if result.get("rank", 0) == 0 and not args.quiet:
-        print(format_result(result) + (f"\nwritten to {args.results}" if args.results else ""), flush=True)
-    return 0
-
-
-def _predict(args: argparse.Namespace) -> int:
-    from .study.predict_cli import predict_command
-
-    return predict_command(args)
 
 
 def _predict_flags(parser: argparse.ArgumentParser) -> None:
     from .study.predict_cli import add_predict_flags
 
     add_predict_flags(parser)
-
-
-def _study(args: argparse.Namespace) -> int:
-    from .study.preflight import study_command
-
-    scheduler_args = list(args.scheduler_args)
-    if scheduler_args and scheduler_args[0] == "--":
-        scheduler_args = scheduler_args[1:]
-    return study_command(args.site, args.script, args.check, args.submit, scheduler_args)
-
-
-def _check(args: argparse.Namespace) -> int:
-    from .workshop.checker import check_command
-
-    return check_command(args.file, ranks=args.ranks, timeout=args.timeout, simulate_nodes=args.simulate_nodes)
-
-
-def _exercise_start(args: argparse.Namespace) -> int:
-    from .workshop.my_exercises import start_command
-
-    return start_command(args.step, notebook=args.notebook, force=args.force, directory=args.directory)
 
 
 def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.ArgumentParser:
@@ -239,7 +43,7 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         "flags given beside it override them",
     )
     train.declare_later(add_train_flags)  # they import every backend (and torch): only when `train` is used
-    train.set_defaults(run=_train, **(train_defaults or {}))
+    train.set_defaults(run=cli_commands.train, **(train_defaults or {}))
 
     launch = commands.add_parser("launch", help="start N local ranks of `harness train` with a real launcher")
     launch.add_argument("-n", type=int, default=2, help="number of processes (default: 2)")
@@ -251,10 +55,10 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
     )
     launch.add_argument("--dry-run", action="store_true", help="print the exact command instead of running it")
     launch.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then `harness train` flags")
-    launch.set_defaults(run=_launch)
+    launch.set_defaults(run=cli_commands.launch)
 
     env = commands.add_parser("env", help="print the rank, sizes and rendezvous address this process was given")
-    env.set_defaults(run=_env)
+    env.set_defaults(run=cli_commands.env)
 
     demo = commands.add_parser("demo", help="train the CNN on digits under every backend and compare")
     demo.add_argument("--results", default=None, help="JSONL file for the records (default: runs/demo-<time>.jsonl)")
@@ -264,7 +68,7 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         action="store_true",
         help="show every rank's and launcher's output, framework logging included (also: HARNESS_VERBOSE=1)",
     )
-    demo.set_defaults(run=_demo)
+    demo.set_defaults(run=cli_commands.demo)
 
     evaluate = commands.add_parser(
         "evaluate",
@@ -290,7 +94,7 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
             "tags",
         ),
     )
-    evaluate.set_defaults(run=_evaluate)
+    evaluate.set_defaults(run=cli_commands.evaluate)
 
     data = commands.add_parser("data", help="fetch (online) or prepare (once) a dataset read from --data-dir")
     data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=OneLineParser)
@@ -321,8 +125,8 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         default=3600.0,
         help="seconds to wait for another process preparing the same dataset (default: %(default)s)",
     )
-    download.set_defaults(run=_data_download)
-    prepare.set_defaults(run=_data_prepare)
+    download.set_defaults(run=cli_commands.data_download)
+    prepare.set_defaults(run=cli_commands.data_prepare)
 
     sweep = commands.add_parser(
         "sweep",
@@ -386,12 +190,12 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         help="each run checkpoints into DIR/<backend>-<ranks>r-rep<k> and resumes from it: with "
         "--sweep-id, rerunning the sweep after a preemption finishes it",
     )
-    sweep.set_defaults(run=_sweep, accepts_train_flags=True)
+    sweep.set_defaults(run=cli_commands.sweep, accepts_train_flags=True)
 
     plot = commands.add_parser("plot", help="scaling figures (PNG + SVG) from results files")
     plot.add_argument("results", nargs="+", help="JSONL results file(s), or job directories (their results.jsonl)")
     plot.add_argument("-o", "--output", required=True, help="prefix of the figure files, e.g. figures/weak")
-    plot.set_defaults(run=_plot)
+    plot.set_defaults(run=cli_commands.plot)
 
     check = commands.add_parser(
         "check",
@@ -412,7 +216,7 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         help="run the ranks as if dealt out to N nodes (each rank's local rank and node as there, on "
         "the CPU), so that a GPU picked by the global rank shows (default: 1)",
     )
-    check.set_defaults(run=_check)
+    check.set_defaults(run=cli_commands.check)
 
     exercise = commands.add_parser("exercise", help="your own copy of a hands-on step to work on (my-exercises/)")
     exercise_commands = exercise.add_subparsers(dest="exercise_command", required=True, parser_class=OneLineParser)
@@ -425,7 +229,7 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         "--force", action="store_true", help="replace a copy that is already there (your work in it is lost)"
     )
     start.add_argument("--directory", default=None, help="where to write the copy (default: my-exercises/ in the kit)")
-    start.set_defaults(run=_exercise_start)
+    start.set_defaults(run=cli_commands.exercise_start)
 
     trace = commands.add_parser("trace", help="profiler traces: `harness trace merge DIR`")
     trace_commands = trace.add_subparsers(dest="trace_command", required=True, parser_class=OneLineParser)
@@ -437,7 +241,7 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
     )
     merge.add_argument("directory", help="the --profile-trace directory (holding rank-N.json)")
     merge.add_argument("-o", "--output", default=None, help="write the merged trace here (default: DIR/trace.json)")
-    merge.set_defaults(run=_trace_merge)
+    merge.set_defaults(run=cli_commands.trace_merge)
 
     report = commands.add_parser("report", help="Markdown table of a scaling study: throughput, efficiency, POP")
     report.add_argument("results", nargs="+", help="JSONL results file(s), or job directories (their results.jsonl)")
@@ -447,7 +251,7 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         metavar="FILE",
         help="write one self-contained HTML report here (tables, figures, prediction, environment, commands)",
     )
-    report.set_defaults(run=_report)
+    report.set_defaults(run=cli_commands.report)
 
     bench = commands.add_parser("bench", help="benchmarks of the communicator: `harness bench allreduce`")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, parser_class=OneLineParser)
@@ -492,7 +296,7 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
     allreduce.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait (default: 300)")
     # Ranks started by -n run quietly: their parent prints the result once.
     allreduce.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
-    allreduce.set_defaults(run=_bench_allreduce)
+    allreduce.set_defaults(run=cli_commands.bench_allreduce)
 
     predict = commands.add_parser(
         "predict",
@@ -503,7 +307,7 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         "puts measured step times beside the prediction. See harness/study/predict.py.",
     )
     predict.declare_later(_predict_flags)  # declared in harness.study.predict: loaded only when `predict` is used
-    predict.set_defaults(run=_predict)
+    predict.set_defaults(run=cli_commands.predict)
 
     study = commands.add_parser(
         "study",
@@ -525,7 +329,7 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
     )
     mode.add_argument("--submit", action="store_true", help="check, then qsub/sbatch it")
     study.add_argument("scheduler_args", nargs=argparse.REMAINDER, help="-- then qsub/sbatch options")
-    study.set_defaults(run=_study)
+    study.set_defaults(run=cli_commands.study)
     return parser
 
 
