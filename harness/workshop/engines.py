@@ -235,21 +235,7 @@ def start_engines(
     port = free_port()
     config = Config()
     config.Cluster.engine_timeout = int(timeout)
-    if launcher == "mpi":
-        mpiexec = mpiexec or shutil.which("mpiexec") or shutil.which("mpirun")
-        if mpiexec is None:
-            raise UsageError(
-                "mpiexec is not installed; install OpenMPI or MPICH (`make setup` does) or load your site's MPI module"
-            )
-        config.MPILauncher.mpi_cmd = [mpiexec]
-        config.MPILauncher.mpi_args = MPI_ARGUMENTS[mpi_flavour(mpiexec)]
-        config.MPILauncher.environment = engine_environment(port)
-    else:
-        name = "SlurmEngineSetLauncher" if launcher == "slurm" else "PBSEngineSetLauncher"
-        config[name].batch_template = batch_script(launcher, directives, launch_args)
-        config[name].environment = engine_environment(port)
-        config.Cluster.controller_ip = "*"
-        config.Cluster.controller_location = socket.gethostname()
+    _configure_launcher(config, launcher, port, mpiexec, directives, launch_args)
     cluster = ipp.Cluster(engines=launcher, n=count, config=config, log_level=logging.ERROR)
     try:
         client = cluster.start_and_connect_sync(n=count)
@@ -267,6 +253,33 @@ def start_engines(
     engine_set = cluster.engine_set
     command = list(getattr(engine_set, "args", []) or [])
     return Engines(cluster, client, view, count, procs_per_gpu, "cuda" if gpus else "cpu", port, command)
+
+
+def _configure_launcher(
+    config: Any,
+    launcher: str,
+    port: int,
+    mpiexec: Optional[str],
+    directives: Sequence[str],
+    launch_args: Sequence[str],
+) -> None:
+    """How the engines start: mpiexec on this node, or a Slurm/PBS batch job whose engines reach a
+    controller listening on every interface of this host."""
+    if launcher == "mpi":
+        mpiexec = mpiexec or shutil.which("mpiexec") or shutil.which("mpirun")
+        if mpiexec is None:
+            raise UsageError(
+                "mpiexec is not installed; install OpenMPI or MPICH (`make setup` does) or load your site's MPI module"
+            )
+        config.MPILauncher.mpi_cmd = [mpiexec]
+        config.MPILauncher.mpi_args = MPI_ARGUMENTS[mpi_flavour(mpiexec)]
+        config.MPILauncher.environment = engine_environment(port)
+        return
+    name = "SlurmEngineSetLauncher" if launcher == "slurm" else "PBSEngineSetLauncher"
+    config[name].batch_template = batch_script(launcher, directives, launch_args)
+    config[name].environment = engine_environment(port)
+    config.Cluster.controller_ip = "*"
+    config.Cluster.controller_location = socket.gethostname()
 
 
 def _activate_magics(view: Any) -> None:
