@@ -104,9 +104,13 @@ class RunPlan:
         )
 
     def make_model(self) -> nn.Module:
-        """A fresh model of the run's architecture, in its memory format, on its device."""
+        """A fresh model of the run's architecture, in its memory format, on its device: the run's
+        initial weights (from --seed) every time, and the run's random state untouched, so that
+        building one for evaluation in the middle of training changes no later dropout mask."""
         channels, size, _ = self.train_set.shape
-        model = build_model(self.config.model, channels, size, self.train_set.num_classes, self.config.dropout)
+        model = build_model(
+            self.config.model, channels, size, self.train_set.num_classes, self.config.dropout, seed=self.config.seed
+        )
         model = model.to(self.placement.device)
         return model.to(memory_format=torch.channels_last) if self.channels_last_weights else model
 
@@ -188,9 +192,8 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict[str, 
         # Chosen and checked before any process group starts: an unusable checkpoint is bad input.
         resume_from = find_resume_checkpoint(config, plan.layout(), type(backend), warn=cluster.is_main)
         preemption = PreemptionWatcher(TestSignal.from_environ())
-        # Same seed on every rank, so every rank builds identical initial weights (backends also
+        # Every rank builds identical initial weights from --seed (make_model; backends also
         # broadcast rank 0's); then a per-rank seed so dropout masks differ between ranks.
-        torch.manual_seed(config.seed)
         model = plan.make_model()
         gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         torch.manual_seed(config.seed * 1000 + cluster.rank + 1)
