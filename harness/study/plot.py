@@ -23,7 +23,8 @@ from typing import Any, Callable, Optional
 from ..errors import UsageError
 from ..fileio import atomic_write
 from ..training.metrics import STEP_PHASES
-from .report import ScalingRow, Study, scaling_rows
+from .intervals import Interval
+from .report import ScalingRow, Study, scaling_rows, unresolved_lines
 
 FIGURE_KINDS = ("throughput", "efficiency", "breakdown")
 FORMATS = ("png", "svg")
@@ -159,6 +160,13 @@ def _legend(ax: Any, contended: bool, extra: Sequence[tuple[Any, str]] = (), loc
     ax.legend(handles, labels, loc=loc)
 
 
+def _error_bars(values: Sequence[Optional[float]], bounds: Sequence[Optional[Interval]]) -> list[list[float]]:
+    """matplotlib's asymmetric yerr ([below], [above]) from 95% intervals; 0 where there is none."""
+    below = [v - b[0] if b is not None and v is not None else 0.0 for v, b in zip(values, bounds)]
+    above = [b[1] - v if b is not None and v is not None else 0.0 for v, b in zip(values, bounds)]
+    return [[max(x, 0.0) for x in below], [max(x, 0.0) for x in above]]
+
+
 def throughput_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
     """Throughput (samples/s) vs workers, one line per backend with its 95% interval, its dashed ideal,
     runs under contention boxed in red, one rank with all cores as a star; returns the Figure."""
@@ -171,13 +179,13 @@ def throughput_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
     series, ideals, contended = [], [], False
     for index, (backend, label, mine) in enumerate(curves):
         entry = _series(backend, label, mine, lambda row: row.throughput)
-        entry["ci95"] = [row.throughput_ci95 for row in mine]
+        entry["interval"] = [row.throughput_interval for row in mine]
         colour = _colour(backend, order)
         xs = _dodged(entry["workers"], index, len(curves))
         ax.errorbar(
             xs,
             entry["values"],
-            yerr=[c or 0.0 for c in entry["ci95"]],
+            yerr=_error_bars(entry["values"], entry["interval"]),
             label=label,
             color=colour,
             marker="o",
@@ -246,8 +254,17 @@ def efficiency_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
     for index, (backend, label, mine) in enumerate(curves):
         entry = _series(backend, label, mine, lambda row: row.efficiency)
         entry["suspect"] = [row.suspect for row in mine]
+        entry["interval"] = [row.efficiency_interval for row in mine]
         xs = _dodged(entry["workers"], index, len(curves))
-        ax.plot(xs, entry["values"], label=label, color=_colour(backend, order), marker="o")
+        ax.errorbar(
+            xs,
+            [v if v is not None else float("nan") for v in entry["values"]],
+            yerr=_error_bars(entry["values"], entry["interval"]),
+            label=label,
+            color=_colour(backend, order),
+            marker="o",
+            capsize=5,
+        )
         contended |= _mark_contended(ax, xs, entry["values"], entry["contended"])
         for x, value, why in zip(xs, entry["values"], entry["suspect"]):
             if why and value is not None:
@@ -262,8 +279,12 @@ def efficiency_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
         series.append(entry)
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1.6, label="ideal (1.0)")
     _workers_axis(ax, rows)
-    ax.set_ylabel("scaling efficiency (speedup / workers)")
-    top = max([1.0, *(v for entry in series for v in entry["values"] if v is not None)])
+    ax.set_ylabel("scaling efficiency (speedup / workers), 95% interval")
+    unresolved = unresolved_lines(rows)
+    if unresolved:
+        ax.text(0.99, 0.02, "\n".join(unresolved), transform=ax.transAxes, ha="right", va="bottom", fontsize=11)
+    top = max([1.0, *(b[1] for entry in series for b in entry["interval"] if b is not None)])
+    top = max([top, *(v for entry in series for v in entry["values"] if v is not None)])
     ax.set_ylim(0, top * 1.15)
     _legend(ax, contended, loc="lower left")
     fig.harness_metadata = {
@@ -275,6 +296,7 @@ def efficiency_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
         "ideal": 1.0,
         "contention_marked": contended,
         "notes": [row.note for row in rows if row.note],
+        "not_resolved": unresolved,
     }
     return fig
 

@@ -16,12 +16,30 @@ Definitions (per rank, summed over the steps of the timed window):
 - **optimizer**: the optimizer step after the gradients are averaged.
 - **other**: the rest of the window: bookkeeping, the preemption vote, the closing barrier.
 - **useful time**: forward + backward + optimizer, the rank's own compute.
-- **AU** (accelerator utilisation, as DLIO defines it): (window - data wait) / window, summed
-  over ranks: the share of the time not spent waiting for data. Communication is not a data wait,
-  so AU does not count it; the POP metrics do.
+- **compute time**: the time a rank works on its batches once they are on the device:
+  forward + backward, communication and optimizer (everything DLIO's emulated step stands for).
+- **AU** (accelerator utilisation, as DLIO defines it): compute time / total time, summed over
+  ranks, where total time is the timed window: the share of the time not lost to waiting for
+  data or to bookkeeping between steps. Communication is part of a step's compute here (DLIO
+  emulates the whole step as compute), so AU does not count it as lost; the POP metrics do.
 - **load balance**: mean over ranks of useful time / max over ranks of useful time.
 - **communication efficiency**: max useful time / window.
 - **parallel efficiency**: load balance x communication efficiency = mean useful time / window.
+- **serialisation and transfer**: POP splits communication efficiency into serialisation (ranks
+  waiting for one another) and transfer (data moving) with a replay on an ideal network, which
+  this method has not got. Each step's last rank to reach the collective waits only for the
+  transfer, so the rank that waited least in total waited at least as long as the transfer
+  took: transfer efficiency >= (window - least communication of any rank) / window, and
+  serialisation efficiency = communication efficiency / transfer efficiency <= communication
+  efficiency / that bound. The split is a pair of bounds, not a measurement; they are exact only
+  when one rank is the last to every step's collective and no communication overlaps compute.
+- **computation scalability**: across the runs of one configuration, useful time at the study's
+  fewest workers / useful time at N: for strong scaling the useful time summed over ranks (the
+  same samples are computed at every N), for weak scaling the useful time per rank (each rank
+  computes as much at every N), both per step. Below 1: the ranks compute more (more
+  instructions, fewer per second) at N than at the baseline for the same work.
+- **global efficiency**: parallel efficiency x computation scalability, POP's one number for how
+  far a run at N is from perfect scaling of the baseline.
 - **speedup**: throughput / the baseline's throughput, where the baseline is the same backend at
   the study's fewest workers with the same work per rank (threads per rank, and for weak scaling
   the batch per rank); never a run with more threads per rank.
@@ -52,6 +70,9 @@ def _definitions(doc: str) -> dict[str, str]:
 
 
 DEFINITIONS: dict[str, str] = _definitions(__doc__ or "")
+
+# AU in a few words, for figure labels and table notes; **AU** above says it in full.
+AU_FORMULA = "AU = compute time / total time"
 
 # Contention thresholds (see **contention** above).
 CPU_SHARE_BELOW = 0.8
@@ -104,20 +125,65 @@ def parallel_efficiency(useful: Sequence[float], runtime: float) -> Optional[flo
     return balance * communication
 
 
-def pop_metrics(useful: Sequence[float], runtime: float) -> dict[str, Optional[float]]:
-    """The three POP multiplicative metrics, keyed as they appear in results records."""
-    return {
-        "load_balance": load_balance(useful),
-        "communication_efficiency": communication_efficiency(useful, runtime),
-        "parallel_efficiency": parallel_efficiency(useful, runtime),
-    }
+POP_KEYS = (
+    "load_balance",
+    "communication_efficiency",
+    "parallel_efficiency",
+    "transfer_efficiency_bound",
+    "serialisation_efficiency_bound",
+)
 
 
-def accelerator_utilisation(runtime: float, data_wait: float) -> Optional[float]:
-    """AU = (runtime - data wait) / runtime; sums over ranks go in (see **AU** above)."""
-    if runtime <= 0:
+def pop_metrics(
+    useful: Sequence[float], runtime: float, communication: Optional[Sequence[float]] = None
+) -> dict[str, Optional[float]]:
+    """The POP multiplicative metrics of one run, keyed as they appear in results records (every
+    key None where they cannot be computed); with per-rank `communication`, the bounds of its split
+    into transfer and serialisation (see **serialisation and transfer** above)."""
+    metrics: dict[str, Optional[float]] = dict.fromkeys(POP_KEYS)
+    metrics.update(
+        load_balance=load_balance(useful),
+        communication_efficiency=communication_efficiency(useful, runtime),
+        parallel_efficiency=parallel_efficiency(useful, runtime),
+    )
+    transfer = transfer_efficiency_bound(communication, runtime) if communication else None
+    if transfer and metrics["communication_efficiency"] is not None:
+        metrics["transfer_efficiency_bound"] = transfer
+        metrics["serialisation_efficiency_bound"] = min(metrics["communication_efficiency"] / transfer, 1.0)
+    return metrics
+
+
+def accelerator_utilisation(compute: float, total: float) -> Optional[float]:
+    """AU = compute time / total time; sums over ranks go in (see **AU** above). DLIO computes it
+    so (dlio_benchmark, utils/statscounter.py: total_compute_time / total_time)."""
+    if total <= 0:
         return None
-    return max(runtime - data_wait, 0.0) / runtime
+    return min(max(compute, 0.0) / total, 1.0)
+
+
+def transfer_efficiency_bound(communication: Sequence[float], runtime: float) -> Optional[float]:
+    """The lower bound on POP's transfer efficiency (see **serialisation and transfer** above):
+    (window - least communication of any rank) / window."""
+    if not communication or runtime <= 0:
+        return None
+    return max(runtime - min(communication), 0.0) / runtime
+
+
+def computation_scalability(
+    useful_per_step: float, workers: int, baseline_useful_per_step: float, baseline_workers: int, scaling: str
+) -> Optional[float]:
+    """Useful time at the baseline / useful time at N (see **computation scalability** above);
+    `useful_per_step` is the mean over ranks of one rank's useful seconds per step."""
+    if useful_per_step <= 0 or baseline_useful_per_step <= 0 or workers <= 0 or baseline_workers <= 0:
+        return None
+    if scaling == "strong":
+        return baseline_useful_per_step * baseline_workers / (useful_per_step * workers)
+    return baseline_useful_per_step / useful_per_step
+
+
+def global_efficiency(parallel: Optional[float], scalability: Optional[float]) -> Optional[float]:
+    """parallel efficiency x computation scalability (see **global efficiency** above)."""
+    return None if parallel is None or scalability is None else parallel * scalability
 
 
 # Phases of one training step, in the order they happen; the loop measures each rank's totals.

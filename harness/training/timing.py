@@ -33,7 +33,7 @@ from torch import nn
 
 from .contention import CpuMeter, node_cores
 from .memory import MODEL_STATE, WindowPeak, memory_section
-from .metrics import accelerator_utilisation, contention_summary, pop_metrics, rank_breakdown
+from .metrics import POP_KEYS, accelerator_utilisation, contention_summary, pop_metrics, rank_breakdown
 
 TRACE_PHASES = ("data_wait", "forward_backward", "communication", "optimizer")
 
@@ -306,11 +306,11 @@ def gather_breakdown(
     per_rank = {key: [one[key] for one in ranks] for key in ranks[0]}
     per_step = {key: (sum(values) / len(values) / steps if steps else None) for key, values in per_rank.items()}
     breakdown: dict[str, Any] = {
-        "au": accelerator_utilisation(sum(columns["runtime"]), sum(columns["data_wait"])),
+        "au": _accelerator_utilisation(per_rank),
         **(
-            pop_metrics(per_rank["useful"], max(columns["runtime"]))
+            pop_metrics(per_rank["useful"], max(columns["runtime"]), per_rank["communication"])
             if steps
-            else {"load_balance": None, "communication_efficiency": None, "parallel_efficiency": None}
+            else dict.fromkeys(POP_KEYS)
         ),
         "step_breakdown": {
             "seconds_per_step": per_step,
@@ -332,6 +332,12 @@ def gather_breakdown(
     if timer.trace_steps:
         breakdown["timeline"] = _timeline(table[len(scalars) :], timer.trace_steps, world_size)
     return breakdown
+
+
+def _accelerator_utilisation(per_rank: dict[str, list[float]]) -> Optional[float]:
+    """AU over every rank (harness.training.metrics): compute is the step's work on its batch."""
+    compute = sum(per_rank["forward_backward"]) + sum(per_rank["communication"]) + sum(per_rank["optimizer"])
+    return accelerator_utilisation(compute, sum(per_rank["runtime"]))
 
 
 def _model_state(timer: StepTimer) -> list[float]:

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..data.sharding import dropped_tail, epoch_permutation, rank_slice, steps_per_epoch
 from ..study.plot import FIGSIZE, PALETTE, SLIDE_STYLE
+from ..training.metrics import AU_FORMULA
 
 
 def _figure(size: Any = FIGSIZE) -> Any:
@@ -214,7 +215,7 @@ def loading_figure(measurements: Sequence[Any]) -> Any:
         positions = np.arange(len(measurements))
         for ax, values, label in (
             (left, [m.throughput for m in measurements], "training throughput (samples/s)"),
-            (right, [m.au for m in measurements], "AU = compute / (compute + data wait)"),
+            (right, [m.au for m in measurements], AU_FORMULA),
         ):
             bars = ax.barh(positions, values, color=[colours[m.source] for m in measurements])
             ax.bar_label(bars, labels=[f"{v:,.0f}" if v > 2 else f"{v:.2f}" for v in values], padding=3)
