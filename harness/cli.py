@@ -113,6 +113,7 @@ def _sweep(args: argparse.Namespace) -> int:
         results=args.results,
         train_args=list(args.pass_through),
         repeats=args.repeats,
+        order_seed=args.order_seed,
         launch_template=args.launch_template,
         launcher=args.launcher,
         ppn=args.ppn,
@@ -335,6 +336,9 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         type=int,
         default=3,
         help="runs per configuration, interleaved; 3 or more give a 95%% interval (default: 3)",
+    )
+    sweep.add_argument(
+        "--order-seed", type=int, default=0, help="seed of each round's random run order (tagged; default: 0)"
     )
     sweep.add_argument(
         "--all-cores-baseline",
