@@ -40,6 +40,7 @@ from ..process.preemption import PreemptionWatcher, TestSignal, peer_failure
 from ..process.state import preserved_process_state
 from .callbacks import Callback, CallbackList, EpochEnd, StepEnd
 from .checkpoint import Checkpointer, Progress, ResumeState, RunLayout, find_resume_checkpoint, restore
+from .contention import own_demand
 from .evaluate import evaluate
 from .lr import learning_rate, scaled_lr
 from .memory import WindowPeak, model_state_bytes
@@ -268,13 +269,15 @@ class RunState:
         # Phases end on finished device work only when --profile asks (it costs overlap).
         config = plan.config  # --profile-trace: the step timeline covers the profiled steps too
         trace_steps = max(config.trace_steps, PROFILED_STEPS) if config.profile_trace else config.trace_steps
+        threads = plan.placement.threads if device.type == "cpu" else None
+        backend = plan.placement.backend
         timer = StepTimer(
             trace_steps,
             device_waiter(device) if config.profile else lambda: None,
-            threads=plan.placement.threads if device.type == "cpu" else None,
+            threads=threads,
+            demand=own_demand(threads, backend.helper_threads, config.num_workers),
         )
         timer.profiler = make_profiler(config.profile_trace, plan.placement.cluster.rank, device)
-        backend = plan.placement.backend
         timer.memory = WindowPeak(device, lambda: model_state_bytes(backend.model, backend))
         return cls(
             step=resumed.step if resumed else 0,

@@ -45,10 +45,13 @@ Definitions (per rank, summed over the steps of the timed window):
   the batch per rank); never a run with more threads per rank.
 - **scaling efficiency**: speedup x baseline workers / workers (1.0 is perfect scaling). For weak
   scaling, above 1.05 is suspect: the baseline was slowed (contention, noise), not the study sped up.
-- **contention**: a run is flagged when on any rank the CPU time of the rank's process during its
-  compute is below 0.8 of threads x wall time, or its threads waited for a CPU (run queue) for more
-  than 10% of the time they were ready to run, or the 1-minute load average exceeded 1.25 x the
-  node's cores, or the hypervisor stole more than 5% of the CPU time.
+- **contention**: a run is flagged when load from outside the job took its cores: on any node,
+  processes that are not the job's used more than 10% of the CPU time of the cores the job may
+  use (their busy time in /proc/stat less the job's own processes' CPU time), or the hypervisor
+  stole more than 5% of it, or the job's cgroup was throttled for more than 5% of the window.
+  The job's own oversubscription (its ranks' compute threads, the backends' helper threads and
+  loader workers outnumbering its cores) never flags a run: it is a property of the
+  configuration, reported in words beside the verdict.
 
 For weak scaling (fixed batch per worker) the speedup is the throughput ratio by definition; for
 strong scaling (fixed global batch) every step processes the same samples, so the throughput ratio
@@ -75,10 +78,9 @@ DEFINITIONS: dict[str, str] = _definitions(__doc__ or "")
 AU_FORMULA = "AU = compute time / total time"
 
 # Contention thresholds (see **contention** above).
-CPU_SHARE_BELOW = 0.8
-RUNQUEUE_WAIT_ABOVE = 0.10
-LOAD_PER_CORE_ABOVE = 1.25
+OUTSIDE_LOAD_ABOVE = 0.10
 STEAL_ABOVE = 0.05
+THROTTLED_ABOVE = 0.05
 SUSPECT_WEAK_EFFICIENCY = 1.05
 
 
@@ -210,55 +212,108 @@ def rank_breakdown(
 
 
 def contention_reasons(
-    cpu_share: Sequence[Optional[float]],
-    runqueue_wait: Sequence[Optional[float]],
-    load_average: Optional[float],
-    cores: int,
-    steal: Optional[float],
+    outside_share: Optional[float], steal: Optional[float], throttled: Optional[float]
 ) -> list[str]:
     """Why a run counts as measured under contention (empty: it does not); see **contention** above.
 
-    `cpu_share` and `runqueue_wait` are per rank (None where not measured), `load_average` the
-    highest 1-minute load seen, `cores` the node's cores, `steal` the share of CPU time stolen.
-    """
+    `outside_share` is the largest share, over nodes, of the job's cores' CPU time that other
+    processes used; `steal` the share stolen by the hypervisor; `throttled` the largest share of a
+    rank's window its cgroup was throttled (None where not measured)."""
     reasons = []
-    for rank, share in enumerate(cpu_share):
-        if share is not None and share < CPU_SHARE_BELOW:
-            reasons.append(
-                f"rank {rank} had the CPU {share:.0%} of its compute time x threads (< {CPU_SHARE_BELOW:.0%})"
-            )
-    for rank, wait in enumerate(runqueue_wait):
-        if wait is not None and wait > RUNQUEUE_WAIT_ABOVE:
-            reasons.append(
-                f"rank {rank}'s threads waited for a CPU {wait:.0%} of the time they could run "
-                f"(> {RUNQUEUE_WAIT_ABOVE:.0%})"
-            )
-    if load_average is not None and cores > 0 and load_average > LOAD_PER_CORE_ABOVE * cores:
-        reasons.append(f"load average {load_average:.1f} on {cores} cores (> {LOAD_PER_CORE_ABOVE:g} per core)")
+    if outside_share is not None and outside_share > OUTSIDE_LOAD_ABOVE:
+        reasons.append(
+            f"other processes used {outside_share:.0%} of the CPU time of the job's cores (> {OUTSIDE_LOAD_ABOVE:.0%})"
+        )
     if steal is not None and steal > STEAL_ABOVE:
         reasons.append(f"{steal:.0%} of the CPU time was stolen by the hypervisor (> {STEAL_ABOVE:.0%})")
+    if throttled is not None and throttled > THROTTLED_ABOVE:
+        reasons.append(f"the job's cgroup was throttled {throttled:.0%} of the window (> {THROTTLED_ABOVE:.0%})")
     return reasons
 
 
-def contention_summary(measures: Mapping[str, Any]) -> dict[str, Any]:
-    """A record's `contention` section from its per-rank measures (see harness.training.contention):
-    the measures, whether the run is flagged and why."""
-    reasons = contention_reasons(
-        measures.get("cpu_share", []),
-        measures.get("runqueue_wait_share", []),
-        measures.get("load_average"),
-        measures.get("cores", 0),
-        measures.get("steal_share"),
+Ranks = Sequence[Optional[float]]
+
+
+def _node_load(per_rank: Mapping[str, Ranks], ranks: list[int]) -> dict[str, Optional[float]]:
+    """One node's outside load and own demand; ranks sharing a CPU set read the same counters, so
+    each distinct set counts once (sets that partly overlap count as disjoint: an overestimate)."""
+    sets: dict[Optional[float], list[int]] = {}
+    for rank in ranks:
+        sets.setdefault(per_rank["cpus_key"][rank], []).append(rank)
+
+    def per_set(name: str) -> Optional[float]:
+        means = []
+        for members in sets.values():
+            values = [per_rank[name][rank] for rank in members if per_rank[name][rank] is not None]
+            if not values:
+                return None
+            means.append(sum(values) / len(values))
+        return sum(means)
+
+    busy, cpu, steal, cores = (
+        per_set(name) for name in ("busy_seconds", "cpu_seconds", "steal_seconds", "usable_cores")
     )
+    own = [per_rank["own_seconds"][rank] for rank in ranks]
+    demand = [per_rank["demand_per_rank"][rank] for rank in ranks]
+    outside = None
+    if busy is not None and cpu and None not in own:
+        outside = max(busy - sum(own), 0.0) / cpu  # type: ignore[arg-type]
     return {
-        **measures,
+        "ranks": len(ranks),
+        "outside_cpu_share": outside,
+        "steal_share": steal / cpu if steal is not None and cpu else None,
+        "usable_cores": cores,
+        "threads_demanded": None if None in demand else sum(demand),  # type: ignore[arg-type]
+    }
+
+
+def _oversubscription(nodes: Sequence[Mapping[str, Any]], demand_words: str) -> str:
+    """The job's own demand for cores against the cores it may use, in words."""
+    busiest = max(nodes, key=lambda node: (node["threads_demanded"] or 0) / (node["usable_cores"] or 1))
+    demanded, cores = busiest["threads_demanded"], busiest["usable_cores"]
+    if demanded is None or not cores:
+        return "not known: the job's threads or usable cores were not measured"
+    what = f"{busiest['ranks']} rank(s) x ({demand_words}) = {demanded:g} threads on {cores:g} usable core(s)"
+    if demanded > cores:
+        return (
+            f"{what}: the configuration oversubscribes its cores {demanded / cores:.1f}x, so its own threads "
+            "wait for one another (a property of the configuration, not contention)"
+        )
+    return f"{what}: the configuration fits its cores"
+
+
+def contention_summary(per_rank: Mapping[str, Ranks], demand_words: str = "") -> dict[str, Any]:
+    """A record's `contention` section from every rank's measures (harness.training.contention's
+    CpuMeter.FIELDS, None where not measured): the outside load per node, the job's own
+    oversubscription in words, whether the run is flagged and why."""
+    nodes: dict[Optional[float], list[int]] = {}
+    for rank, node in enumerate(per_rank["node_key"]):
+        nodes.setdefault(node, []).append(rank)
+    loads = [_node_load(per_rank, ranks) for ranks in nodes.values()]
+    outside = [load["outside_cpu_share"] for load in loads if load["outside_cpu_share"] is not None]
+    steals = [load["steal_share"] for load in loads if load["steal_share"] is not None]
+    throttled = [
+        t / w for t, w in zip(per_rank["throttled_seconds"], per_rank["window_seconds"]) if t is not None and w
+    ]
+    pressure = [p / w for p, w in zip(per_rank["pressure_seconds"], per_rank["window_seconds"]) if p is not None and w]
+    verdict = {
+        "outside_cpu_share": max(outside) if outside else None,
+        "steal_share": max(steals) if steals else None,
+        "throttled_share": max(throttled) if throttled else None,
+    }
+    reasons = contention_reasons(verdict["outside_cpu_share"], verdict["steal_share"], verdict["throttled_share"])
+    return {
+        **verdict,
+        "cpu_pressure_share": max(pressure) if pressure else None,
+        "nodes": loads,
+        "oversubscription": _oversubscription(loads, demand_words),
+        "own_evidence": {name: list(per_rank[name]) for name in ("cpu_share", "runqueue_wait_share", "load_average")},
         "flagged": bool(reasons),
         "reasons": reasons,
         "thresholds": {
-            "cpu_share_below": CPU_SHARE_BELOW,
-            "runqueue_wait_above": RUNQUEUE_WAIT_ABOVE,
-            "load_per_core_above": LOAD_PER_CORE_ABOVE,
+            "outside_load_above": OUTSIDE_LOAD_ABOVE,
             "steal_above": STEAL_ABOVE,
+            "throttled_above": THROTTLED_ABOVE,
         },
     }
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from .contention import CpuMeter, node_cores
+from .contention import CpuMeter
 from .memory import MODEL_STATE, WindowPeak, memory_section
 from .metrics import POP_KEYS, accelerator_utilisation, contention_summary, pop_metrics, rank_breakdown
 
@@ -86,14 +86,18 @@ class StepTimer:
     """
 
     def __init__(
-        self, trace_steps: int, phase_sync: Callable[[], None] = lambda: None, threads: Optional[int] = None
+        self,
+        trace_steps: int,
+        phase_sync: Callable[[], None] = lambda: None,
+        threads: Optional[int] = None,
+        demand: tuple[Optional[int], str] = (None, ""),
     ) -> None:
         self.trace_steps = trace_steps
         self.phase_sync = phase_sync
         self.clock: Optional[GradientClock] = None  # set by watch(); without it the whole phase is compute
         self.profiler: Optional[Any] = None  # --profile-trace: a RankProfiler started with the window
         self.memory: Optional[WindowPeak] = None  # the peak memory of the windows, reset as each opens
-        self.cpu = CpuMeter(threads)
+        self.cpu = CpuMeter(threads, demand)  # demand: contention.own_demand
         # per traced step: wait start, data ready, last gradient, gradients ready, stepped
         self.trace: list[list[float]] = []
         self.origin: Optional[float] = None  # when the first timed window opened (the trace's zero)
@@ -252,10 +256,7 @@ SCALARS = (
     "calibrated",
     "memory",
     *STATE_COLUMNS,
-    "cpu_share",
-    "runqueue_wait_share",
-    "load_average",
-    "steal_share",
+    *CpuMeter.FIELDS,
 )
 
 
@@ -321,7 +322,7 @@ def gather_breakdown(
             "compute_per_step_calibrated": [c if c >= 0 else None for c in columns["calibrated"]],
             "exact": exact,
         },
-        "contention": _contention(columns, timer.cpu.threads),
+        "contention": _contention(columns, timer.cpu),
         "memory": memory_section(
             columns["memory"],
             peak_memory[1],
@@ -350,19 +351,8 @@ def _measured(values: Sequence[float]) -> list[Optional[float]]:
     return [value if value >= 0 else None for value in values]
 
 
-def _contention(columns: dict[str, list[float]], threads: Optional[int]) -> dict[str, Any]:
-    loads = [value for value in columns["load_average"] if value >= 0]
-    steals = [value for value in columns["steal_share"] if value >= 0]
-    return contention_summary(
-        {
-            "cpu_share": _measured(columns["cpu_share"]),
-            "runqueue_wait_share": _measured(columns["runqueue_wait_share"]),
-            "load_average": max(loads) if loads else None,
-            "cores": node_cores(),
-            "steal_share": max(steals) if steals else None,
-            "threads_per_rank": threads,
-        }
-    )
+def _contention(columns: dict[str, list[float]], meter: CpuMeter) -> dict[str, Any]:
+    return contention_summary({name: _measured(columns[name]) for name in CpuMeter.FIELDS}, meter.demand_words)
 
 
 def _timeline(instants: torch.Tensor, trace_steps: int, world_size: int) -> dict[str, Any]:
