@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast lint lab exercises gpu-check bench clean
+.PHONY: setup demo test test-fast lint lab exercises gpu-check bench docs docs-figure clean
 setup:
 	@bash tools/setup.sh
 
@@ -39,6 +39,15 @@ bench: setup
 	@$(PY) benchmarks/scaling.py
 	@$(PY) benchmarks/data_path.py
 	@$(PY) benchmarks/checkpoint.py
+
+# The documentation site (MkDocs, Material theme) into build/site; --strict makes a broken link or a
+# page missing from the nav an error. Offline: no plugin downloads anything.
+docs: setup
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
+
+# Redraw the figure the README and docs/ show from the committed study docs/results/weak-scaling.jsonl.
+docs-figure: setup
+	@$(PY) tools/docs_figure.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

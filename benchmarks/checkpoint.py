@@ -38,10 +38,11 @@ from harness.config import TrainConfig  # noqa: E402
 from harness.process.discovery import ClusterEnv, detect_cluster  # noqa: E402
 from harness.process.launchers import launch_environment, launcher_command  # noqa: E402
 from harness.process.preemption import PreemptionWatcher  # noqa: E402
-from harness.training.checkpoint import Checkpointer, Progress, RunLayout, restore, verify_checkpoint  # noqa: E402
+from harness.training.checkpoint import Checkpointer, Progress, RunLayout, restore  # noqa: E402
 from harness.training.launch import launch_command  # noqa: E402
 from harness.training.loop import make_optimizer_factory  # noqa: E402
 from harness.training.models import build_model  # noqa: E402
+from harness.training.resume import verify_checkpoint  # noqa: E402
 
 TIMEOUT_S = 20
 FAILURE_ARGS = [

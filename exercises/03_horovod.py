@@ -21,9 +21,10 @@ args = workshop.parse_args("Step 3: the workshop CNN on the embedded digits, wit
 torch.manual_seed(args.seed)
 
 # TODO 1: start Horovod; one GPU per rank
-# hvd.init() finds the other ranks (under horovodrun, mpirun or srun); hvd.rank(), hvd.size() and
-# hvd.local_rank() say where this process stands. The local rank picks the GPU, not the global
-# rank: each node numbers its GPUs from 0 (harness check --simulate-nodes 2 runs the ranks as on 2 nodes).
+# Horovod finds the other ranks as it starts (under horovodrun, mpirun or srun), and then
+# tells this process its rank, the number of ranks and its local rank. The local rank picks the GPU,
+# not the global rank: each node numbers its GPUs from 0 (harness check --simulate-nodes 2 runs the
+# ranks as on 2 nodes).
 workshop.todo(1, "start Horovod; one GPU per rank")
 
 # %% [markdown]
@@ -33,12 +34,15 @@ workshop.todo(1, "start Horovod; one GPU per rank")
 train_set = workshop.digits("train", args.train_samples)
 test_set = workshop.digits("test")
 # TODO 2: give each rank its own part of every epoch's training samples
-# DistributedSampler(dataset, num_replicas=..., rank=..., seed=...) deals them out; the
-# DataLoader below takes it as its sampler.
+# One permutation of the training set per epoch, the same on every rank, dealt out so that
+# each rank takes its own part: torch's DistributedSampler does this when it knows the number of
+# ranks, this rank and the seed. The DataLoader below takes it as its sampler.
 workshop.todo(2, "give each rank its own part of every epoch's training samples")
 train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 # TODO 3: give each rank its own part of the test set, each image exactly once
-# torch.utils.data.Subset(test_set, indices) with a range of indices that differs per rank.
+# Each rank scores a different part of the test set, and every image exactly once: a Subset
+# of the test set whose indices differ per rank (every world_size-th image, from this rank's). A
+# DistributedSampler would pad the set with repeated images to share it out evenly.
 workshop.todo(3, "give each rank its own part of the test set, each image exactly once")
 test_loader = DataLoader(test_set, batch_size=256)
 
@@ -50,18 +54,22 @@ test_loader = DataLoader(test_set, batch_size=256)
 # %%
 model = workshop.build_model(args.dropout).to(device)
 # TODO 4: scale the learning rate with the global batch: linearly, for SGD
-# --lr is the rate for one process's batch of --batch-size; the global batch is world_size of them.
-# SGD, as here, takes the linear rule (Goyal et al. 2017): args.lr x world_size. With Adam the
-# square-root rule, args.lr x sqrt(world_size), is the usual one (notebook 02): harness check
-# expects the rule of the optimizer your script steps.
+# --lr is the rate for one process's batch of --batch-size, and the global batch is world_size of
+# them. For SGD, as here, the rate grows in proportion to the global batch (the linear rule of Goyal
+# et al. 2017), so that a step moves the weights as one process with the whole global batch would.
+# For Adam, harness check accepts the linear rule or the square-root one: notebook 02's runs do not
+# tell them apart.
 workshop.todo(4, "scale the learning rate with the global batch: linearly, for SGD")
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 # TODO 5: start every rank from rank 0's weights and optimizer state
-# hvd.broadcast_parameters(model.state_dict(), root_rank=0), and the same for the optimizer.
+# Each rank drew its own random weights: send rank 0's weights to every rank (Horovod has a
+# broadcast for a whole state dict), and rank 0's optimizer state too, so that every rank starts
+# from the same point.
 workshop.todo(5, "start every rank from rank 0's weights and optimizer state")
 # TODO 6: average the gradients over the ranks at every step
-# hvd.DistributedOptimizer(optimizer, named_parameters=..., op=hvd.Average) allreduces each
-# gradient as backward produces it; op=hvd.Sum would add them up instead.
+# Horovod's DistributedOptimizer wraps the optimizer: it allreduces each gradient as backward
+# produces it, before the step. It needs the model's named parameters, and its reduction must
+# average the gradients (a sum would scale every step by the number of ranks).
 workshop.todo(6, "average the gradients over the ranks at every step")
 
 # %% [markdown]
@@ -70,7 +78,8 @@ workshop.todo(6, "average the gradients over the ranks at every step")
 # %%
 for epoch in range(args.epochs):
     # TODO 7: make the sampler deal out a new order this epoch, the same on every rank
-    # Without it, every epoch repeats the first one's order. sampler.set_epoch(...)
+    # Without telling the sampler which epoch it is, every epoch repeats the first one's order.
+    # The sampler draws its permutation from the seed and the epoch number it was last told.
     workshop.todo(7, "make the sampler deal out a new order this epoch, the same on every rank")
     train_sums = torch.zeros(2, device=device)  # summed loss, samples
     for images, labels in train_loader:
@@ -82,11 +91,11 @@ for epoch in range(args.epochs):
         train_sums += torch.stack([loss.detach() * len(labels), torch.tensor(float(len(labels)), device=device)])
     test_sums = workshop.evaluate(model, test_loader, device)  # summed loss, correct, samples
     # TODO 8: add up the sums and counts of all ranks, then print them once
-    # hvd.allreduce(tensor, op=hvd.Sum) returns the sum over the ranks (never average the ranks'
-    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums). Its own sums
-    # cover only its part of the data.
+    # Each rank's sums cover only its part of the data: add the sums and counts of all ranks
+    # together (Horovod's allreduce, with a sum as its operation), never average the ranks' averages;
+    # then rank 0 alone prints them, through workshop.report.
     workshop.todo(8, "add up the sums and counts of all ranks, then print them once")
 
 # TODO 9: save the weights once, from rank 0
-# Every rank holds the same weights.
+# Every rank holds the same weights: rank 0 alone saves the model's state dict to args.save.
 workshop.todo(9, "save the weights once, from rank 0")

@@ -29,9 +29,9 @@ workshop.use_launcher_environment()  # torchrun's variables under any launcher (
 workshop.skip_deepspeed_shm_op()  # on a CPU: no 45 s compile of an op only inference uses
 
 # TODO 1: join the other ranks; one GPU per rank
-# deepspeed.init_distributed() makes the torch.distributed process group (NCCL on GPUs, gloo on
-# CPUs) from the launcher's variables; then dist.get_rank() and dist.get_world_size() work as in
-# step 2. The local rank picks the GPU, not the global rank: each node numbers its GPUs from 0
+# DeepSpeed starts the torch.distributed process group from the launcher's variables (NCCL on
+# GPUs, gloo on CPUs); then torch.distributed tells this rank and the world size, as in step 2.
+# The local rank picks the GPU, not the global rank: each node numbers its GPUs from 0
 # (harness check --simulate-nodes 2 runs the ranks as on 2 nodes).
 workshop.todo(1, "join the other ranks; one GPU per rank")
 
@@ -43,12 +43,15 @@ workshop.todo(1, "join the other ranks; one GPU per rank")
 train_set = workshop.digits("train", args.train_samples)
 test_set = workshop.digits("test")
 # TODO 2: give each rank its own part of every epoch's training samples
-# DistributedSampler(dataset, num_replicas=..., rank=..., seed=...) deals them out; the
-# DataLoader below takes it as its sampler.
+# One permutation of the training set per epoch, the same on every rank, dealt out so that
+# each rank takes its own part: torch's DistributedSampler does this when it knows the number of
+# ranks, this rank and the seed. The DataLoader below takes it as its sampler.
 workshop.todo(2, "give each rank its own part of every epoch's training samples")
 train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 # TODO 3: give each rank its own part of the test set, each image exactly once
-# torch.utils.data.Subset(test_set, indices) with a range of indices that differs per rank.
+# Each rank scores a different part of the test set, and every image exactly once: a Subset
+# of the test set whose indices differ per rank (every world_size-th image, from this rank's). A
+# DistributedSampler would pad the set with repeated images to share it out evenly.
 workshop.todo(3, "give each rank its own part of the test set, each image exactly once")
 test_loader = DataLoader(test_set, batch_size=256)
 
@@ -59,22 +62,25 @@ test_loader = DataLoader(test_set, batch_size=256)
 # %%
 model = workshop.build_model(args.dropout).to(device)
 # TODO 4: scale the learning rate with the global batch: linearly, for SGD
-# --lr is the rate for one process's batch of --batch-size; the global batch is world_size of them.
-# SGD, as here, takes the linear rule (Goyal et al. 2017): args.lr x world_size. With Adam the
-# square-root rule, args.lr x sqrt(world_size), is the usual one (notebook 02): harness check
-# expects the rule of the optimizer your script steps.
+# --lr is the rate for one process's batch of --batch-size, and the global batch is world_size of
+# them. For SGD, as here, the rate grows in proportion to the global batch (the linear rule of Goyal
+# et al. 2017), so that a step moves the weights as one process with the whole global batch would.
+# For Adam, harness check accepts the linear rule or the square-root one: notebook 02's runs do not
+# tell them apart.
 workshop.todo(4, "scale the learning rate with the global batch: linearly, for SGD")
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 # TODO 5: write DeepSpeed's config: per-GPU and global batch, and no gradient clipping
-# "train_micro_batch_size_per_gpu" is one rank's batch, "train_batch_size" the global one, not one
-# rank's (micro-batch x gradient accumulation steps x ranks). "gradient_clipping" is 1.0 unless you set
-# it: 0 turns it off. "zero_optimization": {"stage": 0} keeps ZeRO off; stages 1-3 partition the
-# optimizer state, gradients and weights over the ranks, and then a torch optimizer needs
-# "zero_allow_untested_optimizer": True.
+# DeepSpeed reads its batch settings from the config: "train_micro_batch_size_per_gpu" is one
+# rank's batch and "train_batch_size" the global one (micro-batch x gradient accumulation steps x
+# ranks), not one rank's. "gradient_clipping" is 1.0 unless set, and DDP and Horovod do not clip:
+# 0 turns it off, so the experiments compare alike. "zero_optimization" stage 0 keeps ZeRO off;
+# stages 1-3 partition the optimizer state, gradients and weights over the ranks, and then a torch
+# optimizer needs "zero_allow_untested_optimizer" set to true.
 workshop.todo(5, "write DeepSpeed's config: per-GPU and global batch, and no gradient clipping")
 # TODO 6: wrap model and optimizer in DeepSpeed's engine
-# deepspeed.initialize(model=..., optimizer=..., config=...) returns (engine, optimizer, _, _);
-# the engine broadcasts rank 0's weights to every rank.
+# DeepSpeed's initialize takes the model, the optimizer and the config, and returns the engine
+# first (then the optimizer and two things this script does not use). The engine broadcasts rank
+# 0's weights to every rank.
 workshop.todo(6, "wrap model and optimizer in DeepSpeed's engine")
 
 # %% [markdown]
@@ -83,28 +89,31 @@ workshop.todo(6, "wrap model and optimizer in DeepSpeed's engine")
 # %%
 for epoch in range(args.epochs):
     # TODO 7: make the sampler deal out a new order this epoch, the same on every rank
-    # Without it, every epoch repeats the first one's order. sampler.set_epoch(...)
+    # Without telling the sampler which epoch it is, every epoch repeats the first one's order.
+    # The sampler draws its permutation from the seed and the epoch number it was last told.
     workshop.todo(7, "make the sampler deal out a new order this epoch, the same on every rank")
     train_sums = torch.zeros(2, device=device)  # summed loss, samples
     for images, labels in train_loader:
         images, labels = images.to(device), labels.to(device)
         loss = F.cross_entropy(engine(images), labels)
         # TODO 8: backward and step through the engine
-        # engine.backward(loss) averages the gradients over the ranks; engine.step() updates the
-        # weights and zeroes the gradients.
+        # Backward and the optimizer's step go through the engine, not the loss and the optimizer:
+        # the engine's backward averages the gradients over the ranks, and its step updates the weights
+        # and zeroes the gradients.
         workshop.todo(8, "backward and step through the engine")
         train_sums += torch.stack([loss.detach() * len(labels), torch.tensor(float(len(labels)), device=device)])
     test_sums = workshop.evaluate(engine.module, test_loader, device)  # summed loss, correct, samples
     # TODO 9: add up the sums and counts of all ranks, then print them once
-    # dist.all_reduce(tensor) sums a tensor over the ranks in place (never average the ranks'
-    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums). Its own sums
-    # cover only its part of the data.
+    # Each rank's sums cover only its part of the data: add the sums and counts of all ranks
+    # together in place (an all-reduce with the default sum), never average the ranks' averages; then
+    # rank 0 alone prints them, through workshop.report.
     workshop.todo(9, "add up the sums and counts of all ranks, then print them once")
 
 # TODO 10: save the weights once, from rank 0, and leave the process group
-# Every rank holds the same weights; engine.module is the model inside the engine. (With ZeRO
-# stages 1-3, engine.save_checkpoint writes each rank's partition, from every rank.)
-# Then leave: the engine holds on to the process group, so free it first (del engine; gc.collect(),
-# it sits in reference cycles), else the group's threads outlive Python and the process can
-# abort at exit ("terminate called without an active exception"); then dist.destroy_process_group().
+# Every rank holds the same weights: rank 0 alone saves the state dict of the model inside the
+# engine. (With ZeRO stages 1-3 the engine's own checkpoint writes each rank's partition, from
+# every rank.) Then leave: the engine holds on to the process group, so delete it and collect the
+# garbage first (it sits in reference cycles), else the group's threads outlive Python and the
+# process can abort at exit ("terminate called without an active exception"); then destroy the
+# process group.
 workshop.todo(10, "save the weights once, from rank 0, and leave the process group")

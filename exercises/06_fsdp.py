@@ -30,10 +30,11 @@ torch.manual_seed(args.seed)
 workshop.use_launcher_environment()  # torchrun's variables under any launcher (srun, mpiexec)
 
 # TODO 1: join the other ranks in a process group; one GPU per rank
-# The launcher tells each rank its place (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR...):
-# init_process_group reads them. NCCL talks between GPUs, gloo between CPUs.
-# The local rank (the rank within its node) picks the GPU, not the global rank: each node
-# numbers its GPUs from 0 (harness check --simulate-nodes 2 runs the ranks as on 2 nodes).
+# The launcher tells each rank its place in environment variables (RANK, WORLD_SIZE,
+# LOCAL_RANK, MASTER_ADDR...), and torch.distributed's process group reads them as it starts: NCCL
+# talks between GPUs, gloo between CPUs. Then the group knows this rank and the world size. The
+# local rank (the rank within its node) picks the GPU, not the global rank: each node numbers its
+# GPUs from 0 (harness check --simulate-nodes 2 runs the ranks as on 2 nodes).
 workshop.todo(1, "join the other ranks in a process group; one GPU per rank")
 
 # %% [markdown]
@@ -48,12 +49,15 @@ workshop.todo(1, "join the other ranks in a process group; one GPU per rank")
 train_set = workshop.digits("train", args.train_samples)
 test_set = workshop.digits("test")
 # TODO 2: give each rank its own part of every epoch's training samples
-# DistributedSampler(dataset, num_replicas=..., rank=..., seed=...) deals them out; the
-# DataLoader below takes it as its sampler.
+# One permutation of the training set per epoch, the same on every rank, dealt out so that
+# each rank takes its own part: torch's DistributedSampler does this when it knows the number of
+# ranks, this rank and the seed. The DataLoader below takes it as its sampler.
 workshop.todo(2, "give each rank its own part of every epoch's training samples")
 train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 # TODO 3: give each rank its own part of the test set, each image exactly once
-# torch.utils.data.Subset(test_set, indices) with a range of indices that differs per rank.
+# Each rank scores a different part of the test set, and every image exactly once: a Subset
+# of the test set whose indices differ per rank (every world_size-th image, from this rank's). A
+# DistributedSampler would pad the set with repeated images to share it out evenly.
 workshop.todo(3, "give each rank its own part of the test set, each image exactly once")
 test_loader = DataLoader(test_set, batch_size=256)
 
@@ -71,18 +75,19 @@ model = workshop.build_model(args.dropout).to(device)
 with torch.random.fork_rng(devices=[]):
     evaluation_model = workshop.build_model(args.dropout).to(device)
 # TODO 4: start from rank 0's weights, then shard them over the ranks with fully_shard
-# fully_shard does not broadcast: each rank keeps its own piece of its own copy, so ranks that drew
-# different weights would train a patchwork of them. dist.broadcast(tensor, src=0) each tensor of
-# model.state_dict() first. fully_shard(module) cuts each weight of `module` into one piece per
-# rank and keeps this rank's, in place: call it on each layer with weights (the Conv2d and Linear
-# layers: each is gathered whole only while it computes), then on the whole model. Its backward
-# averages the gradients over the ranks.
+# fully_shard does not broadcast: each rank keeps its own piece of its own copy, so ranks that
+# drew different weights would train a patchwork of them. Send rank 0's value of every tensor of
+# the model's state dict to every rank first. Then shard: fully_shard cuts each weight of the
+# module it is given into one piece per rank and keeps this rank's, in place. Give it each layer
+# with weights (the Conv2d and Linear layers: each is gathered whole only while it computes), then
+# the whole model. Its backward averages the gradients over the ranks.
 workshop.todo(4, "start from rank 0's weights, then shard them over the ranks with fully_shard")
 # TODO 5: scale the learning rate with the global batch: linearly, for SGD
-# --lr is the rate for one process's batch of --batch-size; the global batch is world_size of them.
-# SGD, as here, takes the linear rule (Goyal et al. 2017): args.lr x world_size. With Adam the
-# square-root rule, args.lr x sqrt(world_size), is the usual one (notebook 02): harness check
-# expects the rule of the optimizer your script steps.
+# --lr is the rate for one process's batch of --batch-size, and the global batch is world_size of
+# them. For SGD, as here, the rate grows in proportion to the global batch (the linear rule of Goyal
+# et al. 2017), so that a step moves the weights as one process with the whole global batch would.
+# For Adam, harness check accepts the linear rule or the square-root one: notebook 02's runs do not
+# tell them apart.
 workshop.todo(5, "scale the learning rate with the global batch: linearly, for SGD")
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 
@@ -92,7 +97,8 @@ optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 # %%
 for epoch in range(args.epochs):
     # TODO 6: make the sampler deal out a new order this epoch, the same on every rank
-    # Without it, every epoch repeats the first one's order. sampler.set_epoch(...)
+    # Without telling the sampler which epoch it is, every epoch repeats the first one's order.
+    # The sampler draws its permutation from the seed and the epoch number it was last told.
     workshop.todo(6, "make the sampler deal out a new order this epoch, the same on every rank")
     train_sums = torch.zeros(2, device=device)  # summed loss, samples
     for images, labels in train_loader:
@@ -103,19 +109,21 @@ for epoch in range(args.epochs):
         optimizer.step()
         train_sums += torch.stack([loss.detach() * len(labels), torch.tensor(float(len(labels)), device=device)])
     # TODO 7: copy the whole weights into the evaluation model, on every rank
-    # get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)) gathers every
-    # weight's pieces into whole tensors: a collective, so every rank calls it, and gets them all.
+    # The evaluation model needs whole weights: torch.distributed.checkpoint's model state dict,
+    # asked for the full state dict, gathers every weight's pieces into whole tensors. It is a
+    # collective, so every rank asks, and every rank gets them all.
     workshop.todo(7, "copy the whole weights into the evaluation model, on every rank")
     test_sums = workshop.evaluate(evaluation_model, test_loader, device)  # summed loss, correct, samples
     # TODO 8: add up the sums and counts of all ranks, then print them once
-    # dist.all_reduce(tensor) sums a tensor over the ranks in place (never average the ranks'
-    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums). Its own sums
-    # cover only its part of the data.
+    # Each rank's sums cover only its part of the data: add the sums and counts of all ranks
+    # together in place (an all-reduce with the default sum), never average the ranks' averages; then
+    # rank 0 alone prints them, through workshop.report.
     workshop.todo(8, "add up the sums and counts of all ranks, then print them once")
 
 # TODO 9: save the whole weights once, from rank 0, and leave the process group
-# No rank holds the whole weights: gather them, on every rank (a collective), with
-# StateDictOptions(full_state_dict=True, cpu_offload=True): then rank 0 alone gets them, in
-# host memory, and saves them. Then leave: free the sharded model first (del model;
-# gc.collect()), as in step 2; then dist.destroy_process_group().
+# No rank holds the whole weights: gather them as for evaluation, on every rank (a collective),
+# asking also to offload them to the CPU: then rank 0 alone gets them, in host memory, and saves
+# them. A sharded model's own state dict holds DTensors, each rank's pieces, which a plain model
+# cannot load. Then leave: delete the sharded model and collect the garbage first, as in step 2;
+# then destroy the process group.
 workshop.todo(9, "save the whole weights once, from rank 0, and leave the process group")

@@ -101,8 +101,7 @@ class TrainConfig:
     )
     procs_per_gpu: int = _opt(
         1,
-        "GPU runs: ranks sharing one GPU (AccDP; needs a communicator that allows "
-        "it, see README 'Several ranks per GPU')",
+        "GPU runs: ranks sharing one GPU (AccDP; needs a communicator that allows it, see docs/how-to/gpu-check.md)",
     )
     threads: Optional[int] = _opt(None, "CPU threads per rank (default: cores / local ranks)", type=int)
     num_workers: int = _opt(0, "data-loader worker processes per rank (0 = load in the training process)")

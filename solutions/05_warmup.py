@@ -28,10 +28,11 @@ torch.manual_seed(args.seed)
 workshop.use_launcher_environment()  # torchrun's variables under any launcher (srun, mpiexec)
 
 # TODO(process-group): join the other ranks in a process group; one GPU per rank
-# The launcher tells each rank its place (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR...):
-# init_process_group reads them. NCCL talks between GPUs, gloo between CPUs.
-# The local rank (the rank within its node) picks the GPU, not the global rank: each node
-# numbers its GPUs from 0 (harness check --simulate-nodes 2 runs the ranks as on 2 nodes).
+# The launcher tells each rank its place in environment variables (RANK, WORLD_SIZE,
+# LOCAL_RANK, MASTER_ADDR...), and torch.distributed's process group reads them as it starts: NCCL
+# talks between GPUs, gloo between CPUs. Then the group knows this rank and the world size. The
+# local rank (the rank within its node) picks the GPU, not the global rank: each node numbers its
+# GPUs from 0 (harness check --simulate-nodes 2 runs the ranks as on 2 nodes).
 dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 rank, world_size = dist.get_rank(), dist.get_world_size()
 local_rank = int(os.environ["LOCAL_RANK"])
@@ -52,13 +53,16 @@ if device.type == "cuda":
 train_set = workshop.digits("train", args.train_samples)
 test_set = workshop.digits("test")
 # TODO(shard): give each rank its own part of every epoch's training samples
-# DistributedSampler(dataset, num_replicas=..., rank=..., seed=...) deals them out; the
-# DataLoader below takes it as its sampler.
+# One permutation of the training set per epoch, the same on every rank, dealt out so that
+# each rank takes its own part: torch's DistributedSampler does this when it knows the number of
+# ranks, this rank and the seed. The DataLoader below takes it as its sampler.
 sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)
 # END TODO
 train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 # TODO(eval-shard): give each rank its own part of the test set, each image exactly once
-# torch.utils.data.Subset(test_set, indices) with a range of indices that differs per rank.
+# Each rank scores a different part of the test set, and every image exactly once: a Subset
+# of the test set whose indices differ per rank (every world_size-th image, from this rank's). A
+# DistributedSampler would pad the set with repeated images to share it out evenly.
 test_set = Subset(test_set, range(rank, len(test_set), world_size))
 # END TODO
 test_loader = DataLoader(test_set, batch_size=256)
@@ -72,14 +76,15 @@ test_loader = DataLoader(test_set, batch_size=256)
 model = workshop.build_model(args.dropout).to(device)
 # TODO(wrap): wrap the model in DistributedDataParallel
 # DDP broadcasts rank 0's weights to every rank when it is built, and averages the gradients over
-# the ranks during backward. device_ids: the rank's GPU, or None on the CPU.
+# the ranks during backward. Its device_ids are the rank's GPU, or None on the CPU.
 model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
 # END TODO
 # TODO(lr): scale the learning rate with the global batch: linearly, for SGD
-# --lr is the rate for one process's batch of --batch-size; the global batch is world_size of them.
-# SGD, as here, takes the linear rule (Goyal et al. 2017): args.lr x world_size. With Adam the
-# square-root rule, args.lr x sqrt(world_size), is the usual one (notebook 02): harness check
-# expects the rule of the optimizer your script steps.
+# --lr is the rate for one process's batch of --batch-size, and the global batch is world_size of
+# them. For SGD, as here, the rate grows in proportion to the global batch (the linear rule of Goyal
+# et al. 2017), so that a step moves the weights as one process with the whole global batch would.
+# For Adam, harness check accepts the linear rule or the square-root one: notebook 02's runs do not
+# tell them apart.
 lr = args.lr * world_size
 # END TODO
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
@@ -91,7 +96,8 @@ warmup_steps = round(args.warmup_epochs * len(train_loader))
 # %%
 for epoch in range(args.epochs):
     # TODO(reshuffle): make the sampler deal out a new order this epoch, the same on every rank
-    # Without it, every epoch repeats the first one's order. sampler.set_epoch(...)
+    # Without telling the sampler which epoch it is, every epoch repeats the first one's order.
+    # The sampler draws its permutation from the seed and the epoch number it was last told.
     sampler.set_epoch(epoch)
     # END TODO
     train_sums = torch.zeros(2, device=device)  # summed loss, samples
@@ -100,7 +106,7 @@ for epoch in range(args.epochs):
         # TODO(warmup): set this step's learning rate: from args.lr at step 0 up to lr at warmup_steps
         # Linear in the step: step 0, the run's first, trains at args.lr, step warmup_steps and every
         # later one at lr, the steps between on the straight line from one to the other. The optimizer
-        # reads it from optimizer.param_groups: for group in optimizer.param_groups: group["lr"] = ...
+        # reads its rate from each of its parameter groups: set it there before the step.
         progress = min(1.0, step / warmup_steps) if warmup_steps else 1.0
         for group in optimizer.param_groups:
             group["lr"] = args.lr + (lr - args.lr) * progress
@@ -114,9 +120,9 @@ for epoch in range(args.epochs):
     # The plain model: DDP's forward may talk to the other ranks, which score other numbers of batches.
     test_sums = workshop.evaluate(model.module, test_loader, device)  # summed loss, correct, samples
     # TODO(metrics): add up the sums and counts of all ranks, then print them once
-    # dist.all_reduce(tensor) sums a tensor over the ranks in place (never average the ranks'
-    # averages); rank 0 prints with workshop.report(epoch, train_sums, test_sums). Its own sums
-    # cover only its part of the data.
+    # Each rank's sums cover only its part of the data: add the sums and counts of all ranks
+    # together in place (an all-reduce with the default sum), never average the ranks' averages; then
+    # rank 0 alone prints them, through workshop.report.
     dist.all_reduce(train_sums)
     dist.all_reduce(test_sums)
     if rank == 0:
@@ -124,10 +130,12 @@ for epoch in range(args.epochs):
     # END TODO
 
 # TODO(save): save the weights once, from rank 0, and leave the process group
-# Every rank holds the same weights; model.module is the model inside DDP.
-# Then leave: DDP holds on to the process group, so free it first (del model; gc.collect(),
-# it sits in reference cycles), else the group's threads outlive Python and the process can
-# abort at exit ("terminate called without an active exception"); then dist.destroy_process_group().
+# Every rank holds the same weights, so rank 0 alone saves them, as the state dict of the model
+# inside DDP: the wrapper's own state dict names every weight with a `module.` prefix that the
+# plain model does not load. Then leave: DDP holds on to the process group, so delete the model and
+# collect the garbage first (it sits in reference cycles), else the group's threads outlive Python
+# and the process can abort at exit ("terminate called without an active exception"); then destroy
+# the process group.
 if rank == 0:
     torch.save(model.module.state_dict(), args.save)
 del model

@@ -18,7 +18,8 @@ import torch
 from harness import TrainConfig, train
 from harness.backends import BACKENDS
 from harness.errors import Preempted, UsageError
-from harness.training.checkpoint import Checkpoint, RunLayout, capture_rng_state, check_compatible, restore_rng_state
+from harness.training.checkpoint import Checkpoint, RunLayout, capture_rng_state, restore_rng_state
+from harness.training.resume import check_compatible
 
 from .checkpoint_helpers import checkpoint_steps, max_abs_difference, records, weights
 

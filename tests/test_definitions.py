@@ -1,7 +1,8 @@
 """One definition each: AU, communication, useful time, the POP metrics, scaling efficiency and
-contention are written once, in harness/training/metrics.py's docstring; notebook 03 and the
-report's footnote must say exactly the same (whitespace aside), and every place that computes or
-labels AU uses the metrics module's function and formula, never its own."""
+contention are written once, in harness/training/metrics.py's docstring; the docs' measurement page
+(docs/concepts/measurement.md), notebook 03 and the report's footnote must say exactly the same
+(whitespace aside), and every place that computes or labels AU uses the metrics module's function
+and formula, never its own."""
 
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
+def _measurement_page() -> str:
+    return open(os.path.join(REPO, "docs", "concepts", "measurement.md")).read()
+
+
 def _notebook_markdown(name: str = "03_framework_scaling.ipynb") -> str:
     notebook = json.load(open(os.path.join(REPO, "notebooks", name)))
     return "\n".join("".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown")
@@ -53,6 +58,7 @@ def test_the_metrics_module_defines_every_term():
 @pytest.mark.parametrize(
     "where, text",
     [
+        ("docs/concepts/measurement.md", _measurement_page),
         ("notebook 03", _notebook_markdown),
         ("the report's footnote", lambda: scaling_report(weak_study())),
     ],

@@ -240,6 +240,6 @@ def test_compiled_ddp_weights_match_single_process(tmp_path, single_process):
 
 
 def test_the_runs_above_cover_every_backend_under_every_launcher():
-    """Every pair the README lists ran a finished run here (the equivalence tests are slow; this
+    """Every pair docs/reference/backends.md lists ran a finished run here (the equivalence tests are slow; this
     checks, at collection, that they were given every pair)."""
     assert set(launcher_pairs()) <= TURNS.used, sorted(set(launcher_pairs()) - TURNS.used)

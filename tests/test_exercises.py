@@ -517,6 +517,21 @@ BROKEN: dict[str, tuple[str, list[tuple[str, str]], dict[str, tuple[str, str]]]]
             "rank 0 writes": ("save", "rank 0 did not save the model to --save model.pt"),
         },
     ),
+    "ddp-saves-the-wrapped-model": (  # DDP's own state dict: its keys start with `module.`
+        "02_ddp.py",
+        [("torch.save(model.module.state_dict()", "torch.save(model.state_dict()")],
+        {"rank 0 writes": ("save", "has keys the plain model lacks (module.")},
+    ),
+    "fsdp-saves-its-shards": (  # the sharded model's own state dict: DTensors, each rank's pieces
+        "06_fsdp.py",
+        [
+            (
+                "weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))",
+                "weights = model.state_dict()",
+            )
+        ],
+        {"rank 0 writes": ("save", "as a DTensor, the ranks' pieces of a sharded weight, not a whole tensor")},
+    ),
     "warmup-missing": (
         "05_warmup.py",
         [("progress = min(1.0, step / warmup_steps) if warmup_steps else 1.0", "progress = 1.0")],
@@ -527,13 +542,14 @@ BROKEN: dict[str, tuple[str, list[tuple[str, str]], dict[str, tuple[str, str]]]]
         [("min(1.0, step / warmup_steps)", "min(1.0, (step + 1) / warmup_steps)")],
         {"learning rate": ("warmup", "0.05 at step 6 (5 steps later), then stay there: step 1 trains at 0.025")},
     ),
-    "ddp-adam-lr-scaled-linearly-gpu-by-global-rank": (  # a GPU by the global rank: at 2 simulated nodes
+    "ddp-adam-lr-unscaled-gpu-by-global-rank": (  # a GPU by the global rank: at 2 simulated nodes
         "02_ddp.py",
-        [ADAM, GPU_BY_GLOBAL_RANK],
+        [ADAM, ("lr = args.lr * world_size", "lr = args.lr"), GPU_BY_GLOBAL_RANK],
         {
             "learning rate": (
                 "lr",
-                "for Adam the exercise scales it by the square-root rule: --lr x sqrt(2) = 0.03536",
+                "for Adam the exercise scales it by the square-root rule, --lr x sqrt(2) = 0.03536, or the "
+                "linear one, --lr x 2 = 0.05",
             ),
             "device": ("process-group", "rank 1 picks GPU 1, its global rank (line "),
         },
@@ -604,11 +620,16 @@ def test_check_reports_a_framework_error_at_its_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name, replacements",
-    [("02_ddp.py", [ADAM, ("lr = args.lr * world_size", "lr = args.lr * world_size ** 0.5")]), ("03_horovod.py", [])],
-    ids=["ddp-adam-sqrt", "horovod"],
+    [
+        ("02_ddp.py", [ADAM, ("lr = args.lr * world_size", "lr = args.lr * world_size ** 0.5")]),
+        ("02_ddp.py", [ADAM]),
+        ("03_horovod.py", []),
+    ],
+    ids=["ddp-adam-sqrt", "ddp-adam-linear", "horovod"],
 )
 def test_check_accepts_the_rule_of_adam_and_the_local_rank_on_simulated_nodes(name, replacements, tmp_path):
-    """What the exercise asks passes: Adam's LR by the square-root rule, the GPU by the local rank on 2 nodes."""
+    """What the exercise asks passes: Adam's LR by the square-root or the linear rule (notebook 02 cannot tell
+    them apart), the GPU by the local rank on 2 nodes."""
     result = check_script(
         str(broken_variant(tmp_path, name, name, replacements)), timeout=CHECK_TIMEOUT_S, simulate_nodes=2
     )
@@ -670,6 +691,27 @@ def test_check_judges_an_attendees_copy_by_its_step(tmp_path):
     first = next(block for block in workshop.todo_blocks((SOLUTIONS / "02_ddp.py").read_text()) if block.number == 1)
     assert result.status == 1
     assert result.lines == [f"FAIL run: TODO 1 of 02_ddp.py is not done yet: {first.title}"]
+
+
+@pytest.mark.slow
+def test_check_names_a_collective_that_only_one_rank_calls(tmp_path):
+    """The classic hang: a collective under `if rank == 0`. The ranks' collectives pair up wrongly and
+    the peers wait in vain; the check ends within its timeout and names the collective calls."""
+    timeout = 60
+    script = broken_variant(
+        tmp_path,
+        "02_ddp.py",
+        "diverges.py",
+        [("    dist.all_reduce(train_sums)\n", "    if rank == 0:\n        dist.all_reduce(train_sums)\n")],
+    )
+    started = time.monotonic()
+    result = check_script(str(script), timeout=timeout)
+    assert time.monotonic() - started < timeout + 20
+    assert result.status == 1 and len(result.lines) == 1, result.lines
+    line = result.lines[0]
+    assert line.startswith("FAIL run: rank ") and "of diverges.py (dist.all_reduce(" in line, line
+    assert "it waited in vain for another rank (rank " in line, line
+    assert "every rank must make the same collective calls" in line, line
 
 
 @pytest.mark.slow

@@ -55,7 +55,7 @@ class Backend(abc.ABC):
 
     name: ClassVar[str]
     local_launcher: ClassVar[str]  # what `harness launch` uses on one machine
-    # Every launcher it runs under on one machine (the README's backends-and-launchers table).
+    # Every launcher it runs under on one machine (docs/reference/backends.md's table).
     local_launchers: ClassVar[tuple[str, ...]] = ("torchrun", "mpirun", "horovodrun", "deepspeed")
     max_world_size: ClassVar[Optional[int]] = None  # the single-process baseline runs one rank only
     library: ClassVar[Optional[str]] = None  # importable module this backend needs

@@ -39,7 +39,7 @@ from ..fileio import atomic_write
 from ..process.preemption import PreemptionWatcher, TestSignal, peer_failure
 from ..process.state import preserved_process_state
 from .callbacks import Callback, CallbackList, EpochEnd, StepEnd
-from .checkpoint import Checkpointer, Progress, ResumeState, RunLayout, find_resume_checkpoint, restore
+from .checkpoint import Checkpointer, Progress, ResumeState, RunLayout, restore
 from .contention import own_demand
 from .evaluate import evaluate
 from .lr import learning_rate, scaled_lr
@@ -48,6 +48,7 @@ from .models import build_model
 from .placement import Placement, place_process
 from .profiling import PROFILED_STEPS, annotate, make_profiler
 from .record import append_record, run_record
+from .resume import find_resume_checkpoint
 from .timing import StepTimer, calibrated_compute_per_step, device_waiter, gather_breakdown
 
 HISTORY_POINTS = 1000  # the default --log-every keeps at most this many loss points per run

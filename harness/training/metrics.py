@@ -1,7 +1,7 @@
 """Scaling, POP and contention arithmetic: pure functions of measured numbers, no I/O, no torch.
 
 This docstring is the one home of the definitions below; `DEFINITIONS` reads them from it, the
-report prints them under every table, and tests check that the README and notebook 03 say the same.
+report prints them under every table, and tests check that docs/concepts/measurement.md and notebook 03 say the same.
 
 Definitions (per rank, summed over the steps of the timed window):
 

@@ -17,9 +17,9 @@ from ..errors import UsageError, unknown_choice
 from ..process.accelerator import kind_of, select_device
 from ..process.discovery import ClusterEnv, default_threads, detect_cluster
 from ..process.state import use_cpu
-from .checkpoint import check_checkpoint_flags
 from .models import MODELS
 from .profiling import check_trace_directory
+from .resume import check_checkpoint_flags
 
 
 def check_config(config: TrainConfig) -> None:

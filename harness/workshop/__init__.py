@@ -45,6 +45,7 @@ __getattr__, __dir__ = lazy_exports(
             for name in (
                 "accuracy_figure",
                 "epoch_loss_figure",
+                "equivalence_figure",
                 "run_colours",
                 "sharding_figure",
                 "padded_evaluation_figure",

@@ -57,6 +57,32 @@ def accuracy_figure(
     return fig
 
 
+def equivalence_figure(rows: Sequence[Mapping[str, Any]], bound: float) -> Any:
+    """Each run's distance from the one-process weights relative to the update (the rows of
+    harness.study.compare_with_reference), as horizontal bars on a log scale, with `bound` dashed."""
+    from matplotlib import rc_context
+
+    labels = [row["run"] for row in rows]
+    values = [row["difference / update"] for row in rows]
+    colours = run_colours(labels)
+    with rc_context(SLIDE_STYLE):
+        fig = _figure()
+        ax = fig.add_subplot()
+        bars = ax.barh(range(len(values)), values, color=[colours[label] for label in labels])
+        ax.bar_label(bars, labels=[f"{value:.1e}" for value in values], padding=4)
+        ax.axvline(bound, color="black", linestyle="--", linewidth=1.6, label=f"comparison bound ({bound:g})")
+        ax.set_xscale("log")
+        ax.set_xlim(min(values) / 10, max(max(values), bound) * 30)
+        ax.set_yticks(range(len(values)))
+        ax.set_yticklabels(labels)
+        ax.invert_yaxis()
+        ax.set_xlabel("|w - w one process| / |w one process - w start| (worst tensor)")
+        ax.set_title("Final weights against one process on the whole global batch")
+        ax.grid(False, axis="y")
+        ax.legend(loc="upper right")
+    return fig
+
+
 def epoch_loss_figure(
     records: Sequence[Mapping[str, Any]],
     labels: Sequence[str],

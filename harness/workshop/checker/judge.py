@@ -6,9 +6,9 @@ What must hold (one Failure each, with the TODO keys that govern it):
    batches at each step) at the same LRs, within harness.study.equivalence's UPDATE_BOUND of the
    update; if not, the usual causes are tried to name it: gradients summed instead of averaged, or
    clipped at norm 1.0 (DeepSpeed's default);
-3. the LR is --lr scaled to the global batch by the rule the exercise asks for its optimizer: the
-   linear rule (--lr x ranks) for SGD, the square-root rule (--lr x sqrt(ranks)) for Adam and the
-   other adaptive optimizers (notebook 02); a warmup script climbs linearly per step from --lr at
+3. the LR is --lr scaled to the global batch by a rule the exercise accepts for its optimizer: the
+   linear rule (--lr x ranks) for SGD; for Adam and the other adaptive optimizers the square-root
+   rule (--lr x sqrt(ranks)) or the linear one, which notebook 02's runs do not tell apart; a warmup script climbs linearly per step from --lr at
    step 0 to that at step round(--warmup-epochs x steps per epoch), then stays there (step 5's text);
 4. every epoch the ranks train on disjoint samples that leave out fewer than one global batch,
    in a new order each epoch; every evaluation scores each test image exactly once;
@@ -28,28 +28,23 @@ settings is property 8's line), or where each rank hung.
 
 from __future__ import annotations
 
-import collections
 import os
 import re
-from typing import Any, Callable, Optional
-
-import torch
-import torch.nn.functional as F
+from typing import Any, Optional
 
 from ...study.equivalence import UPDATE_BOUND, update_differences, worst
 from ...training.lr import learning_rate, scaled_lr
-from ...training.models import WorkshopCNN
-from .. import exercise
 from .batch import BATCH_COMPLAINT, check_global_batch
-from .control import CHECK_BATCH, RunDirectory
+from .control import RunDirectory
 from .devices import check_devices
+from .files import check_files
 from .metrics import check_metrics
 from .observe import Observation
+from .reference import check_one_process, max_gap
+from .shards import check_evaluation, check_training_data
 from .todos import Failure, Framework
 
-CLIP_NORM = 1.0  # DeepSpeed's default gradient_clipping
-# The LR rule the exercises ask for, by the optimizer that steps (notebook 02): the adaptive ones
-# take the square-root rule, the others (SGD, as the steps use) the linear rule of Goyal et al.
+# The optimizers for which the exercises accept the square-root LR rule beside the linear one (lr_rules).
 SQUARE_ROOT_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop"})
 
 
@@ -115,10 +110,13 @@ def _stopped(
             return seen[0]
     waiting = ""
     if error["peer"]:
-        others = ", ".join(
-            f"rank {other} was at {run.stuck_at(other, script)}" for other in range(ranks) if other != rank
+        places = {other: _place(other, observations, run, script) for other in range(ranks)}
+        others = ", ".join(f"rank {other} was at {place}" for other, place in places.items() if other != rank)
+        diverged = len({place for place in places.values() if place.startswith("line")}) > 1
+        waiting = (
+            f"; it waited in vain for another rank ({others}): every rank must make the same collective calls"
+            + (", in the same order (a collective inside `if rank == ...` hangs the others)" if diverged else "")
         )
-        waiting = f"; it waited in vain for another rank ({others}): every rank must make the same collective calls"
     return Failure(
         "run",
         f"rank {rank} stopped with {error['type']}: {message}"
@@ -127,19 +125,24 @@ def _stopped(
     )
 
 
+def _place(rank: int, observations: dict[int, Optional[Observation]], run: RunDirectory, script: str) -> str:
+    """Where `rank` was when the run stopped: the script line of its own error, else its stack dump's."""
+    observation = observations.get(rank)
+    error = observation.error if observation is not None else None
+    if error and error["line"]:
+        return f"line {error['line']} ({error['source'].strip()})"
+    return run.stuck_at(rank, script)
+
+
 # --- the properties ---------------------------------------------------------------------------
-
-
-def _max_gap(weights: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
-    return max((weights[name].double() - value.double()).abs().max().item() for name, value in reference.items())
 
 
 def _check_weights(observations: list[Observation], framework: Framework) -> tuple[list[Failure], bool]:
     """Property 1; also whether the ranks agree (then property 2 can be judged on rank 0's weights)."""
     first = observations[0]
     for observation in observations[1:]:
-        if _max_gap(observation.start, first.start) > 1e-6 * max(v.abs().max().item() for v in first.start.values()):
-            gap = _max_gap(observation.start, first.start)
+        if max_gap(observation.start, first.start) > 1e-6 * max(v.abs().max().item() for v in first.start.values()):
+            gap = max_gap(observation.start, first.start)
             return [
                 Failure(
                     "same start",
@@ -164,128 +167,27 @@ def _check_weights(observations: list[Observation], framework: Framework) -> tup
     return [], True
 
 
-def _train_reference(
-    start: dict[str, torch.Tensor],
-    batches: list[list[list[int]]],
-    lrs: list[float],
-    optimizer: dict[str, Any],
-    train_samples: Optional[int],
-    gradients: Callable[[torch.nn.Module], None] = lambda model: None,
-) -> dict[str, torch.Tensor]:
-    """One process trained on the global batches at `lrs` from `start`; `batches` holds each step's
-    batch of every rank, and `gradients` may change the gradients before each step (to try a
-    suspected mistake).
-
-    Each step's gradient is the global batch's mean loss differentiated as the ranks do it: each
-    rank's batch forward and backward on its own, weighted by its share of the global batch. That is
-    one process's gradient on the global batch, computed in the same float32 kernels as the ranks'.
-    Computed in one piece instead, a convolution over 4 x 16 images rounds otherwise than over 16,
-    and where the digits' upscaled pixels tie in a max-pooling window the rounding picks the other
-    pixel: another valid gradient, 1e-3 apart in one step, 1e-2 of the update after ten (seen at 4
-    ranks on an AVX-512 CPU)."""
-    data = exercise.digits("train", train_samples)
-    model = WorkshopCNN(dropout=0.0)
-    model.load_state_dict(start)
-    reference = getattr(torch.optim, optimizer["class"])(model.parameters(), lr=lrs[0], **optimizer["settings"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each launched rank computes (and they may still be exiting on few cores)
-    try:
-        for rank_batches, lr in zip(batches, lrs):
-            for group in reference.param_groups:
-                group["lr"] = lr
-            reference.zero_grad()
-            samples = sum(len(indices) for indices in rank_batches)
-            for indices in filter(None, rank_batches):
-                rows = torch.tensor(indices)
-                loss = F.cross_entropy(model(data.images[rows]), data.labels[rows])
-                (loss * (len(indices) / samples)).backward()
-            gradients(model)
-            reference.step()
-    finally:
-        torch.set_num_threads(threads)
-    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+def lr_rules(optimizer: Optional[dict[str, Any]]) -> tuple[str, ...]:
+    """The LR scaling rules (harness.training.lr's names) the exercise accepts for this optimizer:
+    the linear rule for SGD (Goyal et al.); for the adaptive ones the square-root rule or the linear
+    one, both with warmup where the script warms up: notebook 02's Adam runs do not tell them apart."""
+    return ("sqrt", "linear") if optimizer and optimizer["class"] in SQUARE_ROOT_OPTIMIZERS else ("linear",)
 
 
-def _check_one_process(observations: list[Observation], framework: Framework, ranks: int) -> list[Failure]:
-    """Property 2, on rank 0's weights (the ranks agree)."""
-    first = observations[0]
-    if first.optimizer is None or not hasattr(torch.optim, first.optimizer["class"]):
-        return [
-            Failure(
-                "one process",
-                "the checker found no torch.optim optimizer stepping the model, so it cannot "
-                "train the one-process reference",
-                framework.sync_keys,
-            )
-        ]
-    per_rank = [observation.step_batches() for observation in observations]
-    batches = [[rank_batches[step] for rank_batches in per_rank] for step in range(len(first.steps))]
-    lrs = [step[0] for step in first.steps]
-    train_samples = first.args.get("train_samples") if first.args else None
-
-    def distance(**mistake: Any) -> tuple[str, float]:
-        trained = _train_reference(first.start, batches, lrs, first.optimizer, train_samples, **mistake)
-        return worst(update_differences(first.final, trained, first.start))
-
-    name, value = distance()
-    if value <= UPDATE_BOUND:
-        return []
-    batch = sum(len(indices) for indices in batches[0])
-    observed = (
-        f"rank 0's weights differ from one process trained on the same {batch}-sample global batches at "
-        f"the same LRs by {value:.3g} of the update (in {name}; at most {UPDATE_BOUND:g})"
-    )
-
-    def scaled(model: torch.nn.Module) -> None:
-        for parameter in model.parameters():
-            parameter.grad.mul_(ranks)
-
-    def clipped(model: torch.nn.Module) -> None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
-
-    if distance(gradients=scaled)[1] <= UPDATE_BOUND:
-        return [
-            Failure(
-                "one process",
-                f"{observed}; they match one process whose gradients are {ranks}x larger: "
-                "the gradients are summed over the ranks, not averaged",
-                framework.sync_keys,
-            )
-        ]
-    if distance(gradients=clipped)[1] <= UPDATE_BOUND:
-        return [
-            Failure(
-                "one process",
-                f"{observed}; they match one process that clips the gradient norm at "
-                f"{CLIP_NORM:g} (DeepSpeed's default gradient_clipping): turn clipping off",
-                framework.clip_keys,
-            )
-        ]
-    return [
-        Failure(
-            "one process",
-            observed,
-            framework.sync_keys + framework.clip_keys
-            if framework.clip_keys != framework.sync_keys
-            else framework.sync_keys,
-        )
-    ]
-
-
-def lr_rule(optimizer: Optional[dict[str, Any]]) -> str:
-    """The LR scaling rule (harness.training.lr's name) the exercise asks for this optimizer."""
-    return "sqrt" if optimizer and optimizer["class"] in SQUARE_ROOT_OPTIMIZERS else "linear"
-
-
-def _rule_text(optimizer: Optional[dict[str, Any]], ranks: int, target: float) -> str:
+def _rule_text(optimizer: Optional[dict[str, Any]], ranks: int, base: float) -> str:
     name = optimizer["class"] if optimizer else "its optimizer"
-    if lr_rule(optimizer) == "sqrt":
-        return f"for {name} the exercise scales it by the square-root rule: --lr x sqrt({ranks}) = {target:.4g}"
-    return f"for {name} the exercise scales it by the linear rule: --lr x {ranks} = {target:.4g}"
+    if len(lr_rules(optimizer)) > 1:
+        return (
+            f"for {name} the exercise scales it by the square-root rule, --lr x sqrt({ranks}) = "
+            f"{scaled_lr(base, ranks, 1, 'sqrt'):.4g}, or the linear one, --lr x {ranks} = "
+            f"{scaled_lr(base, ranks, 1, 'linear'):.4g}"
+        )
+    return f"for {name} the exercise scales it by the linear rule: --lr x {ranks} = {base * ranks:.4g}"
 
 
 def _check_lr(observations: list[Observation], ranks: int) -> list[Failure]:
-    """Property 3, step by step against harness.training.lr's rule (warmup from --lr at step 0)."""
+    """Property 3, step by step against harness.training.lr's rules (warmup from --lr at step 0):
+    the failures of the first accepted rule if no accepted rule matches."""
     first = observations[0]
     if not first.args or "lr" not in first.args:
         return [
@@ -295,8 +197,15 @@ def _check_lr(observations: list[Observation], ranks: int) -> list[Failure]:
                 ("lr",),
             )
         ]
+    verdicts = [_lr_failures(observations, ranks, rule) for rule in lr_rules(first.optimizer)]
+    return [] if not all(verdicts) else verdicts[0]
+
+
+def _lr_failures(observations: list[Observation], ranks: int, rule: str) -> list[Failure]:
+    """Property 3 against one scaling rule."""
+    first = observations[0]
     base = first.args["lr"]
-    target = scaled_lr(base, ranks, 1, lr_rule(first.optimizer))  # the global batch is `ranks` processes' batches
+    target = scaled_lr(base, ranks, 1, rule)  # the global batch is `ranks` processes' batches
     warmup = _warmup_steps(first)
     expected = [
         learning_rate(
@@ -314,7 +223,7 @@ def _check_lr(observations: list[Observation], ranks: int) -> list[Failure]:
                     Failure(
                         "learning rate",
                         f"rank {observation.rank} used LR {lr:g} at step {step + 1} "
-                        f"(--lr {base:g}); {_rule_text(first.optimizer, ranks, target)}",
+                        f"(--lr {base:g}); {_rule_text(first.optimizer, ranks, base)}",
                         ("lr",),
                     )
                 ]
@@ -346,138 +255,6 @@ def _warmup_steps(observation: Observation) -> int:
     return round((observation.args.get("warmup_epochs") or 0) * _steps_in_first_epoch(observation))
 
 
-def _check_training_data(observations: list[Observation], ranks: int) -> list[Failure]:
-    """Property 4, training: disjoint shards covering all but the tail, same steps, a new order every epoch."""
-    failures = []
-    first = observations[0]
-    steps = {observation.rank: len(observation.steps) for observation in observations}
-    if len(set(steps.values())) > 1:
-        counts = ", ".join(f"rank {rank} {count}" for rank, count in steps.items())
-        failures.append(
-            Failure(
-                "shards",
-                f"the ranks took different numbers of optimizer steps ({counts}): "
-                "every rank must take the same number",
-                ("shard",),
-            )
-        )
-    epochs = [observation.passes("train") for observation in observations]
-    if not epochs[0]:
-        return failures + [
-            Failure("shards", "no rank fetched a training sample from exercise.digits('train', ...)", ("shard",))
-        ]
-    if len({len(passes) for passes in epochs}) > 1:
-        counts = ", ".join(f"rank {rank} {len(passes)}" for rank, passes in enumerate(epochs))
-        return failures + [
-            Failure(
-                "shards", f"the ranks made different numbers of passes over the training data ({counts})", ("shard",)
-            )
-        ]
-    samples = first.args.get("train_samples") if first.args else None
-    samples = samples or len(exercise.digits("train"))
-    global_batch = ranks * (first.args.get("batch_size", CHECK_BATCH) if first.args else CHECK_BATCH)
-    for epoch, shards in enumerate(zip(*epochs), 1):
-        counts = collections.Counter(index for shard in shards for index in shard)
-        repeated = [index for index, count in counts.items() if count > 1]
-        if repeated:
-            owners = [rank for rank, shard in enumerate(shards) if repeated[0] in shard]
-            same = all(shard == shards[0] for shard in shards)
-            how = (
-                "every rank trained on the same samples"
-                if same
-                else f"{len(repeated)} training samples were trained on more than once (sample {repeated[0]} by "
-                f"rank{'s' if len(owners) > 1 else ''} {', '.join(map(str, owners))})"
-            )
-            failures.append(
-                Failure(
-                    "shards",
-                    f"in epoch {epoch} {how}: each rank must train on its own part of the epoch's samples",
-                    ("shard",),
-                )
-            )
-            break
-        unseen = samples - len(counts)
-        if unseen >= global_batch:
-            failures.append(
-                Failure(
-                    "shards",
-                    f"in epoch {epoch} {unseen} of the {samples} training samples were "
-                    f"trained on by no rank; only the fewer than {global_batch} after the "
-                    "last full global batch may be left out",
-                    ("shard",),
-                )
-            )
-            break
-    if len(epochs[0]) > 1 and not failures:
-        repeating = [rank for rank, passes in enumerate(epochs) if passes[1] == passes[0]]
-        if repeating:
-            who = "every rank" if len(repeating) == ranks else f"rank {', '.join(map(str, repeating))}"
-            failures.append(
-                Failure(
-                    "reshuffle",
-                    f"{who} trained epoch 2 in exactly the order of epoch 1: the data must be reshuffled every epoch",
-                    ("reshuffle",),
-                )
-            )
-    return failures
-
-
-def _check_evaluation(observations: list[Observation]) -> list[Failure]:
-    """Property 4, evaluation: every test image scored exactly once per evaluation."""
-    evaluations = [observation.passes("test") for observation in observations]
-    size = len(exercise.digits("test"))
-    if not any(evaluations):
-        return [Failure("evaluation", "no rank scored a test image from exercise.digits('test')", ("eval-shard",))]
-    for number in range(max(len(passes) for passes in evaluations)):
-        counts = collections.Counter(
-            index for passes in evaluations if number < len(passes) for index in passes[number]
-        )
-        scored = sum(counts.values())
-        repeated = [index for index, count in counts.items() if count > 1]
-        missing = size - len(counts)
-        if not repeated and not missing:
-            continue
-        if repeated and all(count == counts[repeated[0]] for count in counts.values()) and not missing:
-            how = f"scored each of the {size} test images {counts[repeated[0]]} times"
-        elif repeated:
-            how = (
-                f"scored {scored} images for {size}: {len(repeated)} of them more than once (image {repeated[0]} "
-                f"{counts[repeated[0]]} times; DistributedSampler pads with repeated images)"
-            )
-        else:
-            how = f"scored {len(counts)} of the {size} test images; {missing} were scored by no rank"
-        return [
-            Failure(
-                "evaluation",
-                f"evaluation {number + 1} {how}: every test image must be scored exactly once",
-                ("eval-shard",),
-            )
-        ]
-    return []
-
-
-def _check_files(run: RunDirectory, ranks: int, save: str) -> list[Failure]:
-    """Property 5."""
-    failures = []
-    for rank in range(1, ranks):
-        written = sorted(
-            str(path.relative_to(run.files(rank))) for path in run.files(rank).rglob("*") if path.is_file()
-        )
-        if written:
-            failures.append(
-                Failure(
-                    "rank 0 writes",
-                    f"rank {rank} wrote {', '.join(written[:3])}"
-                    f"{' ...' if len(written) > 3 else ''}: only rank 0 writes files",
-                    ("save",),
-                )
-            )
-            break
-    if not (run.files(0) / save).is_file():
-        failures.append(Failure("rank 0 writes", f"rank 0 did not save the model to --save {save}", ("save",)))
-    return failures
-
-
 def judge(observations: list[Observation], framework: Framework, ranks: int, run: RunDirectory) -> list[Failure]:
     """Every property that does not hold for the records of a run in which every rank finished."""
     first = observations[0]
@@ -496,11 +273,11 @@ def judge(observations: list[Observation], framework: Framework, ranks: int, run
         weight_failures, ranks_agree = _check_weights(observations, framework)
         failures += weight_failures
         if ranks_agree and len({len(observation.steps) for observation in observations}) == 1:
-            failures += _check_one_process(observations, framework, ranks)
+            failures += check_one_process(observations, framework, ranks)
         failures += _check_lr(observations, ranks)
-    failures += _check_training_data(observations, ranks)
-    failures += _check_evaluation(observations)
-    failures += _check_files(run, ranks, (first.args or {}).get("save", "model.pt"))
+    failures += check_training_data(observations, ranks)
+    failures += check_evaluation(observations)
+    failures += check_files(run, ranks, (first.args or {}).get("save", "model.pt"), first.final)
     failures += check_metrics(observations)
     failures += check_devices(observations, framework)
     failures += check_global_batch(observations, ranks, framework)
