@@ -83,6 +83,8 @@ def unresolved_groups(intervals: Mapping[str, Optional[Interval]]) -> list[list[
     return [group for group in groups.values() if len(group) > 1]
 
 
-def describe(interval: Optional[Interval]) -> str:
-    """'[0.71, 0.83]', or 'no interval'."""
-    return "no interval" if interval is None else f"[{interval[0]:.3g}, {interval[1]:.3g}]"
+def error_bars(values: Sequence[Optional[float]], bounds: Sequence[Optional[Interval]]) -> list[list[float]]:
+    """matplotlib's asymmetric yerr ([below], [above]) from 95% intervals; 0 where there is none."""
+    below = [v - b[0] if b is not None and v is not None else 0.0 for v, b in zip(values, bounds)]
+    above = [b[1] - v if b is not None and v is not None else 0.0 for v, b in zip(values, bounds)]
+    return [[max(x, 0.0) for x in below], [max(x, 0.0) for x in above]]

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 from ..errors import UsageError
 from ..fileio import atomic_write
 from ..training.metrics import STEP_PHASES
-from .intervals import Interval
+from .intervals import error_bars
 from .report import ScalingRow, Study, scaling_rows, unresolved_lines
 
 FIGURE_KINDS = ("throughput", "efficiency", "breakdown")
@@ -160,13 +160,6 @@ def _legend(ax: Any, contended: bool, extra: Sequence[tuple[Any, str]] = (), loc
     ax.legend(handles, labels, loc=loc)
 
 
-def _error_bars(values: Sequence[Optional[float]], bounds: Sequence[Optional[Interval]]) -> list[list[float]]:
-    """matplotlib's asymmetric yerr ([below], [above]) from 95% intervals; 0 where there is none."""
-    below = [v - b[0] if b is not None and v is not None else 0.0 for v, b in zip(values, bounds)]
-    above = [b[1] - v if b is not None and v is not None else 0.0 for v, b in zip(values, bounds)]
-    return [[max(x, 0.0) for x in below], [max(x, 0.0) for x in above]]
-
-
 def throughput_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
     """Throughput (samples/s) vs workers, one line per backend with its 95% interval, its dashed ideal,
     runs under contention boxed in red, one rank with all cores as a star; returns the Figure."""
@@ -185,7 +178,7 @@ def throughput_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
         ax.errorbar(
             xs,
             entry["values"],
-            yerr=_error_bars(entry["values"], entry["interval"]),
+            yerr=error_bars(entry["values"], entry["interval"]),
             label=label,
             color=colour,
             marker="o",
@@ -259,7 +252,7 @@ def efficiency_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
         ax.errorbar(
             xs,
             [v if v is not None else float("nan") for v in entry["values"]],
-            yerr=_error_bars(entry["values"], entry["interval"]),
+            yerr=error_bars(entry["values"], entry["interval"]),
             label=label,
             color=_colour(backend, order),
             marker="o",
