@@ -208,8 +208,10 @@ def _aggregate(key: GroupKey, runs: list[dict[str, Any]]) -> ScalingRow:
     study, backend, workers, threads, baseline = key
     throughputs = [run["throughput"] for run in runs]
     by_round: dict[str, list[float]] = {}
-    for number, run in enumerate(runs):
-        by_round.setdefault(str(run.get("tags", {}).get("repeat", f"run {number}")), []).append(run["throughput"])
+    for run in runs:  # a run outside a sweep has no round: it pairs with nothing (no ratio interval)
+        by_round.setdefault(str(run.get("tags", {}).get("repeat", f"untagged {id(run)}")), []).append(
+            run["throughput"]
+        )
     breakdowns = [run.get("step_breakdown", {}).get("seconds_per_step", {}) for run in runs]
     contended = [run["contention"] for run in runs if run.get("contention", {}).get("flagged")]
     return ScalingRow(
