@@ -116,12 +116,12 @@ class StepTimer:
 
     def open_window(self) -> None:
         """Start timing (after a barrier); the steps before are left out."""
+        self.cpu.open()  # first: its /proc readings (a scan for loader workers) cost the window nothing
         self._window_open = True
         self._window_steps = 0
         self._window_start = time.perf_counter()
         if self.origin is None:
             self.origin = self._window_start
-        self.cpu.open()
         if self.memory is not None:
             self.memory.open()
         if self.profiler is not None:
