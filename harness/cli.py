@@ -155,6 +155,9 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         help="runs per configuration, interleaved; 3 or more give a 95%% interval (default: 3)",
     )
     sweep.add_argument(
+        "--order-seed", type=int, default=0, help="seed of each round's random run order (tagged; default: 0)"
+    )
+    sweep.add_argument(
         "--all-cores-baseline",
         action="store_true",
         help="also run each backend at 1 rank with all the node's cores (tagged baseline=all-cores; "

@@ -108,6 +108,7 @@ def sweep(args: argparse.Namespace) -> int:
         results=args.results,
         train_args=list(args.pass_through),
         repeats=args.repeats,
+        order_seed=args.order_seed,
         launch_template=args.launch_template,
         launcher=args.launcher,
         ppn=args.ppn,

@@ -75,6 +75,10 @@ class Backend(abc.ABC):
     devices: ClassVar[tuple[str, ...]] = ("cuda", "cpu")
     # Whether --compile may compile the model under this backend (see `compile`).
     compiles: ClassVar[bool] = True
+    # The threads a rank of this backend keeps busy besides its compute threads, each named: the
+    # record counts them in the job's own demand for cores (harness.training.contention), so that
+    # the job's own oversubscription is never taken for another process's load.
+    helper_threads: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: Optional[BackendOptions] = None) -> None:
         self.options = options if options is not None else self.Options()

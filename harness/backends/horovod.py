@@ -58,6 +58,9 @@ class HorovodBackend(Backend):
 
     name = "horovod"
     local_launcher = "horovodrun"
+    # Horovod's background thread negotiates with the other ranks every cycle and runs the fused
+    # collectives (see HOROVOD_DEFAULT_CYCLE_TIME_MS above).
+    helper_threads = ("1 background thread (Horovod's)",)
     local_launchers = ("horovodrun", "mpirun")  # HOROVOD_LAUNCHERS on one machine
     library = "horovod"
     install_hint = "run `make setup` (builds Horovod 0.28.1 against this torch) or load your site's module"

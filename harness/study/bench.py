@@ -40,7 +40,7 @@ from ..process.accelerator import select_device
 from ..process.discovery import ClusterEnv, detect_cluster
 from ..process.launchers import launch_environment, local_launcher
 from ..process.state import preserved_process_state
-from ..training.contention import CpuMeter, node_cores
+from ..training.contention import CpuMeter, own_demand, usable_cores
 from ..training.metrics import contention_summary
 from ..training.placement import check_device
 from ..training.timing import device_waiter
@@ -170,28 +170,19 @@ def _time_size(
 def _timed(
     backend: Backend, cluster: ClusterEnv, device: torch.device, measure: Callable[[], list[dict[str, Any]]]
 ) -> dict[str, Any]:
-    meter = CpuMeter(threads=None)
+    meter = CpuMeter(threads=None, demand=own_demand(None, backend.helper_threads, 0))
     meter.open()
     lines = measure()
     meter.close()
-    _, runqueue, load, steal = meter.values()
-    columns = _slowest(backend, cluster.rank, cluster.world_size, [runqueue, load, steal], device)
-    loads, steals = [v for v in columns[1] if v >= 0], [v for v in columns[2] if v >= 0]
-    contention = contention_summary(
-        {
-            "cpu_share": [None] * cluster.world_size,
-            "runqueue_wait_share": [v if v >= 0 else None for v in columns[0]],
-            "load_average": max(loads) if loads else None,
-            "cores": node_cores(),
-            "steal_share": max(steals) if steals else None,
-            "threads_per_rank": None,
-        }
-    )
+    columns = _slowest(backend, cluster.rank, cluster.world_size, meter.values(), device)
+    per_rank = {name: [v if v >= 0 else None for v in column] for name, column in zip(CpuMeter.FIELDS, columns)}
+    contention = contention_summary(per_rank, meter.demand_words)
+    loads = [v for v in per_rank["load_average"] if v is not None]
     return {
         "sizes": lines,
         "contention": contention,
-        "load_average": contention["load_average"],
-        "cores": contention["cores"],
+        "load_average": max(loads) if loads else None,
+        "cores": usable_cores(),
     }
 
 

@@ -23,7 +23,8 @@ from typing import Any, Callable, Optional
 from ..errors import UsageError, require
 from ..fileio import atomic_write
 from ..training.metrics import STEP_PHASES
-from .report import ScalingRow, Study, scaling_rows
+from .intervals import error_bars
+from .report import ScalingRow, Study, scaling_rows, unresolved_lines
 
 FIGURE_KINDS = ("throughput", "efficiency", "breakdown")
 FORMATS = ("png", "svg")
@@ -172,13 +173,13 @@ def throughput_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
     series, ideals, contended = [], [], False
     for index, (backend, label, mine) in enumerate(curves):
         entry = _series(backend, label, mine, lambda row: row.throughput)
-        entry["ci95"] = [row.throughput_ci95 for row in mine]
+        entry["interval"] = [row.throughput_interval for row in mine]
         colour = _colour(backend, order)
         xs = _dodged(entry["workers"], index, len(curves))
         ax.errorbar(
             xs,
             entry["values"],
-            yerr=[c or 0.0 for c in entry["ci95"]],
+            yerr=error_bars(entry["values"], entry["interval"]),
             label=label,
             color=colour,
             marker="o",
@@ -247,8 +248,17 @@ def efficiency_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
     for index, (backend, label, mine) in enumerate(curves):
         entry = _series(backend, label, mine, lambda row: row.efficiency)
         entry["suspect"] = [row.suspect for row in mine]
+        entry["interval"] = [row.efficiency_interval for row in mine]
         xs = _dodged(entry["workers"], index, len(curves))
-        ax.plot(xs, entry["values"], label=label, color=_colour(backend, order), marker="o")
+        ax.errorbar(
+            xs,
+            [v if v is not None else float("nan") for v in entry["values"]],
+            yerr=error_bars(entry["values"], entry["interval"]),
+            label=label,
+            color=_colour(backend, order),
+            marker="o",
+            capsize=5,
+        )
         contended |= _mark_contended(ax, xs, entry["values"], entry["contended"])
         for x, value, why in zip(xs, entry["values"], entry["suspect"]):
             if why and value is not None:
@@ -263,8 +273,12 @@ def efficiency_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
         series.append(entry)
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1.6, label="ideal (1.0)")
     _workers_axis(ax, rows)
-    ax.set_ylabel("scaling efficiency (speedup / workers)")
-    top = max([1.0, *(v for entry in series for v in entry["values"] if v is not None)])
+    ax.set_ylabel("scaling efficiency (speedup / workers), 95% interval")
+    unresolved = unresolved_lines(rows)
+    if unresolved:
+        ax.text(0.99, 0.02, "\n".join(unresolved), transform=ax.transAxes, ha="right", va="bottom", fontsize=11)
+    top = max([1.0, *(b[1] for entry in series for b in entry["interval"] if b is not None)])
+    top = max([top, *(v for entry in series for v in entry["values"] if v is not None)])
     ax.set_ylim(0, top * 1.15)
     _legend(ax, contended, loc="lower left")
     fig.harness_metadata = {
@@ -276,6 +290,7 @@ def efficiency_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
         "ideal": 1.0,
         "contention_marked": contended,
         "notes": [row.note for row in rows if row.note],
+        "not_resolved": unresolved,
     }
     return fig
 

@@ -5,7 +5,11 @@ row per backend x worker count (`scaling_rows`), which both `harness report` and
 use, so a table and a figure of the same file always show the same numbers. A row's efficiency is
 computed only against a baseline that did the same work per rank (threads per rank); runs measured
 under contention are marked, and a weak-scaling efficiency above 1.05 is marked suspect with its
-likely cause. The definitions printed under each table are harness.training.metrics's own.
+likely cause. Each row is set against its own fewest-worker run and against the study's common
+baseline, the fastest single-process run of the same work per rank; speedup and efficiency carry
+95% intervals paired by interleave round (harness.study.intervals), and configurations whose
+intervals overlap are said to be not resolved rather than ranked. The definitions printed under
+each table are harness.training.metrics's own.
 """
 
 from __future__ import annotations
@@ -17,8 +21,17 @@ from typing import Any, Callable, Optional
 
 from ..backends import BACKENDS
 from ..errors import UsageError
-from ..training.metrics import DEFINITIONS, STEP_PHASES, scaling_efficiency, speedup, suspect_weak_efficiency
-from ..training.record import mean_and_ci95
+from ..training.metrics import (
+    DEFINITIONS,
+    STEP_PHASES,
+    computation_scalability,
+    global_efficiency,
+    scaling_efficiency,
+    speedup,
+    suspect_weak_efficiency,
+)
+from . import intervals
+from .intervals import Interval
 
 Column = tuple[str, Callable[[dict[str, Any]], Any]]
 MIB = 2**20
@@ -29,12 +42,16 @@ SUSPECT = "?"  # marks a suspect efficiency
 FOOTNOTE_TERMS = (
     "speedup",
     "scaling efficiency",
+    "compute time",
     "AU",
     "useful time",
     "communication",
     "load balance",
     "communication efficiency",
     "parallel efficiency",
+    "serialisation and transfer",
+    "computation scalability",
+    "global efficiency",
     "contention",
 )
 
@@ -131,7 +148,7 @@ class ScalingRow:
     workers: int
     runs: int
     throughput: float  # samples/s, mean over runs
-    throughput_ci95: Optional[float]  # over runs (None for a single run: no interval)
+    throughput_interval: Optional[Interval]  # 95%, over runs (None for a single run: no interval)
     speedup: Optional[float]  # against the same backend at the study's fewest workers, same threads per rank
     efficiency: Optional[float]
     baseline_workers: int
@@ -140,6 +157,16 @@ class ScalingRow:
     communication_efficiency: Optional[float]
     parallel_efficiency: Optional[float]
     seconds_per_step: dict[str, Optional[float]]  # STEP_PHASES, mean over ranks and runs
+    rounds: dict[str, float] = field(default_factory=dict)  # interleave round -> throughput (mean of its runs)
+    useful_per_step: Optional[float] = None  # one rank's useful seconds per step, mean over ranks and runs
+    transfer_efficiency_bound: Optional[float] = None
+    serialisation_efficiency_bound: Optional[float] = None
+    speedup_interval: Optional[Interval] = None
+    efficiency_interval: Optional[Interval] = None
+    computation_scalability: Optional[float] = None
+    global_efficiency: Optional[float] = None
+    common_efficiency: Optional[float] = None  # against the study's common baseline (`common_baseline`)
+    common_efficiency_interval: Optional[Interval] = None
     model_state_mib: Optional[float] = None  # the largest rank's model state, mean over runs
     peak_mib: Optional[float] = None  # the largest rank's peak memory, mean over runs
     threads_per_rank: Optional[int] = None  # None on GPUs (or records that do not say)
@@ -179,7 +206,12 @@ GroupKey = tuple[Study, str, int, Optional[int], str]
 
 def _aggregate(key: GroupKey, runs: list[dict[str, Any]]) -> ScalingRow:
     study, backend, workers, threads, baseline = key
-    spread = mean_and_ci95([run["throughput"] for run in runs])
+    throughputs = [run["throughput"] for run in runs]
+    by_round: dict[str, list[float]] = {}
+    for run in runs:  # a run outside a sweep has no round: it pairs with nothing (no ratio interval)
+        by_round.setdefault(str(run.get("tags", {}).get("repeat", f"untagged {id(run)}")), []).append(
+            run["throughput"]
+        )
     breakdowns = [run.get("step_breakdown", {}).get("seconds_per_step", {}) for run in runs]
     contended = [run["contention"] for run in runs if run.get("contention", {}).get("flagged")]
     return ScalingRow(
@@ -187,8 +219,8 @@ def _aggregate(key: GroupKey, runs: list[dict[str, Any]]) -> ScalingRow:
         backend=backend,
         workers=workers,
         runs=len(runs),
-        throughput=spread["mean"],
-        throughput_ci95=spread["ci95"],
+        throughput=sum(throughputs) / len(throughputs),
+        throughput_interval=intervals.mean_interval(throughputs),
         speedup=None,
         efficiency=None,
         baseline_workers=workers,
@@ -197,6 +229,10 @@ def _aggregate(key: GroupKey, runs: list[dict[str, Any]]) -> ScalingRow:
         communication_efficiency=_mean([run.get("communication_efficiency") for run in runs]),
         parallel_efficiency=_mean([run.get("parallel_efficiency") for run in runs]),
         seconds_per_step={phase: _mean([b.get(phase) for b in breakdowns]) for phase in STEP_PHASES},
+        rounds={key: sum(values) / len(values) for key, values in by_round.items()},
+        useful_per_step=_mean([b.get("useful") for b in breakdowns]),
+        transfer_efficiency_bound=_mean([run.get("transfer_efficiency_bound") for run in runs]),
+        serialisation_efficiency_bound=_mean([run.get("serialisation_efficiency_bound") for run in runs]),
         model_state_mib=_mean([model_state_mib(run) for run in runs]),
         peak_mib=_mean([peak_mib(run) for run in runs]),
         threads_per_rank=threads,
@@ -237,7 +273,26 @@ def scaling_rows(records: Sequence[dict[str, Any]]) -> list[ScalingRow]:
     rows = [_aggregate(key, runs) for key, runs in ordered]
     for row in rows:
         _compare_with_baseline(row, rows)
+        common = common_baseline(row, rows)
+        if common is not None and not row.baseline:
+            scale = common.workers / row.workers
+            row.common_efficiency = scaling_efficiency(row.throughput, row.workers, common.throughput, common.workers)
+            row.common_efficiency_interval = intervals.ratio_interval(row.rounds, common.rounds, scale)
     return rows
+
+
+def common_baseline(row: ScalingRow, rows: Sequence[ScalingRow]) -> Optional[ScalingRow]:
+    """The study's common baseline for `row`: the fastest single-process run (any configuration)
+    with the same work per rank (threads per rank), or None where the study has none."""
+    alone = [
+        other
+        for other in rows
+        if other.study == row.study
+        and other.workers == 1
+        and not other.baseline
+        and other.threads_per_rank == row.threads_per_rank
+    ]
+    return max(alone, key=lambda other: other.throughput, default=None)
 
 
 def _compare_with_baseline(row: ScalingRow, rows: Sequence[ScalingRow]) -> None:
@@ -263,20 +318,41 @@ def _compare_with_baseline(row: ScalingRow, rows: Sequence[ScalingRow]) -> None:
     row.baseline_workers = base.workers
     row.speedup = speedup(row.throughput, base.throughput)
     row.efficiency = scaling_efficiency(row.throughput, row.workers, base.throughput, base.workers)
+    if row is not base:
+        row.speedup_interval = intervals.ratio_interval(row.rounds, base.rounds)
+        row.efficiency_interval = intervals.ratio_interval(row.rounds, base.rounds, base.workers / row.workers)
+    if row.useful_per_step is not None and base.useful_per_step is not None:
+        row.computation_scalability = computation_scalability(
+            row.useful_per_step, row.workers, base.useful_per_step, base.workers, row.study.scaling
+        )
+        row.global_efficiency = global_efficiency(row.parallel_efficiency, row.computation_scalability)
     if row.study.scaling == "weak" and row is not base:
+        spread = (
+            None
+            if base.throughput_interval is None
+            else (base.throughput_interval[1] - base.throughput_interval[0]) / 2
+        )
         row.suspect = suspect_weak_efficiency(
-            row.efficiency, base.contended_runs > 0, row.contended_runs > 0, base.throughput_ci95, base.throughput
+            row.efficiency, base.contended_runs > 0, row.contended_runs > 0, spread, base.throughput
         )
 
 
-def _with_interval(row: dict[str, Any]) -> str:
+def _with_interval(value: Optional[float], interval: Optional[Interval]) -> str:
+    if value is None:
+        return "-"
+    if interval is None:
+        return _cell(value)
+    return f"{_cell(value)} [{_cell(interval[0])}, {_cell(interval[1])}]"
+
+
+def _throughput(row: dict[str, Any]) -> str:
     if row["runs"] < 2:
         return f"{_cell(row['throughput'])} (one run)"
-    return f"{_cell(row['throughput'])} ± {_cell(row['throughput_ci95'])}"
+    return _with_interval(row["throughput"], row["throughput_interval"])
 
 
 def _efficiency(row: dict[str, Any]) -> str:
-    return _cell(row["efficiency"]) + (f" {SUSPECT}" if row["suspect"] else "")
+    return _with_interval(row["efficiency"], row["efficiency_interval"]) + (f" {SUSPECT}" if row["suspect"] else "")
 
 
 SCALING_COLUMNS: Sequence[Column] = (
@@ -284,13 +360,16 @@ SCALING_COLUMNS: Sequence[Column] = (
     ("workers", lambda r: r["workers"]),
     ("threads/rank", lambda r: r["threads_per_rank"]),
     ("runs", lambda r: r["runs"]),
-    ("samples/s ± 95%", _with_interval),
-    ("speedup", lambda r: r["speedup"]),
-    ("efficiency", _efficiency),
+    ("samples/s [95%]", _throughput),
+    ("speedup [95%]", lambda r: _with_interval(r["speedup"], r["speedup_interval"])),
+    ("efficiency [95%]", _efficiency),
+    ("vs common baseline [95%]", lambda r: _with_interval(r["common_efficiency"], r["common_efficiency_interval"])),
     ("AU", lambda r: r["au"]),
     ("load balance", lambda r: r["load_balance"]),
     ("comm. efficiency", lambda r: r["communication_efficiency"]),
     ("parallel efficiency", lambda r: r["parallel_efficiency"]),
+    ("comp. scalability", lambda r: r["computation_scalability"]),
+    ("global efficiency", lambda r: r["global_efficiency"]),
     ("state MiB/rank", lambda r: r["model_state_mib"]),
     ("peak MiB/rank", lambda r: r["peak_mib"]),
 )
@@ -314,10 +393,13 @@ def _footnotes(rows: Sequence[ScalingRow]) -> list[str]:
                 f"{SUSPECT} {row.label} x{row.workers}: weak-scaling efficiency {row.efficiency:.2f} > 1.05 "
                 f"is suspect: {row.suspect}"
             )
+    lines += _baseline_lines(rows)
     if any(row.runs < 2 for row in rows):
         lines.append("(one run): no interval: one run of that configuration; sweep with --repeats 3 or more")
     lines.append(
-        "± is the 95% interval over repeated runs (Student's t); AU, POP metrics and memory are means over runs."
+        f"[95%]: bootstrap interval over the repeats ({intervals.RESAMPLES} resamples, seed {intervals.SEED}); "
+        "speedup and efficiency resample the interleave rounds paired with their baseline's run of the same "
+        "round. AU, POP metrics and memory are means over runs."
     )
     lines.append(
         "state MiB/rank: the largest rank's weights (or shard), gradients, optimizer state and the framework's "
@@ -325,6 +407,44 @@ def _footnotes(rows: Sequence[ScalingRow]) -> list[str]:
         "memory over the timed window (the allocator's on a GPU, the resident set on the CPU)"
     )
     return lines + [DEFINITIONS[term] for term in FOOTNOTE_TERMS]
+
+
+def _configurations_by_work(rows: Sequence[ScalingRow]) -> list[list[ScalingRow]]:
+    """The scaling rows (no all-cores runs) grouped by threads per rank: each group shares a common baseline."""
+    threads = sorted({row.threads_per_rank or 0 for row in rows})
+    groups = [[row for row in rows if (row.threads_per_rank or 0) == t and not row.baseline] for t in threads]
+    return [group for group in groups if group]
+
+
+def unresolved_lines(rows: Sequence[ScalingRow]) -> list[str]:
+    """One line per set of configurations at one worker count whose 95% intervals against the common
+    baseline overlap: 'x2: ddp, fsdp: not resolved at 3 repeats'."""
+    lines = []
+    for mine in _configurations_by_work(rows):
+        for workers in sorted({row.workers for row in mine}):
+            peers = {row.label: row for row in mine if row.workers == workers}
+            for group in intervals.unresolved_groups(
+                {label: row.common_efficiency_interval for label, row in peers.items()}
+            ):
+                runs = min(peers[label].runs for label in group)
+                lines.append(f"x{workers}: {', '.join(group)}: not resolved at {runs} repeats")
+    return lines
+
+
+def _baseline_lines(rows: Sequence[ScalingRow]) -> list[str]:
+    """The common baseline, and the configurations each worker count cannot rank."""
+    lines = []
+    for mine in _configurations_by_work(rows):
+        common = common_baseline(mine[0], rows)
+        if common is not None:
+            lines.append(
+                f"vs common baseline: efficiency against {common.label} x1 at {_cell(common.throughput)} samples/s, "
+                f"the fastest single-process run with {common.threads_per_rank or 'the same'} thread(s) per rank"
+            )
+    return lines + [
+        line + " (their intervals against the common baseline overlap): no ranking between them"
+        for line in unresolved_lines(rows)
+    ]
 
 
 def scaling_report(records: Sequence[dict[str, Any]]) -> str:

@@ -3,10 +3,14 @@
 Weak scaling keeps the batch per worker fixed (--batch-size); strong scaling keeps the global
 batch fixed (--global-batch, default --batch-size) and splits it over the workers. Every run is a
 plain `harness train`, so every backend is measured by the same loop, window and formula; the
-sweep adds the tags `scaling`, `repeat` and `sweep_id` to each record. Repeats are interleaved
-(all configurations once, then all again) so slow drifts of a shared machine spread evenly; the
-default of 3 repeats is the fewest that give a 95% interval (Student's t), which is what tells a
-difference between backends from the noise of a shared machine.
+sweep adds the tags `scaling`, `repeat`, `sweep_id`, `order_seed` and `order` to each record.
+Repeats are interleaved in rounds (every configuration once, then all again) so slow drifts of a
+shared machine spread evenly, and within each round the runs go in a random order drawn from
+--order-seed and the round's number, so that no configuration always runs first (after a cold
+start) or right after the same neighbour; `order` is the run's place in its round ("2/7"), so the
+records say the whole order. The default of 3 repeats is the fewest that give a 95% interval
+(harness.study.intervals: a bootstrap paired by round), which is what tells a difference between
+backends from the noise of a shared machine.
 
 Same work per rank at every rank count: every run of a study gets the same threads per rank
 (`--threads`, default: the node's cores // the most ranks any run puts on a node), so the
@@ -41,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import random
 import shlex
 import signal
 import string
@@ -84,6 +89,7 @@ class SweepSettings:
     results: str
     train_args: list[str] = field(default_factory=list)  # `harness train` flags shared by every run
     repeats: int = DEFAULT_REPEATS
+    order_seed: int = 0  # each round's run order is random.Random(f"{order_seed}-{round}")'s shuffle
     threads: Optional[int] = None  # threads per rank in every run (or --threads in train_args); set by plan_sweep
     all_cores_baseline: bool = False  # also run 1 rank x all the node's cores per backend (tag baseline=all-cores)
     launch_template: Optional[str] = None
@@ -294,27 +300,27 @@ def plan_sweep(
         "--tag",
         f"sweep_id={sweep_id}",
     ]
+    shared += ["--tag", f"order_seed={settings.order_seed}"]
     runs = []
     for repeat in range(settings.repeats):
+        round_runs = []
         for ranks in settings.ranks:
             for backend in settings.backends:
                 limit = backend_class(backend).max_world_size
                 if limit is not None and ranks > limit:
                     continue  # the single-process baseline exists at one rank only
-                runs.append(
-                    _run(settings, template, ppn, SweepRun(backend, ranks, repeat, ()), [*shared, *own_threads])
-                )
+                round_runs.append((SweepRun(backend, ranks, repeat, ()), [*shared, *own_threads]))
         if settings.all_cores_baseline:
             for backend in settings.backends:
-                runs.append(
-                    _run(
-                        settings,
-                        template,
-                        ppn,
+                round_runs.append(
+                    (
                         SweepRun(backend, 1, repeat, (), ALL_CORES),
                         [*shared, "--threads", str(cores), "--tag", f"baseline={ALL_CORES}"],
                     )
                 )
+        random.Random(f"{settings.order_seed}-{repeat}").shuffle(round_runs)
+        for place, (run, flags) in enumerate(round_runs):
+            runs.append(_run(settings, template, ppn, run, [*flags, "--tag", f"order={place + 1}/{len(round_runs)}"]))
     if not runs:
         raise UsageError(
             "nothing to run: the single-process backend runs one process only; add 1 to --ranks or a "

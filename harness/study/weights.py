@@ -27,9 +27,7 @@ def initial_weights(config: TrainConfig) -> Weights:
         config.dataset, "train", DataOptions(config.data_dir, config.model, config.image_size, config.timeout)
     )
     channels, size, _ = train_set.shape
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        model = build_model(config.model, channels, size, train_set.num_classes, config.dropout)
+    model = build_model(config.model, channels, size, train_set.num_classes, config.dropout, seed=config.seed)
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 

@@ -42,6 +42,7 @@ from ..process.preemption import PreemptionWatcher, TestSignal, peer_failure
 from ..process.state import preserved_process_state
 from .callbacks import Callback, CallbackList, EpochEnd, StepEnd
 from .checkpoint import Checkpointer, Progress, ResumeState, RunLayout, restore
+from .contention import own_demand
 from .evaluate import evaluate
 from .lr import learning_rate, scaled_lr
 from .memory import WindowPeak, model_state_bytes
@@ -107,9 +108,13 @@ class RunPlan:
         )
 
     def make_model(self) -> nn.Module:
-        """A fresh model of the run's architecture, in its memory format, on its device."""
+        """A fresh model of the run's architecture, in its memory format, on its device: the run's
+        initial weights (from --seed) every time, and the run's random state untouched, so that
+        building one for evaluation in the middle of training changes no later dropout mask."""
         channels, size, _ = self.train_set.shape
-        model = build_model(self.config.model, channels, size, self.train_set.num_classes, self.config.dropout)
+        model = build_model(
+            self.config.model, channels, size, self.train_set.num_classes, self.config.dropout, seed=self.config.seed
+        )
         model = model.to(self.placement.device)
         return model.to(memory_format=torch.channels_last) if self.channels_last_weights else model
 
@@ -191,9 +196,8 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict[str, 
         # Chosen and checked before any process group starts: an unusable checkpoint is bad input.
         resume_from = find_resume_checkpoint(config, plan.layout(), type(backend), warn=cluster.is_main)
         preemption = PreemptionWatcher(TestSignal.from_environ())
-        # Same seed on every rank, so every rank builds identical initial weights (backends also
+        # Every rank builds identical initial weights from --seed (make_model; backends also
         # broadcast rank 0's); then a per-rank seed so dropout masks differ between ranks.
-        torch.manual_seed(config.seed)
         model = plan.make_model()
         gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         torch.manual_seed(config.seed * 1000 + cluster.rank + 1)
@@ -276,13 +280,15 @@ class RunState:
         # Phases end on finished device work only when --profile asks (it costs overlap).
         config = plan.config  # --profile-trace: the step timeline covers the profiled steps too
         trace_steps = max(config.trace_steps, PROFILED_STEPS) if config.profile_trace else config.trace_steps
+        threads = plan.placement.threads if device.type == "cpu" else None
+        backend = plan.placement.backend
         timer = StepTimer(
             trace_steps,
             device_waiter(device) if config.profile else lambda: None,
-            threads=plan.placement.threads if device.type == "cpu" else None,
+            threads=threads,
+            demand=own_demand(threads, backend.helper_threads, config.num_workers),
         )
         timer.profiler = make_profiler(config.profile_trace, plan.placement.cluster.rank, device)
-        backend = plan.placement.backend
         timer.memory = WindowPeak(device, lambda: model_state_bytes(backend.model, backend))
         heartbeat.connect(backend.all_reduce_sum, device)
         return cls(

@@ -16,21 +16,42 @@ Definitions (per rank, summed over the steps of the timed window):
 - **optimizer**: the optimizer step after the gradients are averaged.
 - **other**: the rest of the window: bookkeeping, the preemption vote, the closing barrier.
 - **useful time**: forward + backward + optimizer, the rank's own compute.
-- **AU** (accelerator utilisation, as DLIO defines it): (window - data wait) / window, summed
-  over ranks: the share of the time not spent waiting for data. Communication is not a data wait,
-  so AU does not count it; the POP metrics do.
+- **compute time**: the time a rank works on its batches once they are on the device:
+  forward + backward, communication and optimizer (everything DLIO's emulated step stands for).
+- **AU** (accelerator utilisation, as DLIO defines it): compute time / total time, summed over
+  ranks, where total time is the timed window: the share of the time not lost to waiting for
+  data or to bookkeeping between steps. Communication is part of a step's compute here (DLIO
+  emulates the whole step as compute), so AU does not count it as lost; the POP metrics do.
 - **load balance**: mean over ranks of useful time / max over ranks of useful time.
 - **communication efficiency**: max useful time / window.
 - **parallel efficiency**: load balance x communication efficiency = mean useful time / window.
+- **serialisation and transfer**: POP splits communication efficiency into serialisation (ranks
+  waiting for one another) and transfer (data moving) with a replay on an ideal network, which
+  this method has not got. Each step's last rank to reach the collective waits only for the
+  transfer, so the rank that waited least in total waited at least as long as the transfer
+  took: transfer efficiency >= (window - least communication of any rank) / window, and
+  serialisation efficiency = communication efficiency / transfer efficiency <= communication
+  efficiency / that bound. The split is a pair of bounds, not a measurement; they are exact only
+  when one rank is the last to every step's collective and no communication overlaps compute.
+- **computation scalability**: across the runs of one configuration, useful time at the study's
+  fewest workers / useful time at N: for strong scaling the useful time summed over ranks (the
+  same samples are computed at every N), for weak scaling the useful time per rank (each rank
+  computes as much at every N), both per step. Below 1: the ranks compute more (more
+  instructions, fewer per second) at N than at the baseline for the same work.
+- **global efficiency**: parallel efficiency x computation scalability, POP's one number for how
+  far a run at N is from perfect scaling of the baseline.
 - **speedup**: throughput / the baseline's throughput, where the baseline is the same backend at
   the study's fewest workers with the same work per rank (threads per rank, and for weak scaling
   the batch per rank); never a run with more threads per rank.
 - **scaling efficiency**: speedup x baseline workers / workers (1.0 is perfect scaling). For weak
   scaling, above 1.05 is suspect: the baseline was slowed (contention, noise), not the study sped up.
-- **contention**: a run is flagged when on any rank the CPU time of the rank's process during its
-  compute is below 0.8 of threads x wall time, or its threads waited for a CPU (run queue) for more
-  than 10% of the time they were ready to run, or the 1-minute load average exceeded 1.25 x the
-  node's cores, or the hypervisor stole more than 5% of the CPU time.
+- **contention**: a run is flagged when load from outside the job took its cores: on any node,
+  processes that are not the job's used more than 10% of the CPU time of the cores the job may
+  use (their busy time in /proc/stat less the job's own processes' CPU time), or the hypervisor
+  stole more than 5% of it, or the job's cgroup was throttled for more than 5% of the window.
+  The job's own oversubscription (its ranks' compute threads, the backends' helper threads and
+  loader workers outnumbering its cores) never flags a run: it is a property of the
+  configuration, reported in words beside the verdict.
 
 For weak scaling (fixed batch per worker) the speedup is the throughput ratio by definition; for
 strong scaling (fixed global batch) every step processes the same samples, so the throughput ratio
@@ -53,11 +74,13 @@ def _definitions(doc: str) -> dict[str, str]:
 
 DEFINITIONS: dict[str, str] = _definitions(__doc__ or "")
 
+# AU in a few words, for figure labels and table notes; **AU** above says it in full.
+AU_FORMULA = "AU = compute time / total time"
+
 # Contention thresholds (see **contention** above).
-CPU_SHARE_BELOW = 0.8
-RUNQUEUE_WAIT_ABOVE = 0.10
-LOAD_PER_CORE_ABOVE = 1.25
+OUTSIDE_LOAD_ABOVE = 0.10
 STEAL_ABOVE = 0.05
+THROTTLED_ABOVE = 0.05
 SUSPECT_WEAK_EFFICIENCY = 1.05
 
 
@@ -104,20 +127,65 @@ def parallel_efficiency(useful: Sequence[float], runtime: float) -> Optional[flo
     return balance * communication
 
 
-def pop_metrics(useful: Sequence[float], runtime: float) -> dict[str, Optional[float]]:
-    """The three POP multiplicative metrics, keyed as they appear in results records."""
-    return {
-        "load_balance": load_balance(useful),
-        "communication_efficiency": communication_efficiency(useful, runtime),
-        "parallel_efficiency": parallel_efficiency(useful, runtime),
-    }
+POP_KEYS = (
+    "load_balance",
+    "communication_efficiency",
+    "parallel_efficiency",
+    "transfer_efficiency_bound",
+    "serialisation_efficiency_bound",
+)
 
 
-def accelerator_utilisation(runtime: float, data_wait: float) -> Optional[float]:
-    """AU = (runtime - data wait) / runtime; sums over ranks go in (see **AU** above)."""
-    if runtime <= 0:
+def pop_metrics(
+    useful: Sequence[float], runtime: float, communication: Optional[Sequence[float]] = None
+) -> dict[str, Optional[float]]:
+    """The POP multiplicative metrics of one run, keyed as they appear in results records (every
+    key None where they cannot be computed); with per-rank `communication`, the bounds of its split
+    into transfer and serialisation (see **serialisation and transfer** above)."""
+    metrics: dict[str, Optional[float]] = dict.fromkeys(POP_KEYS)
+    metrics.update(
+        load_balance=load_balance(useful),
+        communication_efficiency=communication_efficiency(useful, runtime),
+        parallel_efficiency=parallel_efficiency(useful, runtime),
+    )
+    transfer = transfer_efficiency_bound(communication, runtime) if communication else None
+    if transfer and metrics["communication_efficiency"] is not None:
+        metrics["transfer_efficiency_bound"] = transfer
+        metrics["serialisation_efficiency_bound"] = min(metrics["communication_efficiency"] / transfer, 1.0)
+    return metrics
+
+
+def accelerator_utilisation(compute: float, total: float) -> Optional[float]:
+    """AU = compute time / total time; sums over ranks go in (see **AU** above). DLIO computes it
+    so (dlio_benchmark, utils/statscounter.py: total_compute_time / total_time)."""
+    if total <= 0:
         return None
-    return max(runtime - data_wait, 0.0) / runtime
+    return min(max(compute, 0.0) / total, 1.0)
+
+
+def transfer_efficiency_bound(communication: Sequence[float], runtime: float) -> Optional[float]:
+    """The lower bound on POP's transfer efficiency (see **serialisation and transfer** above):
+    (window - least communication of any rank) / window."""
+    if not communication or runtime <= 0:
+        return None
+    return max(runtime - min(communication), 0.0) / runtime
+
+
+def computation_scalability(
+    useful_per_step: float, workers: int, baseline_useful_per_step: float, baseline_workers: int, scaling: str
+) -> Optional[float]:
+    """Useful time at the baseline / useful time at N (see **computation scalability** above);
+    `useful_per_step` is the mean over ranks of one rank's useful seconds per step."""
+    if useful_per_step <= 0 or baseline_useful_per_step <= 0 or workers <= 0 or baseline_workers <= 0:
+        return None
+    if scaling == "strong":
+        return baseline_useful_per_step * baseline_workers / (useful_per_step * workers)
+    return baseline_useful_per_step / useful_per_step
+
+
+def global_efficiency(parallel: Optional[float], scalability: Optional[float]) -> Optional[float]:
+    """parallel efficiency x computation scalability (see **global efficiency** above)."""
+    return None if parallel is None or scalability is None else parallel * scalability
 
 
 # Phases of one training step, in the order they happen; the loop measures each rank's totals.
@@ -144,55 +212,108 @@ def rank_breakdown(
 
 
 def contention_reasons(
-    cpu_share: Sequence[Optional[float]],
-    runqueue_wait: Sequence[Optional[float]],
-    load_average: Optional[float],
-    cores: int,
-    steal: Optional[float],
+    outside_share: Optional[float], steal: Optional[float], throttled: Optional[float]
 ) -> list[str]:
     """Why a run counts as measured under contention (empty: it does not); see **contention** above.
 
-    `cpu_share` and `runqueue_wait` are per rank (None where not measured), `load_average` the
-    highest 1-minute load seen, `cores` the node's cores, `steal` the share of CPU time stolen.
-    """
+    `outside_share` is the largest share, over nodes, of the job's cores' CPU time that other
+    processes used; `steal` the share stolen by the hypervisor; `throttled` the largest share of a
+    rank's window its cgroup was throttled (None where not measured)."""
     reasons = []
-    for rank, share in enumerate(cpu_share):
-        if share is not None and share < CPU_SHARE_BELOW:
-            reasons.append(
-                f"rank {rank} had the CPU {share:.0%} of its compute time x threads (< {CPU_SHARE_BELOW:.0%})"
-            )
-    for rank, wait in enumerate(runqueue_wait):
-        if wait is not None and wait > RUNQUEUE_WAIT_ABOVE:
-            reasons.append(
-                f"rank {rank}'s threads waited for a CPU {wait:.0%} of the time they could run "
-                f"(> {RUNQUEUE_WAIT_ABOVE:.0%})"
-            )
-    if load_average is not None and cores > 0 and load_average > LOAD_PER_CORE_ABOVE * cores:
-        reasons.append(f"load average {load_average:.1f} on {cores} cores (> {LOAD_PER_CORE_ABOVE:g} per core)")
+    if outside_share is not None and outside_share > OUTSIDE_LOAD_ABOVE:
+        reasons.append(
+            f"other processes used {outside_share:.0%} of the CPU time of the job's cores (> {OUTSIDE_LOAD_ABOVE:.0%})"
+        )
     if steal is not None and steal > STEAL_ABOVE:
         reasons.append(f"{steal:.0%} of the CPU time was stolen by the hypervisor (> {STEAL_ABOVE:.0%})")
+    if throttled is not None and throttled > THROTTLED_ABOVE:
+        reasons.append(f"the job's cgroup was throttled {throttled:.0%} of the window (> {THROTTLED_ABOVE:.0%})")
     return reasons
 
 
-def contention_summary(measures: Mapping[str, Any]) -> dict[str, Any]:
-    """A record's `contention` section from its per-rank measures (see harness.training.contention):
-    the measures, whether the run is flagged and why."""
-    reasons = contention_reasons(
-        measures.get("cpu_share", []),
-        measures.get("runqueue_wait_share", []),
-        measures.get("load_average"),
-        measures.get("cores", 0),
-        measures.get("steal_share"),
+Ranks = Sequence[Optional[float]]
+
+
+def _node_load(per_rank: Mapping[str, Ranks], ranks: list[int]) -> dict[str, Optional[float]]:
+    """One node's outside load and own demand; ranks sharing a CPU set read the same counters, so
+    each distinct set counts once (sets that partly overlap count as disjoint: an overestimate)."""
+    sets: dict[Optional[float], list[int]] = {}
+    for rank in ranks:
+        sets.setdefault(per_rank["cpus_key"][rank], []).append(rank)
+
+    def per_set(name: str) -> Optional[float]:
+        means = []
+        for members in sets.values():
+            values = [per_rank[name][rank] for rank in members if per_rank[name][rank] is not None]
+            if not values:
+                return None
+            means.append(sum(values) / len(values))
+        return sum(means)
+
+    busy, cpu, steal, cores = (
+        per_set(name) for name in ("busy_seconds", "cpu_seconds", "steal_seconds", "usable_cores")
     )
+    own = [per_rank["own_seconds"][rank] for rank in ranks]
+    demand = [per_rank["demand_per_rank"][rank] for rank in ranks]
+    outside = None
+    if busy is not None and cpu and None not in own:
+        outside = max(busy - sum(own), 0.0) / cpu  # type: ignore[arg-type]
     return {
-        **measures,
+        "ranks": len(ranks),
+        "outside_cpu_share": outside,
+        "steal_share": steal / cpu if steal is not None and cpu else None,
+        "usable_cores": cores,
+        "threads_demanded": None if None in demand else sum(demand),  # type: ignore[arg-type]
+    }
+
+
+def _oversubscription(nodes: Sequence[Mapping[str, Any]], demand_words: str) -> str:
+    """The job's own demand for cores against the cores it may use, in words."""
+    busiest = max(nodes, key=lambda node: (node["threads_demanded"] or 0) / (node["usable_cores"] or 1))
+    demanded, cores = busiest["threads_demanded"], busiest["usable_cores"]
+    if demanded is None or not cores:
+        return "not known: the job's threads or usable cores were not measured"
+    what = f"{busiest['ranks']} rank(s) x ({demand_words}) = {demanded:g} threads on {cores:g} usable core(s)"
+    if demanded > cores:
+        return (
+            f"{what}: the configuration oversubscribes its cores {demanded / cores:.1f}x, so its own threads "
+            "wait for one another (a property of the configuration, not contention)"
+        )
+    return f"{what}: the configuration fits its cores"
+
+
+def contention_summary(per_rank: Mapping[str, Ranks], demand_words: str = "") -> dict[str, Any]:
+    """A record's `contention` section from every rank's measures (harness.training.contention's
+    CpuMeter.FIELDS, None where not measured): the outside load per node, the job's own
+    oversubscription in words, whether the run is flagged and why."""
+    nodes: dict[Optional[float], list[int]] = {}
+    for rank, node in enumerate(per_rank["node_key"]):
+        nodes.setdefault(node, []).append(rank)
+    loads = [_node_load(per_rank, ranks) for ranks in nodes.values()]
+    outside = [load["outside_cpu_share"] for load in loads if load["outside_cpu_share"] is not None]
+    steals = [load["steal_share"] for load in loads if load["steal_share"] is not None]
+    throttled = [
+        t / w for t, w in zip(per_rank["throttled_seconds"], per_rank["window_seconds"]) if t is not None and w
+    ]
+    pressure = [p / w for p, w in zip(per_rank["pressure_seconds"], per_rank["window_seconds"]) if p is not None and w]
+    verdict = {
+        "outside_cpu_share": max(outside) if outside else None,
+        "steal_share": max(steals) if steals else None,
+        "throttled_share": max(throttled) if throttled else None,
+    }
+    reasons = contention_reasons(verdict["outside_cpu_share"], verdict["steal_share"], verdict["throttled_share"])
+    return {
+        **verdict,
+        "cpu_pressure_share": max(pressure) if pressure else None,
+        "nodes": loads,
+        "oversubscription": _oversubscription(loads, demand_words),
+        "own_evidence": {name: list(per_rank[name]) for name in ("cpu_share", "runqueue_wait_share", "load_average")},
         "flagged": bool(reasons),
         "reasons": reasons,
         "thresholds": {
-            "cpu_share_below": CPU_SHARE_BELOW,
-            "runqueue_wait_above": RUNQUEUE_WAIT_ABOVE,
-            "load_per_core_above": LOAD_PER_CORE_ABOVE,
+            "outside_load_above": OUTSIDE_LOAD_ABOVE,
             "steal_above": STEAL_ABOVE,
+            "throttled_above": THROTTLED_ABOVE,
         },
     }
 

@@ -60,8 +60,21 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
-def build_model(name: str, channels: int, size: int, num_classes: int, dropout: Optional[float] = None) -> nn.Module:
-    """A freshly initialised model for images of `channels` x `size` x `size`."""
+def build_model(
+    name: str, channels: int, size: int, num_classes: int, dropout: Optional[float] = None, seed: Optional[int] = None
+) -> nn.Module:
+    """A freshly initialised model for images of `channels` x `size` x `size`, on the CPU.
+
+    With a `seed`, the weights are drawn from a generator seeded with it and torch's global random
+    state is left as it was: a model built during a run (an evaluation copy, a calibration copy)
+    must not move the training run's generator, or the next epoch's dropout masks change. The
+    initialisation draws only from the CPU generator (the model is built on the CPU), so only that
+    one is forked. Without a seed it draws from (and advances) the global generator.
+    """
     if name not in MODELS:
         raise UsageError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
-    return MODELS[name](channels, size, num_classes, dropout)
+    if seed is None:
+        return MODELS[name](channels, size, num_classes, dropout)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MODELS[name](channels, size, num_classes, dropout)

@@ -31,9 +31,9 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from .contention import CpuMeter, node_cores
+from .contention import CpuMeter
 from .memory import MODEL_STATE, WindowPeak, memory_section
-from .metrics import accelerator_utilisation, contention_summary, pop_metrics, rank_breakdown
+from .metrics import POP_KEYS, accelerator_utilisation, contention_summary, pop_metrics, rank_breakdown
 
 TRACE_PHASES = ("data_wait", "forward_backward", "communication", "optimizer")
 
@@ -86,14 +86,18 @@ class StepTimer:
     """
 
     def __init__(
-        self, trace_steps: int, phase_sync: Callable[[], None] = lambda: None, threads: Optional[int] = None
+        self,
+        trace_steps: int,
+        phase_sync: Callable[[], None] = lambda: None,
+        threads: Optional[int] = None,
+        demand: tuple[Optional[int], str] = (None, ""),
     ) -> None:
         self.trace_steps = trace_steps
         self.phase_sync = phase_sync
         self.clock: Optional[GradientClock] = None  # set by watch(); without it the whole phase is compute
         self.profiler: Optional[Any] = None  # --profile-trace: a RankProfiler started with the window
         self.memory: Optional[WindowPeak] = None  # the peak memory of the windows, reset as each opens
-        self.cpu = CpuMeter(threads)
+        self.cpu = CpuMeter(threads, demand)  # demand: contention.own_demand
         # per traced step: wait start, data ready, last gradient, gradients ready, stepped
         self.trace: list[list[float]] = []
         self.origin: Optional[float] = None  # when the first timed window opened (the trace's zero)
@@ -112,12 +116,12 @@ class StepTimer:
 
     def open_window(self) -> None:
         """Start timing (after a barrier); the steps before are left out."""
+        self.cpu.open()  # first: its /proc readings (a scan for loader workers) cost the window nothing
         self._window_open = True
         self._window_steps = 0
         self._window_start = time.perf_counter()
         if self.origin is None:
             self.origin = self._window_start
-        self.cpu.open()
         if self.memory is not None:
             self.memory.open()
         if self.profiler is not None:
@@ -252,10 +256,7 @@ SCALARS = (
     "calibrated",
     "memory",
     *STATE_COLUMNS,
-    "cpu_share",
-    "runqueue_wait_share",
-    "load_average",
-    "steal_share",
+    *CpuMeter.FIELDS,
 )
 
 
@@ -306,11 +307,11 @@ def gather_breakdown(
     per_rank = {key: [one[key] for one in ranks] for key in ranks[0]}
     per_step = {key: (sum(values) / len(values) / steps if steps else None) for key, values in per_rank.items()}
     breakdown: dict[str, Any] = {
-        "au": accelerator_utilisation(sum(columns["runtime"]), sum(columns["data_wait"])),
+        "au": _accelerator_utilisation(per_rank),
         **(
-            pop_metrics(per_rank["useful"], max(columns["runtime"]))
+            pop_metrics(per_rank["useful"], max(columns["runtime"]), per_rank["communication"])
             if steps
-            else {"load_balance": None, "communication_efficiency": None, "parallel_efficiency": None}
+            else dict.fromkeys(POP_KEYS)
         ),
         "step_breakdown": {
             "seconds_per_step": per_step,
@@ -321,7 +322,7 @@ def gather_breakdown(
             "compute_per_step_calibrated": [c if c >= 0 else None for c in columns["calibrated"]],
             "exact": exact,
         },
-        "contention": _contention(columns, timer.cpu.threads),
+        "contention": _contention(columns, timer.cpu),
         "memory": memory_section(
             columns["memory"],
             peak_memory[1],
@@ -334,6 +335,12 @@ def gather_breakdown(
     return breakdown
 
 
+def _accelerator_utilisation(per_rank: dict[str, list[float]]) -> Optional[float]:
+    """AU over every rank (harness.training.metrics): compute is the step's work on its batch."""
+    compute = sum(per_rank["forward_backward"]) + sum(per_rank["communication"]) + sum(per_rank["optimizer"])
+    return accelerator_utilisation(compute, sum(per_rank["runtime"]))
+
+
 def _model_state(timer: StepTimer) -> list[float]:
     """This rank's model state by part (harness.training.memory), -1 each where it was not counted."""
     counted = timer.memory.model_state if timer.memory is not None else None
@@ -344,19 +351,8 @@ def _measured(values: Sequence[float]) -> list[Optional[float]]:
     return [value if value >= 0 else None for value in values]
 
 
-def _contention(columns: dict[str, list[float]], threads: Optional[int]) -> dict[str, Any]:
-    loads = [value for value in columns["load_average"] if value >= 0]
-    steals = [value for value in columns["steal_share"] if value >= 0]
-    return contention_summary(
-        {
-            "cpu_share": _measured(columns["cpu_share"]),
-            "runqueue_wait_share": _measured(columns["runqueue_wait_share"]),
-            "load_average": max(loads) if loads else None,
-            "cores": node_cores(),
-            "steal_share": max(steals) if steals else None,
-            "threads_per_rank": threads,
-        }
-    )
+def _contention(columns: dict[str, list[float]], meter: CpuMeter) -> dict[str, Any]:
+    return contention_summary({name: _measured(columns[name]) for name in CpuMeter.FIELDS}, meter.demand_words)
 
 
 def _timeline(instants: torch.Tensor, trace_steps: int, world_size: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import numpy as np
 from ..data.sharding import dropped_tail, epoch_permutation, rank_slice, steps_per_epoch
 from ..errors import require
 from ..study.plot import FIGSIZE, PALETTE, PLOT_INSTALL, SLIDE_STYLE
+from ..training.metrics import AU_FORMULA
 
 
 def _figure(size: Any = FIGSIZE) -> Any:
@@ -242,7 +243,7 @@ def loading_figure(measurements: Sequence[Any]) -> Any:
         positions = np.arange(len(measurements))
         for ax, values, label in (
             (left, [m.throughput for m in measurements], "training throughput (samples/s)"),
-            (right, [m.au for m in measurements], "AU = compute / (compute + data wait)"),
+            (right, [m.au for m in measurements], AU_FORMULA),
         ):
             bars = ax.barh(positions, values, color=[colours[m.source] for m in measurements])
             ax.bar_label(bars, labels=[f"{v:,.0f}" if v > 2 else f"{v:.2f}" for v in values], padding=3)

@@ -12,8 +12,8 @@ Loading. `write_image_tree` writes a dataset as one PNG per sample (an ImageNet-
 form raw data arrives in); `measure_loading` trains the model on it for a few steps either the
 textbook way, decoding and transforming every sample in a torchvision `ImageFolder` behind a
 `DataLoader`, or the harness's way, from the arrays `harness data prepare` decoded once. Both go
-through the same timed loop, so throughput and AU (compute / (compute + data wait), as DLIO and the
-harness's records define it) compare like with like; `compare_loading` measures several
+through the same timed loop, so throughput and AU (harness.training.metrics's one definition, with
+the compute of each step and the timed steps' elapsed time) compare like with like; `compare_loading` measures several
 configurations in interleaved rounds, so that a shared machine's drifting load falls on all alike.
 """
 
@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from ..config import TrainConfig
 from ..data import DataOptions, ImageArrays, load_split
 from ..errors import UsageError, unknown_choice
+from ..training.metrics import accelerator_utilisation
 
 LOADING_SOURCES = ("per-sample", "prepared")
 IMAGE_TREE_SPLITS = (("train", "train"), ("test", "val"))  # harness split -> directory of the tree
@@ -154,7 +155,7 @@ class LoadingMeasurement:
     batch_size: int
     steps: int  # timed steps
     throughput: float  # samples/s over the timed steps
-    au: float  # compute / (compute + data wait)
+    au: float  # harness.training.metrics.accelerator_utilisation(compute, elapsed)
     data_wait_ms: float  # per step
     compute_ms: float  # per step: forward, backward, optimizer
 
@@ -287,7 +288,7 @@ def compare_loading(
             batch_size,
             timed,
             timed * batch_size / elapsed,
-            computed / (computed + waited),
+            accelerator_utilisation(computed, elapsed),
             1000 * waited / timed,
             1000 * computed / timed,
         )

@@ -26,7 +26,7 @@ def record(
     state_mib: Optional[Sequence[float]] = None,
 ) -> dict[str, Any]:
     """One run's record; POP metrics follow from `useful` (per-rank seconds) and `runtime`;
-    `contended` gives it a contention section flagged by a load average of 9 on 2 cores; `options`
+    `contended` gives it a contention section flagged by other processes using 75% of its cores; `options`
     are its backend options; `state_mib` its model state per rank, in MiB (peaks 700 MiB more)."""
     from harness.training.metrics import contention_summary, pop_metrics
 
@@ -57,16 +57,7 @@ def record(
             **({"baseline": baseline} if baseline else {}),
         },
         "threads_per_rank": threads,
-        "contention": contention_summary(
-            {
-                "cpu_share": [0.95] * workers,
-                "runqueue_wait_share": [0.01] * workers,
-                "load_average": 9.0 if contended else 1.0,
-                "cores": 2,
-                "steal_share": 0.0,
-                "threads_per_rank": threads,
-            }
-        ),
+        "contention": contention_summary(contention_measures(workers, 0.75 if contended else 0.025)),
         "step_breakdown": {
             "seconds_per_step": {
                 "data_wait": 0.05 * runtime / steps,
@@ -93,3 +84,30 @@ def weak_study() -> list:
         record("deepspeed", 1, 800.0),
         record("deepspeed", 2, 1200.0, useful=[0.4, 0.8]),
     ]
+
+
+def contention_measures(workers: int, outside_share: float, **changes: list) -> dict[str, list]:
+    """Every rank's CpuMeter measures on one node of 2 cores over a 10 s window, where processes
+    that are not the job's used `outside_share` of the cores' time; `changes` replace fields."""
+    from harness.training.contention import CpuMeter
+
+    measures: dict[str, list] = {name: [None] * workers for name in CpuMeter.FIELDS}
+    own = 1.0  # CPU seconds of each rank
+    measures.update(
+        cpu_share=[0.95] * workers,
+        runqueue_wait_share=[0.01] * workers,
+        load_average=[1.0] * workers,
+        busy_seconds=[own * workers + outside_share * 20.0] * workers,
+        steal_seconds=[0.0] * workers,
+        cpu_seconds=[20.0] * workers,
+        own_seconds=[own] * workers,
+        window_seconds=[10.0] * workers,
+        throttled_seconds=[0.0] * workers,
+        cpus=[2.0] * workers,
+        usable_cores=[2.0] * workers,
+        cpus_key=[1.0] * workers,
+        node_key=[1.0] * workers,
+        demand_per_rank=[1.0] * workers,
+    )
+    measures.update(changes)
+    return measures

@@ -8,6 +8,7 @@ from harness.workshop.pipeline import (
     loading_table,
     measure_loading,
 )
+from tests.unit.test_pipeline import _compute_over_total
 
 
 @pytest.mark.parametrize("source,workers", [("per-sample", 0), ("prepared", 1)])
@@ -17,5 +18,5 @@ def test_measure_loading_times_the_steps_it_was_asked_for(image_tree, source, wo
     )
     assert (measured.source, measured.num_workers, measured.steps, measured.batch_size) == (source, workers, 3, 16)
     assert measured.throughput > 0 and 0 < measured.au <= 1
-    assert measured.au == pytest.approx(measured.compute_ms / (measured.compute_ms + measured.data_wait_ms))
+    assert measured.au == pytest.approx(_compute_over_total(measured))
     assert f"| {source} |" in loading_table([measured])

@@ -9,104 +9,106 @@ from harness.study.plot import CONTENTION_LABEL, breakdown_figure, efficiency_fi
 from harness.study.report import scaling_report, scaling_rows
 from harness.training import contention
 from harness.training.metrics import contention_reasons, contention_summary
-from tests.helpers.handmade_records import record
 
-# Measured by a 1-rank run of this harness on a 2-core machine shared with other jobs (load 17.5):
-# the rank had its one thread on a CPU 29% of its compute time and its threads waited for a CPU
-# 71% of the time they were ready to run.
-BUSY = {"cpu_share": [0.289], "runqueue_wait_share": [0.711], "load_average": 17.53, "cores": 2, "steal_share": 0.0053}
-QUIET = {
-    "cpu_share": [0.98, 1.01],
-    "runqueue_wait_share": [0.004, 0.02],
-    "load_average": 2.1,
-    "cores": 2,
-    "steal_share": 0.0,
-}
+from tests.helpers.handmade_records import contention_measures, record
 
 
-def test_a_run_on_a_busy_machine_is_flagged_with_every_reason():
-    summary = contention_summary(BUSY)
+def test_a_run_beside_other_processes_is_flagged_with_the_share_they_took():
+    summary = contention_summary(contention_measures(2, 0.72), "1 compute thread(s)")
     assert summary["flagged"] is True
-    assert summary["reasons"] == [
-        "rank 0 had the CPU 29% of its compute time x threads (< 80%)",
-        "rank 0's threads waited for a CPU 71% of the time they could run (> 10%)",
-        "load average 17.5 on 2 cores (> 1.25 per core)",
-    ]
-    assert summary["thresholds"] == {
-        "cpu_share_below": 0.8,
-        "runqueue_wait_above": 0.1,
-        "load_per_core_above": 1.25,
-        "steal_above": 0.05,
-    }
+    assert summary["outside_cpu_share"] == pytest.approx(0.72)
+    assert summary["reasons"] == ["other processes used 72% of the CPU time of the job's cores (> 10%)"]
+    assert summary["thresholds"] == {"outside_load_above": 0.1, "steal_above": 0.05, "throttled_above": 0.05}
 
 
-def test_a_run_that_fills_its_cores_alone_is_not_flagged():
-    # Two ranks on two cores: the load is about the cores, the threads hardly wait.
-    assert contention_summary(QUIET) == {
-        **QUIET,
-        "flagged": False,
-        "reasons": [],
-        "thresholds": contention_summary(BUSY)["thresholds"],
-    }
+def test_the_jobs_own_oversubscription_is_said_in_words_and_never_flags():
+    """2 ranks x (1 compute + 1 communication thread) on 2 cores, its ranks waiting for a CPU 20% of
+    the time (the measure that once flagged every 2-rank run): not contended."""
+    words = "1 compute thread(s) + 1 communication thread (the process group's)"
+    measures = contention_measures(2, 0.02, demand_per_rank=[2.0, 2.0], runqueue_wait_share=[0.18, 0.21])
+    summary = contention_summary(measures, words)
+    assert summary["flagged"] is False and summary["reasons"] == []
+    assert summary["oversubscription"] == (
+        f"2 rank(s) x ({words}) = 4 threads on 2 usable core(s): the configuration oversubscribes its cores 2.0x, "
+        "so its own threads wait for one another (a property of the configuration, not contention)"
+    )
+    assert summary["own_evidence"]["runqueue_wait_share"] == [0.18, 0.21]
+    fits = contention_summary(contention_measures(2, 0.02), "1 compute thread(s)")["oversubscription"]
+    assert fits.endswith("= 2 threads on 2 usable core(s): the configuration fits its cores")
+
+
+def test_ranks_on_two_nodes_are_judged_per_node_and_ranks_on_their_own_cores_add_up():
+    # Rank 0 alone on node A; ranks 1 and 2 on node B, each pinned to its own core (other CPU sets).
+    measures = contention_measures(
+        3,
+        0.0,
+        node_key=[1.0, 2.0, 2.0],
+        cpus_key=[1.0, 3.0, 4.0],
+        cpu_seconds=[20.0, 10.0, 10.0],
+        busy_seconds=[1.0, 1.0, 6.0],  # node B: 7 s busy, 2 s its ranks' own: 5 s others' of 20 s
+        usable_cores=[2.0, 1.0, 1.0],
+    )
+    summary = contention_summary(measures)
+    assert [node["outside_cpu_share"] for node in summary["nodes"]] == pytest.approx([0.0, 0.25])
+    assert summary["outside_cpu_share"] == pytest.approx(0.25) and summary["flagged"]
+    assert summary["nodes"][1]["usable_cores"] == 2.0
 
 
 @pytest.mark.parametrize(
-    "change, reason",
+    "outside, steal, throttled, reason",
     [
-        (dict(cpu_share=[0.98, 0.7]), "rank 1 had the CPU 70%"),
-        (dict(runqueue_wait_share=[0.2, 0.01]), "rank 0's threads waited for a CPU 20%"),
-        (dict(load_average=2.6), "load average 2.6 on 2 cores"),
-        (dict(steal_share=0.08), "8% of the CPU time was stolen"),
+        (0.11, None, None, "other processes used 11%"),
+        (None, 0.08, None, "8% of the CPU time was stolen"),
+        (0.05, 0.0, 0.06, "the job's cgroup was throttled 6%"),
     ],
 )
-def test_each_threshold_alone_flags_a_run(change, reason):
-    reasons = contention_reasons(
-        **{
-            **{
-                "cpu_share": QUIET["cpu_share"],
-                "runqueue_wait": QUIET["runqueue_wait_share"],
-                "load_average": QUIET["load_average"],
-                "cores": 2,
-                "steal": QUIET["steal_share"],
-            },
-            **{
-                ("runqueue_wait" if k == "runqueue_wait_share" else "steal" if k == "steal_share" else k): v
-                for k, v in change.items()
-            },
-        }
-    )
+def test_each_threshold_alone_flags_a_run(outside, steal, throttled, reason):
+    reasons = contention_reasons(outside, steal, throttled)
     assert len(reasons) == 1 and reasons[0].startswith(reason)
 
 
 def test_what_a_machine_does_not_measure_flags_nothing():
-    assert contention_reasons([None], [None], None, 2, None) == []
+    assert contention_reasons(None, None, None) == []
+    unmeasured = contention_summary({name: [None] for name in contention.CpuMeter.FIELDS})
+    assert unmeasured["flagged"] is False and unmeasured["outside_cpu_share"] is None
 
 
-def test_cpu_meter_reads_schedstat_and_proc_stat(tmp_path, monkeypatch):
-    """The meter's arithmetic on recorded /proc contents: two threads, one that ends mid-window."""
-    tasks = tmp_path / "task"
+def test_cpu_meter_reads_its_own_cores_from_proc(tmp_path, monkeypatch):
+    """The meter's arithmetic on recorded /proc contents: per-CPU lines of the allowed CPUs only,
+    schedstat of two threads, one that ends mid-window."""
+    tasks, stat, pressure = tmp_path / "task", tmp_path / "stat", tmp_path / "pressure"
     for tid in ("10", "11"):
         (tasks / tid).mkdir(parents=True)
-    stat = tmp_path / "stat"
     monkeypatch.setattr(contention, "TASKS_DIR", str(tasks))
     monkeypatch.setattr(contention, "PROC_STAT", str(stat))
+    monkeypatch.setattr(contention, "PRESSURE_CPU", str(pressure))
+    monkeypatch.setattr(contention, "CLOCK_TICKS", 100)
+    monkeypatch.setattr(contention, "usable_cpus", lambda: [1])
+    own = iter([5.0, 6.5])
+    monkeypatch.setattr(contention, "own_seconds", lambda: next(own))
 
-    def write(schedstats, steal, total_rest):
+    def write(schedstats, user, idle, steal, stall_us):
         for tid, (running, waiting) in schedstats.items():
             (tasks / tid / "schedstat").write_text(f"{running} {waiting} 7\n")
-        stat.write_text(f"cpu  {total_rest} 0 0 0 0 0 0 {steal} 0 0\ncpu0 1 2 3\n")
+        stat.write_text(
+            f"cpu  9 9 9 9 9 9 9 9 0 0\ncpu0 500 0 0 0 0 0 0 0 0 0\ncpu1 {user} 0 10 {idle} 0 5 5 {steal} 0 0\n"
+        )
+        pressure.write_text(f"some avg10=1.00 avg60=1.00 avg300=1.00 total={stall_us}\nfull total=0\n")
 
-    meter = contention.CpuMeter(threads=2)
-    write({"10": (1_000, 500), "11": (2_000, 0)}, steal=10, total_rest=990)
+    meter = contention.CpuMeter(threads=2, demand=(3, "2 compute thread(s) + 1 helper"))
+    write({"10": (1_000, 500), "11": (2_000, 0)}, user=100, idle=100, steal=0, stall_us=1_000_000)
     meter.open()
     (tasks / "11" / "schedstat").unlink()  # thread 11 ends in the window: left out, never negative
     (tasks / "12").mkdir()  # thread 12 starts in the window: counted from zero
-    write({"10": (4_000, 1_500), "12": (3_000, 1_000)}, steal=30, total_rest=1_170)
+    write({"10": (4_000, 1_500), "12": (3_000, 1_000)}, user=250, idle=130, steal=10, stall_us=1_500_000)
     meter.close()
+    values = dict(zip(contention.CpuMeter.FIELDS, meter.values()))
     assert meter.runqueue_wait_share() == pytest.approx((1_000 + 1_000) / (3_000 + 3_000 + 2_000))
-    assert meter.steal_share() == pytest.approx(20 / 200)
-    assert meter.cpu_share() is None  # no compute phase was added
-    assert meter.values()[0] == -1.0 and meter.values()[1] == pytest.approx(0.25)
+    assert values["busy_seconds"] == pytest.approx(1.5)  # cpu1's user time only; cpu0 is not ours
+    assert values["cpu_seconds"] == pytest.approx(1.9) and values["steal_seconds"] == pytest.approx(0.1)
+    assert values["own_seconds"] == pytest.approx(1.5) and values["pressure_seconds"] == pytest.approx(0.5)
+    assert values["cpus"] == 1 and values["demand_per_rank"] == 3
+    assert values["cpu_share"] == -1.0  # no compute phase was added
 
 
 def _study(contended_baseline: bool = False, threads_two: int = 1):
@@ -132,7 +134,7 @@ def test_weak_efficiency_above_one_is_suspect_and_blamed_on_the_contended_baseli
         "ddp",
         "ddp (1 rank, all cores)",
     ]
-    assert "† ddp x1: 2 of 2 run(s) measured under contention: load average 9.0 on 2 cores" in text
+    assert "† ddp x1: 2 of 2 run(s) measured under contention: other processes used 75% of the CPU time" in text
 
 
 def test_the_all_cores_run_is_its_own_row_and_never_a_baseline():

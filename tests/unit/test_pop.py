@@ -7,8 +7,11 @@ import pytest
 from harness.study.report import scaling_report, scaling_rows
 from harness.training.metrics import (
     DEFINITIONS,
+    POP_KEYS,
     accelerator_utilisation,
     communication_efficiency,
+    computation_scalability,
+    global_efficiency,
     load_balance,
     parallel_efficiency,
     pop_metrics,
@@ -47,11 +50,7 @@ def test_imbalanced_ranks():
 
 
 def test_pop_metrics_of_nothing_are_unknown_not_zero():
-    assert pop_metrics([], 1.0) == {
-        "load_balance": None,
-        "communication_efficiency": None,
-        "parallel_efficiency": None,
-    }
+    assert pop_metrics([], 1.0) == dict.fromkeys(POP_KEYS)
     assert load_balance([0.0, 0.0]) is None
 
 
@@ -65,13 +64,32 @@ def test_rank_breakdown_adds_up_to_the_window_and_useful_time_is_compute():
     assert rank_breakdown(1.0, 0.0, 0.8, 0.1, 0.100001)["other"] == 0.0
 
 
-def test_accelerator_utilisation_counts_only_data_waiting_as_lost():
-    assert accelerator_utilisation(runtime=4.0, data_wait=1.0) == pytest.approx(0.75)
-    # Communication is not a data wait: a rank that communicates half its window still has AU 1.
+def test_accelerator_utilisation_is_compute_time_over_total_time():
+    parts = rank_breakdown(runtime=4.0, data_wait=1.0, forward_backward=1.5, communication=0.5, optimizer=0.5)
+    compute = parts["forward_backward"] + parts["communication"] + parts["optimizer"]
+    assert accelerator_utilisation(compute, parts["runtime"]) == pytest.approx(0.625)  # 2.5 of 4
+    # Communication is part of a step's compute (as in DLIO): a rank that communicates half its
+    # window and never waits for data still has AU 1; the POP metrics count it.
     parts = rank_breakdown(runtime=4.0, data_wait=0.0, forward_backward=1.5, communication=2.0, optimizer=0.5)
-    assert accelerator_utilisation(parts["runtime"], parts["data_wait"]) == 1.0
+    assert accelerator_utilisation(4.0, parts["runtime"]) == 1.0
     assert pop_metrics([parts["useful"]], parts["runtime"])["communication_efficiency"] == pytest.approx(0.5)
     assert accelerator_utilisation(0.0, 0.0) is None
+
+
+def test_computation_scalability_and_global_efficiency():
+    # Weak scaling: each rank computes as much at every N; 0.10 s per step at 1, 0.125 s at 4.
+    assert computation_scalability(0.125, 4, 0.10, 1, "weak") == pytest.approx(0.8)
+    # Strong scaling: the same samples at every N; 4 ranks x 0.03 s against 1 x 0.10 s.
+    assert computation_scalability(0.03, 4, 0.10, 1, "strong") == pytest.approx(0.10 / 0.12)
+    assert global_efficiency(0.9, 0.8) == pytest.approx(0.72)
+    assert global_efficiency(None, 0.8) is None
+
+
+def test_transfer_and_serialisation_bounds_multiply_to_communication_efficiency():
+    metrics = pop_metrics([3.0, 2.0], 4.0, communication=[0.5, 1.5])
+    assert metrics["transfer_efficiency_bound"] == pytest.approx(3.5 / 4.0)  # the least wait, 0.5 s
+    product = metrics["transfer_efficiency_bound"] * metrics["serialisation_efficiency_bound"]
+    assert product == pytest.approx(metrics["communication_efficiency"])
 
 
 def test_every_metric_has_one_definition_in_the_metrics_docstring():
@@ -104,8 +122,8 @@ def test_scaling_rows_aggregate_repeats_and_use_each_backends_own_baseline():
     }
     ddp2 = rows["ddp", 2]
     assert ddp2.runs == 2 and ddp2.throughput == pytest.approx(1700.0)
-    # Two repeats 1710 and 1690: sd 14.14, t(1 dof) 12.706 -> 12.706 * 14.14 / sqrt(2) = 127.06.
-    assert ddp2.throughput_ci95 == pytest.approx(127.06, rel=1e-3)
+    # Two repeats 1710 and 1690: the bootstrap's means lie between them (no Student's t over 2 runs).
+    assert ddp2.throughput_interval == pytest.approx((1690.0, 1710.0))
     assert ddp2.speedup == pytest.approx(1700.0 / 950.0)
     assert ddp2.efficiency == pytest.approx(1700.0 / 950.0 / 2)
     assert rows["horovod", 2].efficiency == pytest.approx(0.8)
@@ -154,9 +172,10 @@ def test_report_prints_every_configuration_with_its_metrics():
     lines = [line for line in text.splitlines() if line.startswith("|")]
     header = lines[0]
     for column in (
-        "samples/s ± 95%",
-        "speedup",
-        "efficiency",
+        "samples/s [95%]",
+        "speedup [95%]",
+        "efficiency [95%]",
+        "vs common baseline [95%]",
         "AU",
         "load balance",
         "comm. efficiency",
@@ -174,7 +193,9 @@ def test_report_prints_every_configuration_with_its_metrics():
         ("deepspeed", "2"),
     }
     ddp2 = next(cells for cells in body if cells[:2] == ["ddp", "2"])
-    assert ddp2[2] == "1" and ddp2[4] == "1,700 ± 127.1" and ddp2[6] == "0.8947"
+    assert ddp2[2] == "1" and ddp2[4] == "1,700 [1,690, 1,710]" and ddp2[6] == "0.8947"
+    assert ddp2[7] == "0.85"  # against the common baseline, `none` x1 at 1,000 samples/s
+    assert "x2: ddp, horovod, deepspeed: not resolved at 1 repeats" in text
     assert next(cells for cells in body if cells[:2] == ["none", "1"])[4] == "1,000 (one run)"
     assert "(one run): no interval" in text
     for term in ("AU", "communication efficiency", "contention"):

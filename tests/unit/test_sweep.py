@@ -55,14 +55,23 @@ def _train_flags(command) -> list:
 def test_weak_sweep_runs_every_combination_with_the_backends_own_launchers(tmp_path):
     runs = plan_sweep(_settings(tmp_path, repeats=2), environ={})
     assert SweepSettings(backends=["ddp"], ranks=[1], scaling="weak", results="r").repeats == 3  # 95% intervals
-    # Repeats are interleaved; the single-process baseline runs at one rank only.
-    assert [(r.repeat, r.ranks, r.backend) for r in runs] == [
-        (repeat, ranks, backend)
-        for repeat in (0, 1)
-        for ranks in (1, 2)
-        for backend in ["none", *BACKENDS]
-        if backend != "none" or ranks == 1
+    # Repeats are interleaved in rounds, each round every configuration once in a seeded random
+    # order, recorded in the tags; the single-process baseline runs at one rank only.
+    configurations = [
+        (ranks, backend) for ranks in (1, 2) for backend in ["none", *BACKENDS] if backend != "none" or ranks == 1
     ]
+    assert [r.repeat for r in runs] == [0] * len(configurations) + [1] * len(configurations)
+    orders = [[(r.ranks, r.backend) for r in runs if r.repeat == repeat] for repeat in (0, 1)]
+    assert all(sorted(order) == sorted(configurations) for order in orders)
+    assert orders[0] != orders[1]  # the rounds' orders differ (for this seed)
+    assert [next(word for word in r.command if word.startswith("order=")) for r in runs] == [
+        f"order={place + 1}/{len(configurations)}" for _ in (0, 1) for place in range(len(configurations))
+    ]
+    assert "order_seed=0" in runs[0].command
+    again = plan_sweep(_settings(tmp_path, repeats=2), environ={})
+    assert [(r.repeat, r.ranks, r.backend) for r in again] == [(r.repeat, r.ranks, r.backend) for r in runs]
+    other_seed = plan_sweep(_settings(tmp_path, repeats=2, order_seed=1), environ={})
+    assert [(r.ranks, r.backend) for r in other_seed] != [(r.ranks, r.backend) for r in runs]
     launchers = {(r.backend, r.ranks): " ".join(r.command[:3]) for r in runs}
     assert launchers["none", 1] == f"{sys.executable} -m harness"
     assert launchers["ddp", 2] == f"{sys.executable} -m torch.distributed.run"
@@ -103,18 +112,20 @@ def test_the_all_cores_run_is_a_separate_tagged_configuration(tmp_path):
     runs = plan_sweep(
         _settings(tmp_path, backends=["ddp"], ranks=[1, 2], repeats=2, all_cores_baseline=True), environ={}, cores=2
     )
-    assert [(r.repeat, r.ranks, r.baseline) for r in runs] == [
+    assert sorted((r.repeat, r.ranks, r.baseline) for r in runs) == [
         (0, 1, ""),
-        (0, 2, ""),
         (0, 1, "all-cores"),
+        (0, 2, ""),
         (1, 1, ""),
-        (1, 2, ""),
         (1, 1, "all-cores"),
+        (1, 2, ""),
     ]
-    all_cores = runs[2]
+    assert [r.repeat for r in runs] == [0, 0, 0, 1, 1, 1]  # interleaved rounds
+    all_cores = next(r for r in runs if r.baseline and r.repeat == 0)
     assert all_cores.key == "ddp-1r-all-cores-rep0"
     assert _flag(all_cores.command, "--threads", last=True) == "2" and "baseline=all-cores" in all_cores.command
-    assert _flag(runs[0].command, "--threads") == "1" and "baseline=all-cores" not in runs[0].command
+    scaling = next(r for r in runs if not r.baseline)
+    assert _flag(scaling.command, "--threads") == "1" and "baseline=all-cores" not in scaling.command
 
 
 def _flag(command, name, last=False):
