@@ -8,10 +8,9 @@ HARNESS_IMPORT_FIRST, and `python -m harness` imports them in every rank before 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 
-from ..errors import UsageError
+from ..errors import require
 
 IMPORT_FIRST_VARIABLE = "HARNESS_IMPORT_FIRST"
 
@@ -21,11 +20,9 @@ def import_first(environ: Mapping[str, str]) -> list[str]:
     imported. Raises UsageError naming the module when one cannot be imported."""
     names = [name.strip() for name in environ.get(IMPORT_FIRST_VARIABLE, "").split(",") if name.strip()]
     for name in names:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            raise UsageError(
-                f"{IMPORT_FIRST_VARIABLE} asks for {name} before torch, and it cannot be imported ({exc}); "
-                f"install it in the job's Python, or unset {IMPORT_FIRST_VARIABLE}"
-            ) from exc
+        require(
+            name,
+            f"{IMPORT_FIRST_VARIABLE}, which asks for {name} before torch,",
+            f"install it in the job's Python, or unset {IMPORT_FIRST_VARIABLE}",
+        )
     return names

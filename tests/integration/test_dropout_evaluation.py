@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from harness.training.record import read_records
-from tests.helpers.backend_cases import ALL, DISTRIBUTED, ranks
 from tests.conftest import launch
+from tests.helpers.backend_cases import ALL, DISTRIBUTED, ranks
 
 EPOCHS = 2
 # The CNN's own dropout (no --dropout flag: its defaults, 0.25 and 0.5); a global batch so that a

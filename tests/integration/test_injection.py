@@ -20,8 +20,8 @@ from harness.process.launchers import free_port
 from harness.training.contention import _cpu_times, usable_cpus
 from harness.training.metrics import OUTSIDE_LOAD_ABOVE
 from harness.training.record import read_records
-from tests.helpers.backend_cases import DISTRIBUTED
 from tests.conftest import launch, run
+from tests.helpers.backend_cases import DISTRIBUTED
 
 SLOW_RANK_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "helpers", "slow_rank_model.py")
 DELAY = 0.15  # s per forward pass on rank 1: many times the CNN's compute on 8 digits

@@ -9,7 +9,6 @@ from harness.study.plot import CONTENTION_LABEL, breakdown_figure, efficiency_fi
 from harness.study.report import scaling_report, scaling_rows
 from harness.training import contention
 from harness.training.metrics import contention_reasons, contention_summary
-
 from tests.helpers.handmade_records import contention_measures, record
 
 

@@ -13,6 +13,7 @@ import pytest
 from harness.process import heartbeat
 from harness.process.heartbeat import Seen, describe, read_store, stale_after, stopped
 from harness.process.heartbeat_store import decode_beat, encode_beat, serve
+from harness.process.launchers import free_port
 
 
 def _seen(rank: int, age: float, step: int = 41, phase: str = heartbeat.FORWARD_BACKWARD, host: str = "") -> Seen:
@@ -124,9 +125,7 @@ def test_the_store_keeps_each_ranks_latest_beat_and_its_age(store):
 
 
 def test_reading_a_store_nobody_serves_gives_none_within_its_timeout():
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        port = unused.getsockname()[1]  # bound, not listening: refused at once
-        started = time.monotonic()
-        assert read_store("127.0.0.1", port, timeout=1.0) is None
+    port = free_port()  # nobody listens there: refused at once
+    started = time.monotonic()
+    assert read_store("127.0.0.1", port, timeout=1.0) is None
     assert time.monotonic() - started < 5

@@ -110,7 +110,7 @@ def test_polaris_ranks_import_mpi4py_before_torch_and_other_sites_do_not(tmp_pat
 
 def test_import_first_imports_in_order_and_names_a_missing_module():
     assert import_first({IMPORT_FIRST_VARIABLE: "json, colorsys"}) == ["json", "colorsys"]
-    with pytest.raises(UsageError, match="asks for no_such_module_here before torch"):
+    with pytest.raises(UsageError, match="asks for no_such_module_here before torch, needs no_such_module_here"):
         import_first({IMPORT_FIRST_VARIABLE: "no_such_module_here"})
 
 
