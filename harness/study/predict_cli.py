@@ -147,7 +147,7 @@ def predict_command(args: Any) -> int:
     if args.json:
         atomic_write(args.json, lambda tmp: _dump(document, tmp))
     if args.output:
-        from .plot import write_prediction_figure
+        from .run_plots import write_prediction_figure
 
         for path in write_prediction_figure(rows, measured, f"{network.name}: {workload.source}", args.output):
             print(path)

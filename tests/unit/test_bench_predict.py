@@ -181,7 +181,8 @@ def test_workload_and_measured_steps_from_records():
 
 
 def test_the_prediction_figure_boxes_contended_measurements_and_shows_anchors():
-    from harness.study.plot import CONTENTION_LABEL, prediction_figure
+    from harness.study.plot import CONTENTION_LABEL
+    from harness.study.run_plots import prediction_figure
 
     rows = predict_scaling(WORK, NETWORK, [1, 2])  # 2 and 4 ranks
     measured = {
