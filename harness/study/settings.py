@@ -204,6 +204,31 @@ def _ranks_per_node(get: Callable[[str], str], profile: SiteProfile, gpus: int, 
     return allocation.tasks_per_node or 1
 
 
+def _procs_per_gpu(get: Callable[[str], str], gpus: int) -> int:
+    """PROCS_PER_GPU, refused above 1 where the node has no GPU to share."""
+    procs_per_gpu = _positive("PROCS_PER_GPU", get("PROCS_PER_GPU"))
+    if procs_per_gpu > 1 and not gpus:
+        raise UsageError(
+            f"PROCS_PER_GPU={procs_per_gpu} shares GPUs between ranks, but the node has none; on CPUs "
+            "run more RANKS with fewer THREADS each"
+        )
+    return procs_per_gpu
+
+
+def _resubmit_choice(value: str) -> str:
+    if value not in RESUBMIT_CHOICES:
+        raise UsageError(f"RESUBMIT={value}: choose auto (where the queue allows it), 1 or 0")
+    return value
+
+
+def _backend_list(value: str) -> list[str]:
+    """BACKENDS' words in order, each once."""
+    backends = _words(value)
+    if not backends:
+        raise UsageError('BACKENDS is empty; e.g. BACKENDS="ddp deepspeed"')
+    return list(dict.fromkeys(backends))
+
+
 def resolve_settings(
     profile: SiteProfile, values: Mapping[str, str], allocation: Allocation, gpus_detected: int, default_job_dir: str
 ) -> StudySettings:
@@ -222,25 +247,15 @@ def resolve_settings(
 
     gpus = _given(get, "GPUS_PER_NODE", gpus_detected, zero=True)
     per_node = _ranks_per_node(get, profile, gpus, allocation)
-    procs_per_gpu = _positive("PROCS_PER_GPU", get("PROCS_PER_GPU"))
-    if procs_per_gpu > 1 and not gpus:
-        raise UsageError(
-            f"PROCS_PER_GPU={procs_per_gpu} shares GPUs between ranks, but the node has none; on CPUs "
-            "run more RANKS with fewer THREADS each"
-        )
+    procs_per_gpu = _procs_per_gpu(get, gpus)
     cores = _given(get, "CORES_PER_NODE", profile.cores_per_node or os.cpu_count() or 1)
     depth = _given(get, "DEPTH", max(1, cores // per_node))
     threads = _given(get, "THREADS", allocation.cpus_per_task or depth)
-    resubmit = get("RESUBMIT")
-    if resubmit not in RESUBMIT_CHOICES:
-        raise UsageError(f"RESUBMIT={resubmit}: choose auto (where the queue allows it), 1 or 0")
-    backends = _words(get("BACKENDS"))
-    if not backends:
-        raise UsageError('BACKENDS is empty; e.g. BACKENDS="ddp deepspeed"')
+    resubmit, backends = _resubmit_choice(get("RESUBMIT")), _backend_list(get("BACKENDS"))
     job_dir = get("JOB_DIR") or default_job_dir
     job_dir = os.path.realpath(job_dir) if job_dir else ""
     return StudySettings(
-        backends=list(dict.fromkeys(backends)),
+        backends=backends,
         ranks=_ranks(get, allocation.nodes, per_node),
         ranks_per_node=per_node,
         gpus_per_node=gpus,

@@ -232,6 +232,17 @@ def measure_loading(
     )[0]
 
 
+def _check_comparison(configurations: Sequence[tuple[str, int]], rounds: int, steps: int) -> None:
+    """UsageError for a comparison that cannot run: no rounds or steps, a configuration twice, an unknown source."""
+    if rounds < 1 or steps < 1:
+        raise UsageError(f"rounds and steps must be positive, got {rounds} and {steps}")
+    if len(set(configurations)) != len(configurations):
+        raise UsageError(f"each (source, workers) once, got {list(configurations)}")
+    for source, _ in configurations:
+        if source not in LOADING_SOURCES:
+            raise unknown_choice("loading source", source, LOADING_SOURCES)
+
+
 def compare_loading(
     data_dir: str,
     configurations: Sequence[tuple[str, int]],
@@ -252,13 +263,7 @@ def compare_loading(
     Interleaving lays the load of other programs on every configuration alike: on a busy machine
     compute times drift by a factor of two within a minute, which one measurement after the other
     would read as a difference between the configurations."""
-    if rounds < 1 or steps < 1:
-        raise UsageError(f"rounds and steps must be positive, got {rounds} and {steps}")
-    if len(set(configurations)) != len(configurations):
-        raise UsageError(f"each (source, workers) once, got {list(configurations)}")
-    for source, _ in configurations:
-        if source not in LOADING_SOURCES:
-            raise unknown_choice("loading source", source, LOADING_SOURCES)
+    _check_comparison(configurations, rounds, steps)
     # The prepared arrays (decoded once by `harness data prepare`, here on first use) give the
     # normalisation statistics to both sources, so both feed the model the same numbers.
     arrays = load_split("imagefolder", "train", DataOptions(data_dir, "cnn", image_size, 600.0))
