@@ -36,6 +36,7 @@ from torch import nn
 from ..errors import UsageError, first_line
 from ..fileio import load_tensors
 from ..process.discovery import ClusterEnv
+from .collectives import CollectiveMeter
 from .options import BackendOptions
 from .precision import Precision
 
@@ -85,6 +86,9 @@ class Backend(abc.ABC):
         self.skipped_steps = 0  # fp16 steps skipped because the gradients overflowed
         self.compiled: Optional[str] = None  # what --compile compiled, for the record's tuning
         self._undo = contextlib.ExitStack()  # what init/wrap changed in the process, undone by shutdown
+        # Every collective the run issues, timed (harness.backends.collectives): each backend feeds it,
+        # the step timer reads it (harness.training.timing).
+        self.collectives = CollectiveMeter()
 
     # -- checks that run before any process group starts ---------------------------------
     @classmethod
