@@ -27,6 +27,7 @@ from harness.data import DATASETS
 from harness.process.launchers import free_port
 from harness.training.record import read_records
 
+from .backend_cases import ALL, with_options
 from .conftest import launch, run
 from .sleepy_data import outside_window_seconds, sleepy_loader
 
@@ -138,14 +139,16 @@ def test_the_calibrated_compute_is_a_cross_check_beside_the_window():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", list(BACKENDS))
-def test_one_rank_communicates_nothing_on_every_backend(tmp_path, backend):
-    """Each backend at one rank under its own launcher: its communication is near zero, busy machine or not."""
+@pytest.mark.parametrize("backend, flags", with_options(ALL))
+def test_one_rank_communicates_nothing_on_every_backend(tmp_path, backend, flags):
+    """Each backend and option set at one rank under its own launcher: its communication is near
+    zero, busy machine or not (a collective a backend still issues alone costs next to nothing)."""
     results = tmp_path / "r.jsonl"
     launch(
         1,
         backend,
         [
+            *flags,
             "--model",
             "cnn",
             "--dataset",

@@ -14,7 +14,9 @@ those the rank's host thread spent blocked on them (exposed). The backends feed 
   dist.all_reduce), and the reducer waits for their futures inside backward, in C++ where no stand-in
   reaches: `waited_inside` counts as exposed the time from the last bucket's issue (the backward
   has nothing left to compute) to backward's return.
-- Horovod: its backend registers each handle with `issued` and waits with `waiting`.
+- Horovod: its backend registers each handle with `issued` and waits with `waiting`. Python learns
+  that a handle completed only when it polls it (at the step's gradient sync), so a Horovod
+  collective's time in flight, and with it the overlapped time, is an upper bound.
 
 Kinds and bytes follow the record's schema: all_reduce, all_gather, reduce_scatter, broadcast;
 bytes the whole buffer, so that a ring moves 2(n-1)/n x bytes per rank for all_reduce and

@@ -139,9 +139,10 @@ class DeepSpeedBackend(TorchDistributedBackend):
 
         @classmethod
         def examples(cls) -> tuple[DeepSpeedBackend.Options, ...]:
-            # Each stage communicates and saves otherwise: ZeRO-2 writes the optimizer state
+            # Each stage communicates and saves otherwise: ZeRO-1 all-gathers the weights in the
+            # optimizer step; ZeRO-2 reduces inside backward and writes the optimizer state
             # partitioned, one file per rank; ZeRO-3 gathers the weights inside forward too.
-            return (cls(), cls(zero_stage=2), cls(zero_stage=3))
+            return (cls(), cls(zero_stage=1), cls(zero_stage=2), cls(zero_stage=3))
 
     options: Options
 
