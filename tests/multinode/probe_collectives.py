@@ -1,5 +1,6 @@
 """Run on each of two nodes: time each collective kind, bare torch.distributed over gloo, on a buffer
-of PROBE_ELEMENTS float32, and print rank 0's seconds per kind as one JSON line. Usage:
+of PROBE_ELEMENTS float32 (the median of REPEATS: one transfer on a shaped TCP link varies by 20%),
+and print rank 0's seconds per kind as one JSON line. Usage:
     probe_collectives.py RANK MASTER_HOST PORT
 """
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -14,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 PROBE_ELEMENTS = 1_200_000  # 4.8 MB, the workshop CNN's gradients
+REPEATS = 3
 
 
 def main() -> None:
@@ -31,10 +34,13 @@ def main() -> None:
     }
     seconds = {}
     for kind, call in calls.items():
-        dist.barrier()
-        start = time.perf_counter()
-        call()
-        seconds[kind] = time.perf_counter() - start
+        times = []
+        for _ in range(REPEATS):
+            dist.barrier()
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        seconds[kind] = statistics.median(times)
     if rank == 0:
         print(json.dumps({"bytes": whole.numel() * whole.element_size(), "seconds": seconds}), flush=True)
     dist.destroy_process_group()

@@ -29,7 +29,7 @@ from .netns_cluster import NetnsCluster
 RATE_MBIT = 20.0  # a 4.8 MB gradient of the workshop CNN: ~2 s per allreduce, against ~0.1 s of compute
 RANKS = 2
 TRAIN_LIMIT_S = 240
-PROBE_LIMIT_S = 60
+PROBE_LIMIT_S = 120
 PROBE_PORT = "29777"
 LINK_FACTOR = {  # bytes a rank sends per byte of the whole buffer, for RANKS ranks in a ring
     "all_reduce": 2 * (RANKS - 1) / RANKS,
