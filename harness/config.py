@@ -125,6 +125,11 @@ class TrainConfig:
         "record each rank's phase timestamps (data wait, forward+backward, communication, "
         "optimizer) for this many steps of the timed window, for a per-rank timeline",
     )
+    no_step_breakdown: bool = _opt(
+        False,
+        "time no phases and meter no collectives (the record's step breakdown is then left out): "
+        "what the breakdown costs is throughput with it against without it (benchmarks/breakdown_cost.py)",
+    )
     profile: bool = _opt(
         False,
         "on GPUs, synchronise the device around each step phase so the per-step time "

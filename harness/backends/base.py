@@ -36,6 +36,7 @@ from ..errors import UsageError, first_line, require
 from ..fileio import load_tensors
 from ..process.discovery import ClusterEnv
 from ..process.environment import patched_environ
+from .collectives import CollectiveMeter
 from .options import BackendOptions
 from .precision import Precision
 from .traffic import Collective, ModelShape
@@ -90,6 +91,9 @@ class Backend(abc.ABC):
         self.skipped_steps = 0  # fp16 steps skipped because the gradients overflowed
         self.compiled: Optional[str] = None  # what --compile compiled, for the record's tuning
         self._undo = contextlib.ExitStack()  # what init/wrap changed in the process, undone by shutdown
+        # Every collective the run issues, timed (harness.backends.collectives): each backend feeds it,
+        # the step timer reads it (harness.training.timing).
+        self.collectives = CollectiveMeter()
 
     # -- checks that run before any process group starts ---------------------------------
     @classmethod

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import UsageError
@@ -61,7 +62,18 @@ class DDPBackend(TorchDistributedBackend):
         # At world size 1 the mean over ranks is the identity: no step reduces (Horovod skips it
         # at size 1 too), so a one-rank baseline holds no communication (harness.training.timing).
         self.reduces = dist.get_world_size() > 1
+        if self.reduces and self.collective_functions:
+            # The reducer's built-in allreduce runs in C++, out of the meter's sight. The default
+            # allreduce hook does the same in Python through dist.all_reduce, which the meter wraps:
+            # the bucket divided by the world size, allreduced, as the built-in one (the math of
+            # DDP's default; https://pytorch.org/docs/stable/ddp_comm_hooks.html).
+            self.model.register_comm_hook(None, allreduce_hook)
         return self.model, self.optimizer
+
+    def backward(self, loss: torch.Tensor, sync: bool) -> None:
+        # The reducer waits for the buckets' futures at the end of backward, in C++.
+        with self.collectives.waited_inside():
+            super().backward(loss, sync)
 
     def no_sync(self, sync: bool) -> AbstractContextManager:
         # DDP decides in forward whether backward will reduce, so the context spans both.
@@ -79,6 +91,7 @@ class DDPBackend(TorchDistributedBackend):
             "gradient_as_bucket_view": True,
             "process_group": self.group_backend,
             "gradient_allreduce": self.reduces,
+            "comm_hook": "default allreduce_hook (metered)" if self.collective_functions else None,
         }
 
     def module(self) -> nn.Module:

@@ -141,9 +141,10 @@ class DeepSpeedBackend(TorchDistributedBackend):
 
         @classmethod
         def examples(cls) -> tuple[DeepSpeedBackend.Options, ...]:
-            # Each stage communicates and saves otherwise: ZeRO-2 writes the optimizer state
+            # Each stage communicates and saves otherwise: ZeRO-1 all-gathers the weights in the
+            # optimizer step; ZeRO-2 reduces inside backward and writes the optimizer state
             # partitioned, one file per rank; ZeRO-3 gathers the weights inside forward too.
-            return (cls(), cls(zero_stage=2), cls(zero_stage=3))
+            return (cls(), cls(zero_stage=1), cls(zero_stage=2), cls(zero_stage=3))
 
     options: Options
 
@@ -176,6 +177,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
         )
         self.engine = self.model = engine
         self.optimizer = optimizer
+        self._meter_cached_functions()
         # At world size 1 the mean over ranks is the identity, yet ZeRO-0 would still flatten, scale
         # and copy back every gradient after each backward: turned off, as Horovod skips it at size
         # 1, so a one-rank baseline holds no communication (harness.training.timing). ZeRO >= 1
@@ -189,6 +191,25 @@ class DeepSpeedBackend(TorchDistributedBackend):
         if self.precision.loss_scaling:
             check_loss_scaler(self.scaler)
         return engine, optimizer
+
+    def _meter_cached_functions(self) -> None:
+        """deepspeed.comm's TorchBackend keeps torch.distributed's all-gather and reduce-scatter
+        functions it found when it was made (perhaps in an earlier run in this process): the
+        metered ones for this run (harness.backends.collectives), put back at shutdown."""
+        from deepspeed.comm import comm
+
+        functions = self.collective_functions
+        if comm.cdb is None or not functions:
+            return
+        cached = {"all_gather_function": "all_gather_into_tensor", "reduce_scatter_function": "reduce_scatter_tensor"}
+        self._set_attributes(
+            comm.cdb,
+            **{
+                attribute: functions[name]
+                for attribute, name in cached.items()
+                if getattr(comm.cdb, attribute, None) is not None and name in functions
+            },
+        )
 
     def compile(self, model: nn.Module) -> nn.Module:
         # engine.compile() compiles the module inside the engine in place (nn.Module.compile), with

@@ -8,9 +8,9 @@ math is set explicitly (`fsdp_math`) and recorded under the record's `math`: wei
 and torch.autocast casts inside forward, as under the other backends (harness.backends.precision),
 and gradients are summed in float32, then divided by the world size.
 
-In the step breakdown (harness.training.timing), each unit's reduce-scatter but the last runs
-inside backward and counts as compute, as ZeRO-2/3's reductions do; so does the all-gather of
-weights in forward.
+In the step breakdown (harness.training.timing), every all-gather and reduce-scatter is timed
+where FSDP issues and waits for it (harness.backends.collectives): its wait is communication,
+wherever in forward or backward it falls.
 """
 
 from __future__ import annotations
@@ -94,6 +94,11 @@ class FSDPBackend(TorchDistributedBackend):
         @property
         def reshard_after_forward(self) -> bool:
             return not self.keep_gathered
+
+        @classmethod
+        def examples(cls) -> tuple[FSDPBackend.Options, ...]:
+            # Kept gathered, a unit's weights are all-gathered once per step instead of twice.
+            return (cls(), cls(keep_gathered=True))
 
     options: Options
 

@@ -17,6 +17,7 @@ from ..process.discovery import ClusterEnv
 from ..process.launchers import MPI_FAMILIES, families
 from . import compat
 from .base import Backend, OptimizerFactory
+from .collectives import InFlight, nbytes
 from .options import BackendOptions, option
 from .traffic import Collective, ModelShape, in_buckets
 
@@ -168,6 +169,8 @@ class HorovodBackend(Backend):
         import horovod.torch as hvd
 
         self.hvd = hvd
+        self._in_flight: dict[int, InFlight] = {}  # handle -> its collective (harness.backends.collectives)
+        self.metered = not config.no_step_breakdown
         self.owns_horovod = not hvd.is_initialized()
         if self.owns_horovod:
             hvd.init()
@@ -186,6 +189,8 @@ class HorovodBackend(Backend):
         # Start every rank from rank 0's weights and optimizer state.
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        if self.metered:
+            self._meter_gradient_allreduces()
         compression = hvd.Compression.fp16 if self.options.fp16_compression else hvd.Compression.none
         # Gradient accumulation: the hooks count backward passes and allreduce on the last one.
         self.optimizer = hvd.DistributedOptimizer(
@@ -199,7 +204,35 @@ class HorovodBackend(Backend):
         self.gradients_synced = False
         return self.model, self.optimizer
 
+    def _meter_gradient_allreduces(self) -> None:
+        """The DistributedOptimizer's allreduces (one handle per gradient, or per group; Horovod fuses
+        them into fewer operations on the wire) report to self.collectives: its module's functions
+        wrapped for the run, put back at shutdown."""
+        from horovod.torch import optimizer as hvd_optimizer
+
+        def metered(function: Callable) -> Callable:
+            def allreduce(tensor: Any, *args: Any, **kwargs: Any) -> int:
+                issued = self.collectives.clock()
+                handle = function(tensor, *args, **kwargs)
+                self._in_flight[handle] = self.collectives.issued("all_reduce", nbytes(tensor), at=issued)
+                return handle
+
+            return allreduce
+
+        names = ("allreduce_async_", "grouped_allreduce_async_")
+        self._set_attributes(hvd_optimizer, **{name: metered(getattr(hvd_optimizer, name)) for name in names})
+
     def _wait(self, handle: int) -> None:
+        one = self._in_flight.pop(handle, None)
+        if one is not None and self.hvd.poll(handle):
+            self.collectives.completed(one)  # done while the rank computed (first seen now: an upper bound)
+        elif one is not None:
+            with self.collectives.waiting(one):
+                self._poll(handle)
+        else:
+            self._poll(handle)
+
+    def _poll(self, handle: int) -> None:
         # hvd.synchronize spins (yield in a loop, dropping and retaking the GIL) until the handle is
         # done, taking a core from the background thread and gloo that must finish the allreduce,
         # and from the other ranks' compute when ranks fill the cores. Sleeping between polls costs
@@ -230,7 +263,10 @@ class HorovodBackend(Backend):
 
     def start_all_reduce_sum(self, tensor: torch.Tensor, name: Optional[str]) -> Callable[[], torch.Tensor]:
         # A fixed name hits Horovod's response cache; a fresh one would cost a negotiation round.
+        issued = self.collectives.clock()
         handle = self.hvd.allreduce_async(tensor, op=self.hvd.Sum, name=name)
+        if self.metered:
+            self._in_flight[handle] = self.collectives.issued("all_reduce", nbytes(tensor), at=issued)
 
         def wait() -> torch.Tensor:
             self._wait(handle)

@@ -15,6 +15,7 @@ from ..process.accelerator import ONECCL_MODULE, communicator
 from ..process.discovery import ClusterEnv
 from . import compat
 from .base import Backend
+from .collectives import torch_distributed_wrappers
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -85,13 +86,28 @@ class TorchDistributedBackend(Backend):
                     f"{cluster.world_size}; destroy it or launch to match"
                 )
             self.group_backend = dist.get_backend()
+        else:
+            if self.group_backend == "ccl":
+                importlib.import_module(ONECCL_MODULE)  # registers "ccl" with torch.distributed
+            dist.init_process_group(
+                self.group_backend,
+                init_method="env://",
+                rank=cluster.rank,
+                world_size=cluster.world_size,
+                timeout=timeout,
+            )
+            compat.process_group_created()
+        self._meter_collectives(not config.no_step_breakdown)
+
+    def _meter_collectives(self, metered: bool) -> None:
+        """Every torch.distributed collective of the run (the framework's and the harness's) reports
+        to self.collectives (harness.backends.collectives), until shutdown puts the functions back."""
+        self.collective_functions: dict[str, Callable] = {}
+        if not metered:
             return
-        if self.group_backend == "ccl":
-            importlib.import_module(ONECCL_MODULE)  # registers "ccl" with torch.distributed
-        dist.init_process_group(
-            self.group_backend, init_method="env://", rank=cluster.rank, world_size=cluster.world_size, timeout=timeout
-        )
-        compat.process_group_created()
+        self.collective_functions, wait = torch_distributed_wrappers(self.collectives, dist)
+        self._set_attributes(dist, **self.collective_functions)
+        self._set_attributes(dist.Work, wait=wait)
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)

@@ -51,7 +51,7 @@ from .placement import Placement, place_process
 from .profiling import PROFILED_STEPS, annotate, make_profiler
 from .record import append_record, run_record
 from .resume import find_resume_checkpoint
-from .timing import StepTimer, calibrated_compute_per_step, device_waiter, gather_breakdown
+from .timing import StepTimer, calibrated_compute_per_step, device_events, device_waiter, gather_breakdown
 
 HISTORY_POINTS = 1000  # the default --log-every keeps at most this many loss points per run
 log = logging.getLogger("harness")
@@ -212,9 +212,8 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict[str, 
             resumed = restore(resume_from, backend, cluster, device) if resume_from else None
             checkpointer = Checkpointer(config, cluster, backend, plan.layout()) if config.checkpoint_dir else None
             state = RunState.start(plan, resumed, checkpointer, pulse)
-            # Hooks on the real model's parameters mark each step's last gradient, where the wait
-            # for communication begins (harness.training.timing says why it is measured so).
-            state.timer.watch(backend.module().parameters(), device)
+            # Every collective the backend issues, timed (harness.training.timing says why so).
+            state.timer.collectives = backend.collectives
             state.gradient_bytes = gradient_bytes
             _train_epochs(plan, state, model, optimizer, preemption, watchers)
             record = _finish(plan, state, started)
@@ -287,6 +286,8 @@ class RunState:
             device_waiter(device) if config.profile else lambda: None,
             threads=threads,
             demand=own_demand(threads, backend.helper_threads, config.num_workers),
+            events=device_events(device),
+            enabled=not config.no_step_breakdown,
         )
         timer.profiler = make_profiler(config.profile_trace, plan.placement.cluster.rank, device)
         timer.memory = WindowPeak(device, lambda: model_state_bytes(backend.model, backend))
@@ -554,7 +555,6 @@ def _finish(plan: RunPlan, state: RunState, started: float) -> dict[str, Any]:
     state.heartbeat.beat(state.step, phase.FINISH)
     if state.timer.profiler is not None:
         state.timer.profiler.finish(state.timer)
-    state.timer.stop()
     # Outside every timed window: the optional cross-check of compute on a fresh copy (timing.py
     # says why it is not what splits the step), then every rank's numbers in one collective.
     calibration = _calibration_batches(plan)

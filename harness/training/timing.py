@@ -1,41 +1,61 @@
-"""Where a step's time goes: the timed window, per-phase totals, a per-rank timeline, and the
-split of the gradient phase into compute and communication (definitions: harness.training.metrics).
+"""Where a step's time goes: the timed window, per-phase totals, every collective, a per-rank
+timeline (definitions: harness.training.metrics).
 
-The loop marks the instants of each step on every rank: it starts waiting for data, the data is
+The loop marks four instants of each step on every rank: it starts waiting for data, the data is
 on the device, the averaged gradients are ready (Backend.finish_gradient_sync returned), the
-optimizer has stepped. A hook on every parameter of the real model (`GradientClock`) marks a fifth:
-the step's last parameter gradient. `StepTimer` sums the phases over the timed window (which
-opens and closes at barriers, so it spans the slowest rank's work) and keeps the instants of the
-first `trace_steps` timed steps for a timeline. After training, `gather_breakdown` collects every
+optimizer has stepped. `StepTimer` sums the phases over the timed window (which opens and closes
+at barriers, so it spans the slowest rank's work) and keeps the instants of the first
+`trace_steps` timed steps for a timeline. After training, `gather_breakdown` collects every
 rank's numbers in one collective and derives AU, the POP metrics and the contention verdict.
 
-Why communication is measured this way: DDP waits for its bucketed allreduce at the end of
-backward, DeepSpeed reduces after backward inside engine.backward, Horovod waits in
-finish_gradient_sync; in all three, what the rank loses to communication is the time from its
-last gradient to the averaged gradients. That interval is measured on every step, inside the
-timed window, on the model that trains, so it cannot drift from the compute it is split from (the
-earlier method, compute calibrated after training on a copy, turned any drift into
-"communication", 40% of a step at one rank on a busy machine). A rank alone waits for nothing: its
-communication is the backend's bookkeeping after the last gradient, about zero. Not counted as
-communication: a reduction that blocks inside backward before the last gradient (ZeRO-2/3 reduce
-from gradient hooks; on GPUs, compute queued behind it), and ZeRO >= 1's parameter all-gather in
-the optimizer step.
+Communication is the time the rank's host was blocked on a collective (EXPOSED), wherever in the
+step it happened, taken out of the phase it happened in, so the phases still add up to the step.
+Each backend's `collectives` meter (harness.backends.collectives) sees every collective it issues:
+torch.distributed's functions and Work.wait wrapped for the run (FSDP2's all-gathers and
+reduce-scatters, ZeRO's reduce-scatters, all-gathers and broadcasts, the harness's own
+allreduces), DDP's buckets through the default allreduce comm hook, Horovod's handles. Each
+collective's time in flight (issued to completed) beyond its exposed part was hidden behind compute
+(`communication_overlapped`). Why this method:
+- The earlier one, last parameter gradient to averaged gradients, missed every collective inside
+  backward or the optimizer step: FSDP2's hooks fire only after its reduce-scatter and its
+  all-gathers ran inside forward and backward; ZeRO-2/3 reduce from gradient hooks and ZeRO >= 1
+  all-gathers the weights in the optimizer step. All of that counted as compute.
+- torch.profiler sees the collectives too, but it records every operator: it costs a share of each
+  step and changes what it measures (it holds the GIL in its callbacks, and on a GPU it
+  synchronises), and it does not see Horovod's operations.
+- NCCL's own timing (its profiler plugin, NCCL_DEBUG timings) exists on GPUs only and knows
+  nothing of gloo, MPI or Horovod's CPU operations.
+Wrapping the calls costs two clock reads and a dict entry per collective (benchmarks/
+breakdown_cost.py measures the whole breakdown's cost), and is the same for every backend.
+
+On a GPU every phase boundary is also a device event on the current stream, resolved when the
+window closes (after the barrier that waits for the device), so the phases are device time whatever
+the precision and no phase synchronises; the exposed time is still the host's (with NCCL a
+Work.wait makes the stream wait rather than the host, so it reads near zero there). On the CPU the
+host clock is the device clock. `--profile` additionally waits for the device at every boundary.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
+from ..backends.collectives import FIELDS, KINDS, CollectiveMeter, per_step_section, window_totals
 from .contention import CpuMeter
 from .memory import MODEL_STATE, WindowPeak, memory_section
 from .metrics import POP_KEYS, accelerator_utilisation, contention_summary, pop_metrics, rank_breakdown
 
 TRACE_PHASES = ("data_wait", "forward_backward", "communication", "optimizer")
+COLLECTIVE_COLUMNS = tuple(f"{kind}_{name}" for kind in KINDS for name in FIELDS)
+WAIT, DATA, GRADIENTS, STEPPED = range(4)  # the step's marks
+COMMUNICATION_METHOD = (
+    "host blocked on a collective (exposed), each collective timed where the backend issues and waits "
+    "for it, in the timed window; taken out of the phase it happened in"
+)
 
 
 def device_waiter(device: torch.device) -> Callable[[], None]:
@@ -45,44 +65,28 @@ def device_waiter(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
-class GradientClock:
-    """When the step's last parameter gradient was computed, from a hook on every parameter.
+def device_events(device: torch.device) -> Optional[Callable[[], Any]]:
+    """A function that records a timing event on the device's current stream and returns it
+    (torch.cuda.Event for CUDA and ROCm, torch.xpu.Event); None on the CPU, whose clock is the host's."""
+    if device.type == "cpu":
+        return None
+    event_type = getattr(torch, device.type).Event
 
-    On the CPU the hook reads the clock (backward runs on the calling thread); on a GPU it records
-    a CUDA event on the stream that computed the gradient, so the instant is when the GPU finished
-    it, not when the host queued it.
-    """
+    def record() -> Any:
+        event = event_type(enable_timing=True)
+        event.record()
+        return event
 
-    def __init__(self, parameters: Iterable[nn.Parameter], device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.instant: Optional[float] = None
-        self.event: Optional[Any] = None
-        self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in parameters if p.requires_grad]
-
-    def _hook(self, parameter: torch.Tensor) -> None:
-        if self.cuda:
-            if self.event is None:
-                self.event = torch.cuda.Event(enable_timing=True)
-            self.event.record()
-        else:
-            self.instant = time.perf_counter()
-
-    def take(self) -> tuple[Optional[float], Optional[Any]]:
-        """This step's last-gradient instant (CPU) or event (GPU), and forget it for the next step."""
-        taken = (self.instant, self.event)
-        self.instant = self.event = None
-        return taken
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
+    return record
 
 
 class StepTimer:
-    """One rank's phase totals over the timed window, and the instants of its first traced steps.
+    """One rank's phase totals over the timed window, its collectives, and the instants of its first
+    traced steps.
 
-    `phase_sync` runs before each instant is taken: waiting for the GPU (`--profile`) makes the
-    phases exact at the cost of overlap; on the CPU, and without --profile, it does nothing.
+    `collectives` is the backend's meter (None: no collective is counted, the whole step is compute).
+    `events` (device_events) makes the phases device time. `phase_sync` runs before each instant
+    is taken (`--profile`). `enabled` False (--no-step-breakdown) marks nothing but the steps.
     """
 
     def __init__(
@@ -91,28 +95,43 @@ class StepTimer:
         phase_sync: Callable[[], None] = lambda: None,
         threads: Optional[int] = None,
         demand: tuple[Optional[int], str] = (None, ""),
+        events: Optional[Callable[[], Any]] = None,
+        enabled: bool = True,
     ) -> None:
         self.trace_steps = trace_steps
         self.phase_sync = phase_sync
-        self.clock: Optional[GradientClock] = None  # set by watch(); without it the whole phase is compute
+        self.events = events
+        self.enabled = enabled
+        self.collectives: Optional[CollectiveMeter] = None
         self.profiler: Optional[Any] = None  # --profile-trace: a RankProfiler started with the window
         self.memory: Optional[WindowPeak] = None  # the peak memory of the windows, reset as each opens
         self.cpu = CpuMeter(threads, demand)  # demand: contention.own_demand
-        # per traced step: wait start, data ready, last gradient, gradients ready, stepped
+        # per traced step: wait start, data ready, exposed communication starts, gradients ready, stepped
         self.trace: list[list[float]] = []
         self.origin: Optional[float] = None  # when the first timed window opened (the trace's zero)
         self.seconds = self.data_wait = self.forward_backward = self.communication = self.optimizer = 0.0
+        self.collective_totals = [0.0] * len(COLLECTIVE_COLUMNS)  # the windows' collectives, KINDS x FIELDS
         self.steps = 0
         self._window_open = False
         self._window_steps = 0
         self._stepped_before = False  # an optimizer step has run: the optimizer's state exists
-        self._window_start = self._wait_start = self._data_ready = self._gradients_ready = 0.0
-        self._last_gradient: tuple[Optional[float], Optional[Any]] = (None, None)
-        self._pending: list[tuple[Any, Any, float, Optional[list[float]]]] = []  # GPU: resolved at close
+        self._window_start = 0.0
+        self._instants = [0.0] * 4
+        self._exposed = [0.0] * 4  # the meter's exposed seconds at each mark
+        self._exposed_before = 0.0  # ... at the previous step's end (or the window's opening)
+        self._events: list[Any] = [None] * 4
+        self._opened: Optional[dict[str, list[float]]] = None
+        self._pending: list[tuple[list[Any], list[float], float, Optional[int]]] = []  # device: resolved at close
 
-    def watch(self, parameters: Iterable[nn.Parameter], device: torch.device) -> None:
-        """Mark each step's last parameter gradient of these (the real model's) parameters."""
-        self.clock = GradientClock(parameters, device)
+    def _exposed_now(self) -> float:
+        return self.collectives.exposed if self.collectives is not None else 0.0
+
+    def _mark(self, index: int) -> None:
+        self.phase_sync()
+        self._instants[index] = time.perf_counter()
+        self._exposed[index] = self._exposed_now()
+        if self.events is not None:
+            self._events[index] = self.events()
 
     def open_window(self) -> None:
         """Start timing (after a barrier); the steps before are left out."""
@@ -122,6 +141,9 @@ class StepTimer:
         self._window_start = time.perf_counter()
         if self.origin is None:
             self.origin = self._window_start
+        self._exposed_before = self._exposed_now()
+        if self.collectives is not None and self.enabled:
+            self._opened = self.collectives.snapshot()
         if self.memory is not None:
             self.memory.open()
         if self.profiler is not None:
@@ -138,7 +160,11 @@ class StepTimer:
         self.cpu.close()
         if self.memory is not None:
             self.memory.close()
-        self._resolve_gpu_steps()
+        self._resolve_device_steps()
+        if self._opened is not None:
+            window = window_totals(self._opened, self.collectives.snapshot())
+            self.collective_totals = [total + more for total, more in zip(self.collective_totals, window)]
+            self._opened = None
         return elapsed, self._window_steps
 
     def pause(self, seconds: float) -> None:
@@ -146,75 +172,77 @@ class StepTimer:
         self._window_start += seconds
 
     def waiting_for_data(self) -> None:
-        self._wait_start = time.perf_counter()
+        if self.enabled:
+            self._mark(WAIT)
 
     def data_ready(self) -> None:
-        self.phase_sync()
-        self._data_ready = time.perf_counter()
-        if self.clock is not None:
-            self.clock.take()  # a gradient before this step's backward is not this step's
-        self.cpu.compute_starts()
+        if self.enabled:
+            self._mark(DATA)
+            self.cpu.compute_starts()
 
     def gradients_ready(self) -> None:
-        self.phase_sync()
-        self._gradients_ready = time.perf_counter()
-        instant, event = self.clock.take() if self.clock is not None else (None, None)
-        ready = None
-        if event is not None:  # GPU: when the device has the averaged gradients, to compare with `event`
-            ready = torch.cuda.Event(enable_timing=True)
-            ready.record()
-        self._last_gradient = (instant, (event, ready) if event is not None else None)
+        if not self.enabled:
+            return
+        self._mark(GRADIENTS)
         if self.memory is not None and self._stepped_before and not self._window_open:
             self.memory.see_model_state()  # a warm-up step: not timed, so the count costs the window nothing
 
     def stepped(self) -> None:
         """The step is done: add its phases to the window's totals (if a window is open)."""
-        self.phase_sync()
-        stepped = time.perf_counter()
+        if self.enabled:
+            self._mark(STEPPED)
         self._stepped_before = True
         if not self._window_open:
             return
         self.steps += 1
         self._window_steps += 1
-        gradient_phase = self._gradients_ready - self._data_ready
-        instant, event = self._last_gradient
-        waited = min(max(self._gradients_ready - instant, 0.0), gradient_phase) if instant is not None else 0.0
-        self.data_wait += self._data_ready - self._wait_start
-        self.forward_backward += gradient_phase - waited
-        self.communication += waited
-        self.optimizer += stepped - self._gradients_ready
-        self.cpu.add_compute(stepped - self._data_ready - waited)
+        if not self.enabled:
+            return
+        exposed = self._exposed
+        # Exposed communication by phase: data wait, forward + backward, optimizer, and between the
+        # steps (the preemption vote's wait: in the window's `other`).
+        phases = [
+            exposed[DATA] - exposed[WAIT],
+            exposed[GRADIENTS] - exposed[DATA],
+            exposed[STEPPED] - exposed[GRADIENTS],
+        ]
+        self.communication += exposed[STEPPED] - self._exposed_before
+        self._exposed_before = exposed[STEPPED]
         traced = None
         if len(self.trace) < self.trace_steps:
-            instants = (
-                self._wait_start,
-                self._data_ready,
-                self._gradients_ready - waited,
-                self._gradients_ready,
-                stepped,
-            )
-            traced = [value - self.origin for value in instants]
-            self.trace.append(traced)
-        if event is not None:  # GPU: the gap between the events is known once the device has run them
-            self._pending.append((*event, gradient_phase, traced))
+            traced = len(self.trace)
+            self.trace.append([0.0] * 5)
+        if self.events is not None:  # device time: known once the device has run the window's work
+            self._pending.append((list(self._events), phases, self._instants[WAIT], traced))
+        else:
+            self._add_phases(self._instants, phases, traced)
+        self.cpu.add_compute(self._instants[STEPPED] - self._instants[DATA] - phases[1] - phases[2])
         if self.profiler is not None:
             self.profiler.step()
 
-    def _resolve_gpu_steps(self) -> None:
-        """Move each GPU step's wait (last-gradient event to gradients-ready event) from compute to
-        communication, now that the device has finished the window's work."""
-        for last, ready, gradient_phase, traced in self._pending:
-            waited = min(max(last.elapsed_time(ready) / 1000.0, 0.0), gradient_phase)
-            self.forward_backward -= waited
-            self.communication += waited
-            if traced is not None:
-                traced[2] = traced[3] - waited
-        self._pending.clear()
+    def _add_phases(self, instants: Sequence[float], exposed: Sequence[float], traced: Optional[int]) -> None:
+        """Add one step's phases (from its four instants) less the communication exposed in each."""
+        durations = [max(instants[i + 1] - instants[i], 0.0) for i in range(3)]
+        waited = [min(e, d) for e, d in zip(exposed, durations)]
+        self.data_wait += durations[0] - waited[0]
+        self.forward_backward += durations[1] - waited[1]
+        self.optimizer += durations[2] - waited[2]
+        if traced is not None:
+            marks = (
+                instants[WAIT],
+                instants[DATA],
+                instants[GRADIENTS] - waited[1],
+                instants[GRADIENTS],
+                instants[STEPPED],
+            )
+            self.trace[traced] = [value - self.origin for value in marks]
 
-    def stop(self) -> None:
-        """Remove the hooks from the model (the run is over)."""
-        if self.clock is not None:
-            self.clock.remove()
+    def _resolve_device_steps(self) -> None:
+        """Each device step's phases from its events, now that the device has run them."""
+        for events, exposed, host_start, traced in self._pending:
+            instants = [host_start + events[0].elapsed_time(event) / 1000.0 for event in events]
+            self._add_phases(instants, exposed, traced)
+        self._pending.clear()
 
 
 def calibrated_compute_per_step(
@@ -257,6 +285,7 @@ SCALARS = (
     "memory",
     *STATE_COLUMNS,
     *CpuMeter.FIELDS,
+    *COLLECTIVE_COLUMNS,
 )
 
 
@@ -298,6 +327,7 @@ def gather_breakdown(
         peak_memory[0],
         *_model_state(timer),
         *timer.cpu.values(),
+        *timer.collective_totals,
     ]
     trace = [value for instants in timer.trace for value in instants]
     trace += [-1.0] * (5 * timer.trace_steps - len(trace))  # -1: this rank traced fewer steps
@@ -310,14 +340,17 @@ def gather_breakdown(
         "au": _accelerator_utilisation(per_rank),
         **(
             pop_metrics(per_rank["useful"], max(columns["runtime"]), per_rank["communication"])
-            if steps
+            if steps and timer.enabled
             else dict.fromkeys(POP_KEYS)
         ),
         "step_breakdown": {
-            "seconds_per_step": per_step,
-            "per_rank_seconds": per_rank,
+            # None under --no-step-breakdown: no phase was timed
+            "seconds_per_step": per_step if timer.enabled else None,
+            "per_rank_seconds": per_rank if timer.enabled else None,
             "timed_steps": steps,
-            "communication_method": "last parameter gradient to gradients averaged, in the timed window",
+            "communication_method": COMMUNICATION_METHOD,
+            **per_step_section([sum(columns[column]) for column in COLLECTIVE_COLUMNS], max(steps, 1) * world_size),
+            "clock": "device events" if timer.events is not None else "host",
             "calibration_steps": calibration_steps,
             "compute_per_step_calibrated": [c if c >= 0 else None for c in columns["calibrated"]],
             "exact": exact,

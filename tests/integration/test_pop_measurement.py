@@ -8,22 +8,24 @@ import sys
 
 import pytest
 
-from harness.backends import BACKENDS
 from harness.process.launchers import free_port
 from harness.training.record import read_records
-from tests.conftest import REPO, launch, run
+from tests.conftest import launch, run
+from tests.helpers.backend_cases import ALL, with_options
 from tests.helpers.sleepy_data import outside_window_seconds
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", list(BACKENDS))
-def test_one_rank_communicates_nothing_on_every_backend(tmp_path, backend):
-    """Each backend at one rank under its own launcher: its communication is near zero, busy machine or not."""
+@pytest.mark.parametrize("backend, flags", with_options(ALL))
+def test_one_rank_communicates_nothing_on_every_backend(tmp_path, backend, flags):
+    """Each backend and option set at one rank under its own launcher: its communication is near
+    zero, busy machine or not (a collective a backend still issues alone costs next to nothing)."""
     results = tmp_path / "r.jsonl"
     launch(
         1,
         backend,
         [
+            *flags,
             "--model",
             "cnn",
             "--dataset",
@@ -52,7 +54,7 @@ def test_one_rank_communicates_nothing_on_every_backend(tmp_path, backend):
 def test_two_ddp_ranks_outside_clock_and_waiting_for_a_slow_peer(tmp_path):
     """Rank 1 sleeps 60 ms per fetch, rank 0 not at all: rank 0 spends that time in the allreduce."""
     slow = 0.06
-    script = os.path.join(REPO, "tests", "helpers", "sleepy_data.py")
+    script = os.path.join(os.path.dirname(__file__), "sleepy_data.py")
     flags = [
         "--backend",
         "ddp",

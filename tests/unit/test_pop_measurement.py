@@ -52,12 +52,13 @@ def test_throughput_agrees_with_samples_over_outside_wall_time(monkeypatch, no_g
 
 
 class SlowSyncBackend(SingleProcessBackend):
-    """The single-process backend with a gradient sync that takes a known time, like a slow allreduce."""
+    """The single-process backend with a gradient sync that takes a known time: a blocking allreduce
+    it reports to its collective meter, as the real backends do."""
 
     name = "slow-sync"
 
     def finish_gradient_sync(self) -> None:
-        time.sleep(SYNC_SLEEP_S)
+        self.collectives.blocking("all_reduce", 4, lambda: time.sleep(SYNC_SLEEP_S))
 
 
 class SlowBackwardBackend(SingleProcessBackend):
@@ -128,47 +129,3 @@ def test_the_calibrated_compute_is_a_cross_check_beside_the_window():
     plain = train(TrainConfig(dataset="synthetic", **SHORT_RUN))["step_breakdown"]
     assert plain["compute_per_step_calibrated"] == [None]
     assert plain["seconds_per_step"]["communication"] is not None
-
-
-class _HostEvent:
-    """A stand-in for torch.cuda.Event on a machine without a GPU: the host clock when recorded."""
-
-    def __init__(self, enable_timing: bool = False) -> None:
-        self.at = None
-
-    def record(self) -> None:
-        self.at = time.perf_counter()
-
-    def elapsed_time(self, end: _HostEvent) -> float:
-        return 1000.0 * (end.at - self.at)
-
-
-@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
-def test_the_step_timer_moves_the_wait_after_the_last_gradient_to_communication(monkeypatch, device_type):
-    """The timer's own arithmetic, on the CPU clock and through (stand-in) CUDA events resolved at the
-    window's close: a known wait between the last gradient and the averaged gradients."""
-    from types import SimpleNamespace
-
-    import torch
-
-    from harness.training.timing import StepTimer
-
-    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
-    model = torch.nn.Linear(8, 8)
-    timer = StepTimer(trace_steps=1)
-    timer.watch(model.parameters(), SimpleNamespace(type=device_type))
-    timer.open_window()
-    for _ in range(3):
-        timer.waiting_for_data()
-        timer.data_ready()
-        model(torch.ones(4, 8)).sum().backward()
-        time.sleep(SYNC_SLEEP_S / 4)  # the allreduce this rank waits for
-        timer.gradients_ready()
-        timer.stepped()
-    timer.close_window()
-    timer.stop()
-    assert 3 * SYNC_SLEEP_S / 4 <= timer.communication <= 3 * SYNC_SLEEP_S / 4 + 0.05
-    assert timer.forward_backward < timer.communication
-    wait_start, data_ready, last_gradient, ready, stepped = timer.trace[0]
-    assert data_ready <= last_gradient <= ready <= stepped and ready - last_gradient >= SYNC_SLEEP_S / 4
-    assert not any(p._post_accumulate_grad_hooks for p in model.parameters())  # stop() removed the hooks
