@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -28,154 +27,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..backends.precision import Precision
 from ..config import TrainConfig
-from ..data import DataOptions, ImageArrays, load_split
 from ..data.loader import iterate_batches, to_device_ahead
-from ..data.sharding import RankSchedule, steps_per_epoch, train_batches
-from ..data.transforms import TrainTransform, train_transform
-from ..errors import EXIT_PREEMPTED, Preempted, UsageError, require
+from ..data.sharding import RankSchedule, train_batches
+from ..errors import EXIT_PREEMPTED, Preempted, require
 from ..fileio import atomic_write
 from ..process import heartbeat as phase
 from ..process.heartbeat import Heartbeat
 from ..process.preemption import PreemptionWatcher, TestSignal, peer_failure
 from ..process.state import preserved_process_state
 from .callbacks import Callback, CallbackList, EpochEnd, StepEnd
-from .checkpoint import Checkpointer, Progress, ResumeState, RunLayout, restore
+from .checkpoint import Checkpointer, Progress, ResumeState, restore
 from .contention import own_demand
 from .evaluate import evaluate
-from .lr import learning_rate, scaled_lr
 from .memory import WindowPeak, model_state_bytes
-from .models import build_model
-from .placement import Placement, place_process
+from .placement import place_process
+from .plan import RunPlan, plan_run
 from .profiling import PROFILED_STEPS, annotate, make_profiler
 from .record import append_record, run_record
 from .resume import find_resume_checkpoint
 from .timing import StepTimer, calibrated_compute_per_step, device_events, device_waiter, gather_breakdown
 
-HISTORY_POINTS = 1000  # the default --log-every keeps at most this many loss points per run
 log = logging.getLogger("harness")
-
-
-@dataclass
-class RunPlan:
-    """The facts of one run, fixed before it trains."""
-
-    config: TrainConfig
-    placement: Placement
-    precision: Precision
-    train_set: ImageArrays
-    test_set: ImageArrays
-    local_batch: int  # samples per rank per optimizer step (all micro-batches)
-    epoch_steps: int
-    total_steps: int
-    base_batch: int
-    peak_lr: float
-    warmup_steps: int
-    log_every: int
-    transform: TrainTransform  # augmentation (optional) and normalisation of a batch on the device
-
-    @property
-    def global_batch(self) -> int:
-        return self.local_batch * self.placement.cluster.world_size
-
-    @property
-    def micro_batch(self) -> int:
-        return self.local_batch // self.config.grad_accum
-
-    @property
-    def num_epochs(self) -> int:
-        return math.ceil(self.total_steps / self.epoch_steps)
-
-    def lr_at(self, step: int) -> float:
-        """The LR of 0-based optimizer step `step` (a pure function of the step, for every backend)."""
-        return learning_rate(
-            step,
-            base_lr=self.config.lr,
-            peak_lr=self.peak_lr,
-            warmup_steps=self.warmup_steps,
-            total_steps=self.total_steps,
-            schedule=self.config.schedule,
-        )
-
-    def layout(self) -> RunLayout:
-        return RunLayout(
-            self.placement.cluster.world_size,
-            self.global_batch,
-            len(self.train_set),
-            self.epoch_steps,
-            self.total_steps,
-        )
-
-    def make_model(self) -> nn.Module:
-        """A fresh model of the run's architecture, in its memory format, on its device: the run's
-        initial weights (from --seed) every time, and the run's random state untouched, so that
-        building one for evaluation in the middle of training changes no later dropout mask."""
-        channels, size, _ = self.train_set.shape
-        model = build_model(
-            self.config.model, channels, size, self.train_set.num_classes, self.config.dropout, seed=self.config.seed
-        )
-        model = model.to(self.placement.device)
-        return model.to(memory_format=torch.channels_last) if self.channels_last_weights else model
-
-    def timing_warmup(self, start_step: int) -> int:
-        """Steps of the segment from `start_step` left out of the timed window: --timing-warmup-steps,
-        at most half the segment, and under --compile at least the first step, which compiles."""
-        warmup = min(self.config.timing_warmup_steps, (self.total_steps - start_step) // 2)
-        return max(warmup, 1) if self.config.compile else warmup
-
-    @property
-    def channels_last_weights(self) -> bool:
-        """--channels-last also reorders the weights (else only the images): see Backend.channels_last_weights."""
-        return self.config.channels_last and self.placement.backend.channels_last_weights
-
-
-def plan_run(config: TrainConfig, placement: Placement) -> RunPlan:
-    """Load the data (preparing it once per filesystem, before any process group exists) and fix
-    batches, steps and the LR rule."""
-    world_size = placement.cluster.world_size
-    local_batch = config.local_batch(world_size)
-    options = DataOptions(config.data_dir, config.model, config.image_size, config.timeout)
-    train_set, test_set = load_split(config.dataset, "train", options), load_split(config.dataset, "test", options)
-    epoch_steps = steps_per_epoch(len(train_set), world_size, local_batch)
-    if epoch_steps == 0:
-        raise UsageError(
-            f"the training set has {len(train_set)} samples, fewer than one global batch of "
-            f"{local_batch * world_size}; lower --batch-size or use fewer workers"
-        )
-    total_steps = epoch_steps * config.epochs
-    if config.max_steps is not None:
-        total_steps = min(total_steps, config.max_steps)
-    # LR scaling: the ranks average their gradients over the global batch, so N ranks take one step
-    # where one process with the base batch (what --lr was tuned for) takes N; --lr-scaling raises
-    # the LR by that ratio (linear) or its root, reached after --warmup-epochs (harness.training.lr).
-    base_batch = config.base_batch or (config.global_batch or config.batch_size * config.grad_accum)
-    cluster = placement.cluster
-    transform = train_transform(
-        train_set,
-        placement.device,
-        config.augment,
-        config.seed,
-        cluster.rank,
-        world_size,
-        local_batch,
-        config.channels_last,
-    )
-    return RunPlan(
-        config,
-        placement,
-        Precision.of(config.precision),
-        train_set,
-        test_set,
-        local_batch,
-        epoch_steps,
-        total_steps,
-        base_batch,
-        peak_lr=scaled_lr(config.lr, local_batch * world_size, base_batch, config.lr_scaling),
-        warmup_steps=round(config.warmup_epochs * epoch_steps),
-        log_every=config.log_every or max(1, math.ceil(total_steps / HISTORY_POINTS)),
-        transform=transform,
-    )
 
 
 def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
@@ -327,6 +200,27 @@ class RunState:
                 history["pending"] = [0.0, 0.0]
 
 
+def _batch_stream(plan: RunPlan, first_step: int) -> Any:
+    """This rank's batches from `first_step` to the run's end, moved to the device ahead of use.
+
+    The sampler's epoch: every rank draws the same permutation from (seed, epoch) and takes its own
+    slice of each global batch, so the ranks' samples are disjoint and a global batch holds the
+    same samples at any world size (harness.data.sharding). One loader for the whole run, so worker
+    processes start once and prefetch across epochs; a resumed run starts at its checkpoint's step."""
+    config, cluster, device = plan.config, plan.placement.cluster, plan.placement.device
+    schedule = RankSchedule(
+        len(plan.train_set),
+        cluster.world_size,
+        cluster.rank,
+        plan.local_batch,
+        config.seed,
+        plan.total_steps,
+        first_step=first_step,
+    )
+    batches = iterate_batches(plan.train_set, schedule, config.num_workers, device.type == "cuda", config.prefetch)
+    return to_device_ahead(batches, device)
+
+
 def _train_epochs(
     plan: RunPlan,
     state: RunState,
@@ -335,29 +229,8 @@ def _train_epochs(
     preemption: PreemptionWatcher,
     watchers: Callback,
 ) -> None:
-    config, (backend, cluster, device, _, _) = plan.config, plan.placement
-    # The sampler's epoch: every rank draws the same permutation from (seed, epoch) and takes its own
-    # slice of each global batch, so the ranks' samples are disjoint and a global batch holds the
-    # same samples at any world size (harness.data.sharding). One loader for the whole run, so worker
-    # processes start once and prefetch across epochs; a resumed run starts at its checkpoint's step.
-    stream = to_device_ahead(
-        iterate_batches(
-            plan.train_set,
-            RankSchedule(
-                len(plan.train_set),
-                cluster.world_size,
-                cluster.rank,
-                plan.local_batch,
-                config.seed,
-                plan.total_steps,
-                first_step=state.step,
-            ),
-            config.num_workers,
-            device.type == "cuda",
-            config.prefetch,
-        ),
-        device,
-    )
+    backend, cluster, device = plan.placement.backend, plan.placement.cluster, plan.placement.device
+    stream = _batch_stream(plan, state.step)
     timing_warmup = plan.timing_warmup(state.start_step)
     progress_bar = _progress_bar(plan.total_steps - state.start_step, cluster.is_main and sys.stderr.isatty())
     for epoch in range(state.step // plan.epoch_steps, plan.num_epochs):

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     import torch
 
     from ..config import TrainConfig
-    from .loop import RunPlan, RunState
+    from .loop import RunState
+    from .plan import RunPlan
 
 # Two-sided 95% Student-t quantiles for 1..30 degrees of freedom; the normal 1.96 beyond.
 _T95 = (
@@ -97,10 +98,9 @@ def host_info() -> dict[str, Any]:
 def run_record(plan: RunPlan, state: RunState, started: float, breakdown: dict[str, Any]) -> dict[str, Any]:
     """The results record of a run that has trained (`breakdown`: its gathered step breakdown,
     harness.training.timing.gather_breakdown): counts over the whole run, timings of this segment."""
-    config, (backend, cluster, device, threads, cpu_malloc) = plan.config, plan.placement
+    config, (backend, cluster, device, threads, _) = plan.config, plan.placement
     timer, progress = state.timer, state.progress
     throughput = timer.steps * plan.global_batch / timer.seconds if timer.seconds else None
-    history = {key: progress.history[key] for key in ("step", "loss", "lr")}
     return {
         "run_id": uuid.uuid4().hex[:12],
         "started": started,
@@ -143,23 +143,29 @@ def run_record(plan: RunPlan, state: RunState, started: float, breakdown: dict[s
         **breakdown,
         "train_loss": progress.train_losses[-1],
         "train_losses": progress.train_losses,
-        "history": {"log_every": plan.log_every, **history},
+        "history": {"log_every": plan.log_every, **{key: progress.history[key] for key in ("step", "loss", "lr")}},
         "lr_final": plan.lr_at(state.step - 1),
         "skipped_steps": backend.skipped_steps,
         **progress.evaluation,
         "math": backend.math_settings(config),
-        "tuning": {
-            **backend.tuning(),
-            "cpu_malloc": cpu_malloc,
-            "channels_last_weights": plan.channels_last_weights,
-            "compile": backend.compiled,
-            "heartbeat": state.heartbeat.running,  # --no-heartbeat turns it off; one rank has none
-        },
+        "tuning": _tuning(plan, state),
         "versions": {**library_versions(), **backend.versions()},
         "host": host_info(),
         **({"gpu": _gpu_facts(device, config)} if device.type == "cuda" else {}),
         "config": config.to_dict(),
         "tags": dict(config.tags),
+    }
+
+
+def _tuning(plan: RunPlan, state: RunState) -> dict[str, Any]:
+    """What the backend and the harness chose that changes speed, not the math."""
+    backend, cpu_malloc = plan.placement.backend, plan.placement.cpu_malloc
+    return {
+        **backend.tuning(),
+        "cpu_malloc": cpu_malloc,
+        "channels_last_weights": plan.channels_last_weights,
+        "compile": backend.compiled,
+        "heartbeat": state.heartbeat.running,  # --no-heartbeat turns it off; one rank has none
     }
 
 

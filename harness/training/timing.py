@@ -335,7 +335,6 @@ def gather_breakdown(
     columns = dict(zip(SCALARS, table[: len(scalars)].tolist()))
     ranks = [rank_breakdown(*(columns[key][r] for key in SCALARS[:5])) for r in range(world_size)]
     per_rank = {key: [one[key] for one in ranks] for key in ranks[0]}
-    per_step = {key: (sum(values) / len(values) / steps if steps else None) for key, values in per_rank.items()}
     breakdown: dict[str, Any] = {
         "au": _accelerator_utilisation(per_rank),
         **(
@@ -343,18 +342,7 @@ def gather_breakdown(
             if steps and timer.enabled
             else dict.fromkeys(POP_KEYS)
         ),
-        "step_breakdown": {
-            # None under --no-step-breakdown: no phase was timed
-            "seconds_per_step": per_step if timer.enabled else None,
-            "per_rank_seconds": per_rank if timer.enabled else None,
-            "timed_steps": steps,
-            "communication_method": COMMUNICATION_METHOD,
-            **per_step_section([sum(columns[column]) for column in COLLECTIVE_COLUMNS], max(steps, 1) * world_size),
-            "clock": "device events" if timer.events is not None else "host",
-            "calibration_steps": calibration_steps,
-            "compute_per_step_calibrated": [c if c >= 0 else None for c in columns["calibrated"]],
-            "exact": exact,
-        },
+        "step_breakdown": _step_section(timer, columns, per_rank, world_size, calibration_steps, exact),
         "contention": _contention(columns, timer.cpu),
         "memory": memory_section(
             columns["memory"],
@@ -366,6 +354,31 @@ def gather_breakdown(
     if timer.trace_steps:
         breakdown["timeline"] = _timeline(table[len(scalars) :], timer.trace_steps, world_size)
     return breakdown
+
+
+def _step_section(
+    timer: StepTimer,
+    columns: dict[str, list[float]],
+    per_rank: dict[str, list[float]],
+    world_size: int,
+    calibration_steps: int,
+    exact: bool,
+) -> dict[str, Any]:
+    """The record's step_breakdown: phases per step and per rank, every collective per step."""
+    steps = timer.steps
+    per_step = {key: (sum(values) / len(values) / steps if steps else None) for key, values in per_rank.items()}
+    return {
+        # None under --no-step-breakdown: no phase was timed
+        "seconds_per_step": per_step if timer.enabled else None,
+        "per_rank_seconds": per_rank if timer.enabled else None,
+        "timed_steps": steps,
+        "communication_method": COMMUNICATION_METHOD,
+        **per_step_section([sum(columns[column]) for column in COLLECTIVE_COLUMNS], max(steps, 1) * world_size),
+        "clock": "device events" if timer.events is not None else "host",
+        "calibration_steps": calibration_steps,
+        "compute_per_step_calibrated": [c if c >= 0 else None for c in columns["calibrated"]],
+        "exact": exact,
+    }
 
 
 def _accelerator_utilisation(per_rank: dict[str, list[float]]) -> Optional[float]:
