@@ -8,12 +8,16 @@ Definitions (per rank, summed over the steps of the timed window):
 - **timed window**: the steps measured, between two barriers, so it spans the slowest rank; the
   first --timing-warmup-steps steps are left out.
 - **data wait**: from asking for the next batch until it is on the device.
-- **communication**: from the last parameter gradient of the step's backward to the averaged
-  gradients being ready (Backend.finish_gradient_sync returned): the time the rank waits for
-  gradient communication that did not overlap its compute, measured in the timed window on the
-  real model. A rank alone has nothing to wait for, so its communication is about zero.
-- **forward + backward**: from the batch on the device to the last parameter gradient.
-- **optimizer**: the optimizer step after the gradients are averaged.
+- **communication**: the time the rank's host was blocked in a collective (exposed), wherever
+  in the step: every collective the backend issues (gradient allreduces, ZeRO's and FSDP's
+  reduce-scatters and all-gathers, broadcasts) is timed where the backend issues and waits for
+  it, in the timed window, and its blocked time is taken out of the phase it happened in. Time in
+  flight behind compute is recorded beside it (communication_overlapped), not counted here. A rank
+  alone waits for nobody, so its communication is about zero.
+- **forward + backward**: from the batch on the device to the averaged gradients being ready
+  (Backend.finish_gradient_sync returned), less the communication inside it.
+- **optimizer**: the optimizer step after the gradients are averaged, less the communication
+  inside it (ZeRO's parameter all-gather).
 - **other**: the rest of the window: bookkeeping, the preemption vote, the closing barrier.
 - **useful time**: forward + backward + optimizer, the rank's own compute.
 - **compute time**: the time a rank works on its batches once they are on the device:
