@@ -12,37 +12,22 @@ logarithms. A shared or loaded machine widens the interval: say so beside the fi
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import statistics
-import subprocess
-import tempfile
 
 from harness.backends import BACKENDS
-from harness.process.launchers import launch_environment
-from harness.training.launch import launch_command
+from harness.training.launch import launched_record
 from harness.training.record import mean_and_ci95
 
 
 def throughput(backend: str, flags: list[str], steps: int, breakdown: bool) -> float:
     """Samples per second of the timed window of one run."""
     ranks = 1 if BACKENDS[backend].max_world_size == 1 else 2
-    with tempfile.TemporaryDirectory() as tmp:
-        results = os.path.join(tmp, "r.jsonl")
-        args = [*flags, "--dataset", "synthetic", "--model", "cnn", "--batch-size", "32", "--threads", "1"]
-        args += ["--max-steps", str(steps + 5), "--eval-every", "0", "--results", results]
-        if not breakdown:
-            args.append("--no-step-breakdown")
-        subprocess.run(
-            launch_command(ranks, backend, args),
-            check=True,
-            capture_output=True,
-            env=launch_environment(),
-            timeout=900,
-        )
-        with open(results) as handle:
-            return json.loads(handle.readline())["throughput"]
+    args = [*flags, "--dataset", "synthetic", "--model", "cnn", "--batch-size", "32", "--threads", "1"]
+    args += ["--max-steps", str(steps + 5), "--eval-every", "0"]
+    if not breakdown:
+        args.append("--no-step-breakdown")
+    return launched_record(ranks, backend, args)["throughput"]
 
 
 def ratio_interval(ratios: list[float]) -> tuple[float, float, float]:

@@ -17,19 +17,14 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import statistics
-import subprocess
-import tempfile
 import time
 
 from harness.process import heartbeat as phase
 from harness.process.discovery import ClusterEnv
 from harness.process.heartbeat import Heartbeat
-from harness.process.launchers import launch_environment
-from harness.training.launch import launch_command
+from harness.training.launch import launched_record
 
 BACKEND, RANKS = "ddp", 2
 GOAL = 0.99
@@ -40,23 +35,13 @@ GLOBAL_BATCH = 64 * RANKS
 
 def throughput(steps: int, heartbeat: bool) -> tuple[float, bool]:
     """(samples/s of one run's timed window, whether its record says the heartbeat ran)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        results = os.path.join(tmp, "r.jsonl")
-        args = [
-            *("--dataset", "synthetic", "--model", "cnn", "--batch-size", "64", "--threads", "1"),
-            *("--max-steps", str(steps), "--timing-warmup-steps", "5", "--eval-every", "0"),
-            *("--calibration-steps", "0", "--results", results),
-            *([] if heartbeat else ["--no-heartbeat"]),
-        ]
-        subprocess.run(
-            launch_command(RANKS, BACKEND, args),
-            check=True,
-            capture_output=True,
-            env=launch_environment(),
-            timeout=900,
-        )
-        with open(results) as handle:
-            record = json.loads(handle.readline())
+    args = [
+        *("--dataset", "synthetic", "--model", "cnn", "--batch-size", "64", "--threads", "1"),
+        *("--max-steps", str(steps), "--timing-warmup-steps", "5", "--eval-every", "0"),
+        *("--calibration-steps", "0"),
+        *([] if heartbeat else ["--no-heartbeat"]),
+    ]
+    record = launched_record(RANKS, BACKEND, args)
     return record["throughput"], record["tuning"]["heartbeat"]
 
 

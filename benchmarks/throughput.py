@@ -24,11 +24,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 
 from harness.backends import BACKENDS
 from harness.process.launchers import launch_environment, launcher_command
-from harness.training.launch import launch_command
+from harness.training.launch import launched_record
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYSTEM, REUSE = "system", "reuse"
@@ -61,33 +60,8 @@ def bare(steps: int, threads: int, ranks: int, cpu_malloc: str, horovod: bool = 
 
 
 def harness(backend: str, ranks: int, steps: int, threads: int) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        results = os.path.join(tmp, "r.jsonl")
-        args = [
-            "--dataset",
-            "synthetic",
-            "--model",
-            "cnn",
-            "--batch-size",
-            "64",
-            "--threads",
-            str(threads),
-            "--max-steps",
-            str(steps + 5),
-            "--eval-every",
-            "0",
-            "--results",
-            results,
-        ]
-        subprocess.run(
-            launch_command(ranks, backend, args),
-            check=True,
-            capture_output=True,
-            env=launch_environment(),
-            timeout=900,
-        )
-        with open(results) as handle:
-            return json.loads(handle.readline())["throughput"]
+    args = ["--dataset", "synthetic", "--model", "cnn", "--batch-size", "64", "--threads", str(threads)]
+    return launched_record(ranks, backend, [*args, "--max-steps", str(steps + 5), "--eval-every", "0"])["throughput"]
 
 
 def main() -> None:

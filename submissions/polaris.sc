@@ -32,15 +32,8 @@ if [[ ! -f "$KIT_DIR/harness/study/job.py" ]]; then
 fi
 export KIT_DIR
 
-load_modules() {  # one `module load` per name; one that fails is named in one line, exit 2
-    local name
-    for name in "$@"; do
-        if ! module load "$name" 2>/dev/null; then
-            echo "job: error: \`module load $name\` failed; \`module avail ${name%%/*}\` lists what this site has (set SITE_MODULES to choose)" >&2
-            exit 2
-        fi
-    done
-}
+# shellcheck source=submissions/load_modules.sh
+source "$KIT_DIR/submissions/load_modules.sh"
 
 set +u  # Lmod and conda read unset variables
 module use /soft/modulefiles

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 import subprocess
+import tempfile
 from collections.abc import Sequence
 from typing import Optional
 
@@ -46,3 +49,14 @@ def run_launch(
         return 0
     completed = subprocess.run(command, env=launch_environment(), timeout=timeout)
     return completed.returncode
+
+
+def launched_record(ranks: int, backend: str, train_args: Sequence[str], timeout: float = 900.0) -> dict:
+    """Run `harness train TRAIN_ARGS` on `ranks` local ranks under the backend's own launcher and
+    return its record (what benchmarks time); raises CalledProcessError if the run fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        results = os.path.join(tmp, "r.jsonl")
+        command = launch_command(ranks, backend, [*train_args, "--results", results])
+        subprocess.run(command, check=True, capture_output=True, env=launch_environment(), timeout=timeout)
+        with open(results) as handle:
+            return json.loads(handle.readline())
