@@ -167,12 +167,21 @@ def _argument(args: tuple, kwargs: dict, index: int, name: str, default: Any = N
     return args[index] if len(args) > index else kwargs.get(name, default)
 
 
+def _future_of(work: Any) -> Optional[Any]:
+    """The work's future, or None where the process group has none for it (gloo's reduce_scatter:
+    "Work::getFuture not implemented"); such a work completes when it is waited for."""
+    try:
+        return work.get_future()
+    except RuntimeError:
+        return None
+
+
 def torch_distributed_wrappers(meter: CollectiveMeter, dist: Any) -> tuple[dict[str, Any], Callable]:
     """Stand-ins for torch.distributed's collective functions (by name, those `dist` has) that
     report to `meter`, and one for `dist.Work.wait` that times the waits on the works they return."""
-    # id(work) -> (its collective, the work, kept alive so that its id stays its own), until it
-    # completes or is waited for
-    pending: dict[int, tuple[InFlight, Any]] = {}
+    # id(work) -> (its collective, the work, kept alive so that its id stays its own, whether it
+    # has a future), until it completes or is waited for
+    pending: dict[int, tuple[InFlight, Any, bool]] = {}
     original_wait = dist.Work.wait
 
     def finished(key: int, one: InFlight) -> None:
@@ -189,8 +198,10 @@ def torch_distributed_wrappers(meter: CollectiveMeter, dist: Any) -> tuple[dict[
             one = meter.issued(kind, size, at=issued)
             if isinstance(work, dist.Work):
                 key = id(work)
-                pending[key] = (one, work)
-                work.get_future().add_done_callback(lambda _: finished(key, one))
+                future = _future_of(work)
+                pending[key] = (one, work, future is not None)
+                if future is not None:
+                    future.add_done_callback(lambda _: finished(key, one))
             elif work is not None:  # a Future (all_reduce_coalesced)
                 work.add_done_callback(lambda _: meter.completed(one))
             return work
@@ -203,7 +214,10 @@ def torch_distributed_wrappers(meter: CollectiveMeter, dist: Any) -> tuple[dict[
         if entry is None:  # not one of ours, or completed already
             return original_wait(work, *args, **kwargs)
         with meter.waiting(entry[0]):
-            return original_wait(work, *args, **kwargs)
+            result = original_wait(work, *args, **kwargs)
+        if not entry[2]:  # no future to say when it completed: it has, now that the wait returned
+            meter.completed(entry[0])
+        return result
 
     wrappers = {
         name: wrap(getattr(dist, name), *spec) for name, spec in TORCH_COLLECTIVES.items() if hasattr(dist, name)
