@@ -9,6 +9,7 @@ from harness.workshop.pipeline import (
     measure_loading,
 )
 from tests.unit.test_pipeline import _compute_over_total
+from tests.unit.test_pipeline import image_tree as image_tree  # the fixture: a module-scoped digits tree
 
 
 @pytest.mark.parametrize("source,workers", [("per-sample", 0), ("prepared", 1)])
