@@ -10,7 +10,7 @@ import pytest
 
 from harness.process.launchers import free_port
 from harness.training.record import read_records
-from tests.conftest import launch, run
+from tests.conftest import REPO, launch, run
 from tests.helpers.backend_cases import ALL, with_options
 from tests.helpers.sleepy_data import outside_window_seconds
 
@@ -54,7 +54,7 @@ def test_one_rank_communicates_nothing_on_every_backend(tmp_path, backend, flags
 def test_two_ddp_ranks_outside_clock_and_waiting_for_a_slow_peer(tmp_path):
     """Rank 1 sleeps 60 ms per fetch, rank 0 not at all: rank 0 spends that time in the allreduce."""
     slow = 0.06
-    script = os.path.join(os.path.dirname(__file__), "sleepy_data.py")
+    script = os.path.join(REPO, "tests", "helpers", "sleepy_data.py")
     flags = [
         "--backend",
         "ddp",
