@@ -91,7 +91,7 @@ class DDPBackend(TorchDistributedBackend):
             "gradient_as_bucket_view": True,
             "process_group": self.group_backend,
             "gradient_allreduce": self.reduces,
-            "comm_hook": "default allreduce_hook (metered)" if self.collective_functions else None,
+            "comm_hook": "default allreduce_hook (metered)" if self.reduces and self.collective_functions else None,
         }
 
     def module(self) -> nn.Module:

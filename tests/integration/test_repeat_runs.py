@@ -28,6 +28,7 @@ FIRST_RUN_TUNING = {
         "gradient_as_bucket_view": True,
         "process_group": "gloo",
         "gradient_allreduce": True,
+        "comm_hook": "default allreduce_hook (metered)",  # DDP's allreduce, timed (harness.backends.ddp)
     },
     "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False},
     "deepspeed": {

@@ -113,6 +113,8 @@ def test_sweep_records_are_complete(swept):
         assert record["timed_steps"] == 7 and record["throughput"] > 0
         assert 0 < record["au"] <= 1
         reduces = {"gradient_allreduce": record["world_size"] > 1} if "gradient_allreduce" in record["tuning"] else {}
+        if record["backend"] == "ddp":  # the metered allreduce hook, registered where there is a peer
+            reduces["comm_hook"] = "default allreduce_hook (metered)" if record["world_size"] > 1 else None
         assert record["tuning"] == {
             **DEFAULT_TUNING[record["backend"]],
             **reduces,
