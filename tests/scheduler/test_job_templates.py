@@ -115,7 +115,9 @@ def assert_job_directory(
         (backend, n) for backend in backends for n in ranks
     ), "one record per backend x rank count"
     for record in records:
-        assert record["tags"] == {"sweep_id": name, "scaling": "weak", "repeat": "0"}
+        order = record["tags"].pop("order")  # each round's runs in a seeded random order, recorded
+        assert record["tags"] == {"sweep_id": name, "scaling": "weak", "repeat": "0", "order_seed": "0"}
+        assert order.endswith(f"/{len(records)}")
         assert record["launcher"] == launcher
     for kind in FIGURE_KINDS:
         for extension in ("png", "svg", "json"):
