@@ -276,7 +276,9 @@ def with_node_and_traffic(
     options = options or {}
     shape = _shape_for(model or first.get("model"), workload.gradient_bytes)
     calls = backend_traffic(backend, options, shape)
-    measured = first.get("step_breakdown", {}).get("collectives")
+    # Measured bytes stand for the traffic only where ranks had peers: alone, a backend sends little
+    # or nothing (DDP and FSDP skip their reductions at one rank), which is not what N ranks send.
+    measured = first.get("step_breakdown", {}).get("collectives") if first.get("world_size", 1) > 1 else None
     source = f"{backend} {options or 'defaults'}: modelled from its options"
     if measured:
         calls, source = scaled_to_measured(calls, measured), f"{backend}: bytes per kind as the record measured"
