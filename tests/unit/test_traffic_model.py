@@ -113,14 +113,18 @@ def test_bytes_per_kind_come_from_the_record_where_it_measured_them():
     from harness.study.predict_cli import with_node_and_traffic
     from tests.helpers.handmade_records import record
 
-    run = record(sorted(n for n, c in BACKENDS.items() if c.max_world_size is None)[0], 1, 100.0)
-    run["step_breakdown"]["collectives"] = {
-        kind: {"count": 1, "bytes": 3 * SHAPE.parameter_bytes, "seconds": 0.1, "exposed_seconds": 0.05}
-        for kind in ("all_reduce", "all_gather", "reduce_scatter")
-    }
+    backend = sorted(n for n, c in BACKENDS.items() if c.max_world_size is None)[0]
+    run, alone = record(backend, 2, 100.0), record(backend, 1, 100.0)
+    for one in (run, alone):
+        one["step_breakdown"]["collectives"] = {
+            kind: {"count": 1, "bytes": 3 * SHAPE.parameter_bytes, "seconds": 0.1, "exposed_seconds": 0.05}
+            for kind in ("all_reduce", "all_gather", "reduce_scatter")
+        }
     modelled = with_node_and_traffic(WORK, [], 1, run["backend"], {}, None)
     measured = with_node_and_traffic(WORK, [run], 1)
     assert "as the record measured" in measured.traffic_source and "modelled" in modelled.traffic_source
+    # A rank alone sends little or nothing of what N ranks send: its record's bytes are not used.
+    assert "modelled" in with_node_and_traffic(WORK, [alone], 1).traffic_source
     for kind, totals in per_step(measured.collectives()).items():
         assert totals["bytes"] == pytest.approx(3 * SHAPE.parameter_bytes, rel=1e-6)
         assert totals["count"] == per_step(modelled.collectives())[kind]["count"]
