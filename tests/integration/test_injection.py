@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from harness.process.launchers import free_port
+from harness.process.launchers import launcher_command
 from harness.training.contention import _cpu_times, usable_cpus
 from harness.training.metrics import OUTSIDE_LOAD_ABOVE
 from harness.training.record import read_records
@@ -37,24 +37,17 @@ def test_a_delay_in_one_ranks_compute_lowers_load_balance_by_the_amount_expected
     """Rank 1's forward waits DELAY s per step; rank 0 computes only. With c = rank 0's useful time
     per step and d = the waits' measured mean, load balance = mean / max = (2c + d) / (2 (c + d))."""
     result = run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            SLOW_RANK_SCRIPT,
-            str(tmp_path),
-            f"0,{DELAY * 1000:g}",
-            *["--backend", DISTRIBUTED[0], "--dataset", "digits", "--batch-size", "8", "--max-steps", "20"],
-            *["--timing-warmup-steps", "5", "--threads", "1", "--eval-every", "0", "--calibration-steps", "0"],
-        ]
+        launcher_command(
+            "torchrun",
+            2,
+            [
+                SLOW_RANK_SCRIPT,
+                str(tmp_path),
+                f"0,{DELAY * 1000:g}",
+                *["--backend", DISTRIBUTED[0], "--dataset", "digits", "--batch-size", "8", "--max-steps", "20"],
+                *["--timing-warmup-steps", "5", "--threads", "1", "--eval-every", "0", "--calibration-steps", "0"],
+            ],
+        )
     )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
-from harness.process.launchers import free_port
+from harness.process.launchers import launcher_command
 from harness.training.record import read_records
 from tests.conftest import REPO, launch, run
 from tests.helpers.backend_cases import ALL, with_options
@@ -72,23 +71,16 @@ def test_two_ddp_ranks_outside_clock_and_waiting_for_a_slow_peer(tmp_path):
         "0",
     ]
     result = run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            script,
-            str(tmp_path),
-            f"0,{slow * 1000:g}",
-            *flags,
-        ]
+        launcher_command(
+            "torchrun",
+            2,
+            [
+                script,
+                str(tmp_path),
+                f"0,{slow * 1000:g}",
+                *flags,
+            ],
+        )
     )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
