@@ -4,18 +4,15 @@ figure renders from the file alone, and the tables, prediction and commands are 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import threading
 
 import pytest
 
 from harness.study.foresight import write_prediction
 from tests.conftest import harness
+from tests.helpers.browser import chromium_driver
 from tests.helpers.handmade_records import record
 
-BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
 PAGE_S = 60
 
 
@@ -42,27 +39,8 @@ def browser(tmp_path):
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver_path):
         pytest.fail("the report test needs chromium and chromium-driver: run `make setup`")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in [*BROWSER_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]:
-        options.add_argument(flag)
-    service = Service(driver_path, popen_kw={"start_new_session": True})
-    driver = None
-    try:
-        driver = webdriver.Chrome(service=service, options=options)
-        driver.set_page_load_timeout(PAGE_S)
+    with chromium_driver(chromium, driver_path, tmp_path / "profile", PAGE_S) as driver:
         yield driver
-    finally:
-        if driver is not None:
-            quitting = threading.Thread(target=driver.quit, daemon=True)  # quit() can hang on a wedged browser
-            quitting.start()
-            quitting.join(20)
-        process = getattr(service, "process", None)
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
 
 
 def test_the_html_report_renders_its_figures_from_the_file_alone(tmp_path, browser):

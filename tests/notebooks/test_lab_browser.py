@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
@@ -36,6 +35,7 @@ import pytest
 from harness.process.launchers import free_port
 from harness.workshop.engines import kill_processes_with_environment, processes_with_environment
 from tests.conftest import REPO
+from tests.helpers.browser import chromium_driver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -46,17 +46,6 @@ LAB_START_S = 120  # JupyterLab answering on its port (a cold start imports its 
 PAGE_S = 90  # the page, the notebook and an idle kernel
 ENGINES_S = 240  # cell 1 starts MPI engines (cold torch imports on 2 shared cores)
 STOP_S = 20  # JupyterLab and Chromium after SIGTERM or quit(), before SIGKILL
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1400,1050",
-]
 
 
 @dataclass
@@ -214,37 +203,21 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
 def browser(tmp_path: Path, lab: Lab) -> Iterator[Any]:
     """Headless Chromium under chromedriver, with a fresh profile; quit (or killed) after the test."""
     chromium, chromedriver = _browser_tools()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={tmp_path / 'chromium-profile'}"]:
-        options.add_argument(flag)
     # Chromium inherits chromedriver's environment, so a marker of its own reaches every browser process.
     marker = f"{lab.marker}-browser"
-    service = Service(
-        chromedriver,
-        log_output=str(tmp_path / "chromedriver.log"),
-        env={**os.environ, MARKER: marker},
-        popen_kw={"start_new_session": True},
-    )
-    driver = None
     try:
-        driver = webdriver.Chrome(service=service, options=options)
-        driver.set_page_load_timeout(PAGE_S)
-        yield driver
+        with chromium_driver(
+            chromium,
+            chromedriver,
+            tmp_path / "chromium-profile",
+            PAGE_S,
+            STOP_S,
+            flags=["--window-size=1400,1050"],
+            environ={**os.environ, MARKER: marker},
+            log=tmp_path / "chromedriver.log",
+        ) as driver:
+            yield driver
     finally:
-        if driver is not None:
-            quitting = threading.Thread(target=driver.quit, daemon=True)  # quit() can hang on a wedged browser
-            quitting.start()
-            quitting.join(STOP_S)
-        process = getattr(service, "process", None)
-        if process is not None and process.poll() is None:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         kill_processes_with_environment(MARKER, marker)
 
 
