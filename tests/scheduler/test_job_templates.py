@@ -190,6 +190,7 @@ def test_every_helper_and_emulated_command_passes_shellcheck():
         glob.glob(os.path.join(EMULATION, "bin", "*")) + glob.glob(os.path.join(EMULATION, "lib", "*.sh"))
     )
     assert {os.path.basename(p) for p in helpers} == {
+        "load_modules.sh",
         "mps.sh",
         "set_affinity_gpu_polaris.sh",
         "set_affinity_gpu_aurora.sh",
