@@ -26,7 +26,7 @@ def _why_no_namespaces() -> Optional[str]:
     return None
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="session")
 def _needs_namespaces() -> None:
     """Skip, with the one-line reason, only where this machine does not allow network namespaces."""
     reason = _why_no_namespaces()

@@ -18,6 +18,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import pytest
 
@@ -97,11 +99,26 @@ def _probe(cluster: NetnsCluster) -> dict:
     return json.loads(output.strip().splitlines()[-1])
 
 
+class ShapedLink(NamedTuple):
+    """Two nodes whose link is shaped to RATE_MBIT, and what the bare collectives took on it."""
+
+    cluster: NetnsCluster
+    probe: dict
+
+
+@pytest.fixture(scope="module")
+def shaped_link(tmp_path_factory) -> Iterator[ShapedLink]:
+    """One shaped cluster and one probe for every backend (the probe alone takes ~30 s at RATE_MBIT):
+    every job on it has ended before the next starts (ClusterJob.wait), so they share the link only in turn."""
+    with NetnsCluster(2, str(tmp_path_factory.mktemp("shaped") / "cluster")) as cluster:
+        cluster.shape(rate_mbit=RATE_MBIT)
+        yield ShapedLink(cluster, _probe(cluster))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend, flags", with_options())
-def test_a_slow_link_is_communication_as_long_as_its_rate_allows(cluster, tmp_path, backend, flags):
-    cluster.shape(rate_mbit=RATE_MBIT)
-    probe = _probe(cluster)
+def test_a_slow_link_is_communication_as_long_as_its_rate_allows(shaped_link, tmp_path, backend, flags):
+    cluster, probe = shaped_link
     results = tmp_path / "results.jsonl"
     args = ["train", "--backend", backend, *flags, "--model", "cnn", "--dataset", "synthetic", "--batch-size", "4"]
     args += ["--max-steps", "5", "--timing-warmup-steps", "2", "--threads", "1", "--eval-every", "0"]
