@@ -31,7 +31,10 @@ Design, and why:
   the survivors name rank 0's host as the one that stopped answering.
 
 A rank whose latest heartbeat is older than `stale_after(--timeout)` stopped (SIGSTOP, a lost node,
-a dead process); when none is, a rank stuck inside a collective or on its device still beats, and
+a dead process). A survivor ends such a rank with SIGKILL when it runs on the survivor's own host
+(`end_frozen_here`): a frozen process cannot act on the SIGTERM that torchrun and the DeepSpeed
+launcher send it when the survivor exits, and both launchers then wait 30 s before their own SIGKILL,
+so the job would outlast --timeout + 30 s. When none stopped, a rank stuck inside a collective or on its device still beats, and
 the line names the rank furthest behind instead. `--no-heartbeat` turns all of this off.
 """
 
@@ -41,6 +44,7 @@ import json
 import logging
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -86,6 +90,7 @@ class Seen:
     step: int
     phase: str
     age: float  # seconds since it arrived
+    pid: int = 0  # its process on `host`
 
     def describe(self) -> str:
         return f"rank {self.rank} (host {self.host}, step {self.step}, {self.phase}, last seen {self.age:.1f} s ago)"
@@ -134,10 +139,32 @@ def describe(seen: Optional[dict[int, Seen]], world_size: int, timeout: float, s
     )
 
 
+def end_frozen_here(stale: list[Seen], host: str) -> list[int]:
+    """SIGKILL the stopped ranks whose process runs on `host` (this one), if it is still a harness
+    process; return their ranks. Only when this rank's own beats arrive (the caller checks), so a
+    store that hears nobody never has every rank ended."""
+    ended = []
+    for entry in stale:
+        if entry.host != host or entry.pid in (0, os.getpid()):
+            continue
+        try:
+            with open(f"/proc/{entry.pid}/cmdline", "rb") as handle:
+                if b"harness" not in handle.read():
+                    continue  # the rank ended and its pid went to another process
+            os.kill(entry.pid, signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue  # it ended meanwhile, or is not ours to end
+        log.warning(f"harness: ended rank {entry.rank} (pid {entry.pid} on this host), which stopped answering")
+        ended.append(entry.rank)
+    return ended
+
+
 def parse_snapshot(text: str) -> dict[int, Seen]:
     """The store's answer (harness.process.heartbeat_store) as Seen by rank."""
     return {
-        int(rank): Seen(int(rank), fields["host"], int(fields["step"]), fields["phase"], float(fields["age"]))
+        int(rank): Seen(
+            int(rank), fields["host"], int(fields["step"]), fields["phase"], float(fields["age"]), int(fields["pid"])
+        )
         for rank, fields in json.loads(text).items()
     }
 
@@ -238,7 +265,7 @@ class Heartbeat:
         latest = self._latest
         assert self._sock is not None and self.cluster is not None
         try:
-            self._sock.sendto(encode_beat(self.cluster.rank, latest[0], self._host, latest[1]), self._address)
+            self._sock.sendto(encode_beat(self.cluster.rank, latest[0], self._host, os.getpid(), latest[1]), self._address)
         except OSError:
             pass  # a full buffer or an unreachable store: the next beat tries again
         self._sent, self._sent_at = latest, time.monotonic()
@@ -254,7 +281,10 @@ class Heartbeat:
             return None
         assert self._tcp is not None
         cluster = self.cluster
-        return describe(read_store(*self._tcp), cluster.world_size, timeout, cluster.master_addr, cluster.rank)
+        seen = read_store(*self._tcp)
+        if seen is not None and cluster.rank in seen and seen[cluster.rank].age <= stale_after(timeout):
+            end_frozen_here(stopped(seen, cluster.world_size, stale_after(timeout))[0], self._host)
+        return describe(seen, cluster.world_size, timeout, cluster.master_addr, cluster.rank)
 
     def stop(self) -> None:
         """Stop sending, and on rank 0 end the store."""

@@ -6,11 +6,11 @@ line, "TCP_PORT UDP_PORT", the ports the system gave it, and then serves until i
 closes, which happens when the rank that started it ends in any way (SIGKILL included), so it never
 outlives the job:
 
-- UDP, PORT: each datagram is one rank's heartbeat, "RANK<TAB>STEP<TAB>HOST<TAB>PHASE"; the store
+- UDP, PORT: each datagram is one rank's heartbeat, "RANK<TAB>STEP<TAB>HOST<TAB>PID<TAB>PHASE"; the store
   keeps the latest per rank with the time it arrived on the store's own clock (the ranks' clocks
   may disagree across nodes; ages are measured on one clock only). A lost datagram is a missed
   beat, nothing more, and a sender never waits for the store.
-- TCP, PORT: a connection gets one JSON object, {RANK: {"step", "host", "phase", "age"}} with
+- TCP, PORT: a connection gets one JSON object, {RANK: {"step", "host", "pid", "phase", "age"}} with
   `age` the seconds since that rank's latest heartbeat arrived, and is closed.
 
 Plain Python and the standard library only: it starts in a fraction of a second where importing
@@ -31,15 +31,15 @@ from typing import BinaryIO, TextIO
 DATAGRAM_BYTES = 2048  # a heartbeat is about a hundred bytes
 
 
-def encode_beat(rank: int, step: int, host: str, phase: str) -> bytes:
+def encode_beat(rank: int, step: int, host: str, pid: int, phase: str) -> bytes:
     """One heartbeat datagram."""
-    return f"{rank}\t{step}\t{host}\t{phase}".encode()
+    return f"{rank}\t{step}\t{host}\t{pid}\t{phase}".encode()
 
 
 def decode_beat(datagram: bytes) -> tuple[int, dict]:
     """(rank, its fields) of a heartbeat datagram; ValueError if it is not one."""
-    rank, step, host, phase = datagram.decode(errors="replace").split("\t", 3)
-    return int(rank), {"step": int(step), "host": host, "phase": phase}
+    rank, step, host, pid, phase = datagram.decode(errors="replace").split("\t", 4)
+    return int(rank), {"step": int(step), "host": host, "pid": int(pid), "phase": phase}
 
 
 def bind(kind: int) -> socket.socket:

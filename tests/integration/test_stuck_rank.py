@@ -22,8 +22,7 @@ from tests.helpers.backend_cases import DISTRIBUTED
 from tests.helpers.checkpoint_helpers import COMMON, RANKS, TimedJob, processes_mentioning, time_job
 
 TIMEOUT_S = 10
-LAUNCHER_GRACE_S = 30  # torchrun and the deepspeed launcher wait this long before SIGKILL
-SLACK_S = 30  # a loaded machine
+SLACK_S = 30  # a loaded machine, for the age the survivor reads
 STOPPED = "sending SIGSTOP to itself after step 5"
 NAMED = "stopped answering: rank 0 (host "
 STORE = "heartbeat_store.py"
@@ -45,7 +44,7 @@ def stuck_jobs(tmp_path_factory) -> dict[str, TimedJob]:
             launch_command(RANKS, backend, args),
             {"HARNESS_TEST_SIGNAL": "STOP@5:0"},
             [STOPPED, NAMED],
-            limit=240 + TIMEOUT_S + LAUNCHER_GRACE_S + SLACK_S,
+            limit=240 + TIMEOUT_S + 30 + SLACK_S,
         )
 
     threads = [threading.Thread(target=run, args=(backend,)) for backend in DISTRIBUTED]
@@ -94,12 +93,14 @@ def test_the_survivor_names_the_stopped_rank_its_host_step_and_phase(stuck_jobs,
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", DISTRIBUTED)
 def test_a_job_with_a_stopped_rank_ends_in_bounded_time(stuck_jobs, backend):
-    """The survivor's line comes within --timeout + 30 s of the stop; the job ends once its launcher
-    has ended the frozen rank (after its grace period, where it has one)."""
+    """The survivor's line comes, and the job ends, within --timeout + 30 s of the stop: the survivor
+    ends the frozen rank beside it, so no launcher waits out its grace period (torchrun's and the
+    DeepSpeed launcher's 30 s between SIGTERM and SIGKILL)."""
     job = stuck_jobs[backend]
     tail = job.output[-5000:]
     assert job.returncode not in (None, 0), f"{backend}: exit {job.returncode}\n{tail}"
     named_after = job.seconds(STOPPED, NAMED)
     print(f"\n{backend}: named {named_after} s after the stop; job ended {job.seconds(STOPPED)} s after it")
     assert named_after is not None and named_after <= TIMEOUT_S + 30, tail
-    assert job.seconds(STOPPED) <= TIMEOUT_S + LAUNCHER_GRACE_S + SLACK_S, tail
+    assert "harness: ended rank 0 (pid " in job.output, tail
+    assert job.seconds(STOPPED) <= TIMEOUT_S + 30, tail

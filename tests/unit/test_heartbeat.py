@@ -85,9 +85,9 @@ def test_a_store_that_does_not_answer_names_rank_0s_host():
 
 
 def test_a_beat_survives_the_round_trip_through_its_datagram():
-    assert decode_beat(encode_beat(3, 17, "node2", heartbeat.EPOCH_END)) == (
+    assert decode_beat(encode_beat(3, 17, "node2", 4242, heartbeat.EPOCH_END)) == (
         3,
-        {"step": 17, "host": "node2", "phase": heartbeat.EPOCH_END},
+        {"step": 17, "host": "node2", "pid": 4242, "phase": heartbeat.EPOCH_END},
     )
     with pytest.raises(ValueError):
         decode_beat(b"not a heartbeat")
@@ -113,7 +113,7 @@ def test_the_store_keeps_each_ranks_latest_beat_and_its_age(store):
     tcp, udp = store
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
         for beat in ((0, 4, heartbeat.DATA), (1, 5, heartbeat.OPTIMIZER), (0, 5, heartbeat.VOTE)):
-            sender.sendto(encode_beat(beat[0], beat[1], "here", beat[2]), ("127.0.0.1", udp))
+            sender.sendto(encode_beat(beat[0], beat[1], "here", 100 + beat[0], beat[2]), ("127.0.0.1", udp))
         deadline = time.monotonic() + 10
         while (seen := read_store("127.0.0.1", tcp)) is None or seen.get(0, _seen(0, 0, step=0)).step != 5:
             assert time.monotonic() < deadline, f"the store never had rank 0's second beat: {seen}"
@@ -121,6 +121,7 @@ def test_the_store_keeps_each_ranks_latest_beat_and_its_age(store):
     time.sleep(0.3)
     seen = read_store("127.0.0.1", tcp)
     assert (seen[0].step, seen[0].phase, seen[1].phase) == (5, heartbeat.VOTE, heartbeat.OPTIMIZER)
+    assert (seen[0].pid, seen[1].pid) == (100, 101)
     assert 0.3 <= seen[0].age < 10
 
 
@@ -129,3 +130,16 @@ def test_reading_a_store_nobody_serves_gives_none_within_its_timeout():
     started = time.monotonic()
     assert read_store("127.0.0.1", port, timeout=1.0) is None
     assert time.monotonic() - started < 5
+
+
+def test_only_a_stopped_rank_on_this_host_that_is_still_a_harness_process_is_ended():
+    """end_frozen_here never signals another host's pid, its own process, or a pid that is gone
+    (tests/integration/test_stuck_rank.py shows a frozen rank on the host ended)."""
+    here = socket.gethostname()
+    stale = [
+        Seen(0, "elsewhere", 5, heartbeat.OPTIMIZER, 12.0, pid=os.getppid()),
+        Seen(1, here, 5, heartbeat.OPTIMIZER, 12.0, pid=os.getpid()),
+        Seen(2, here, 5, heartbeat.OPTIMIZER, 12.0, pid=2**31 - 1),  # above any pid_max: no such process
+        Seen(3, here, 5, heartbeat.OPTIMIZER, 12.0),  # an old store's beat without a pid
+    ]
+    assert heartbeat.end_frozen_here(stale, here) == []
