@@ -265,7 +265,9 @@ class Heartbeat:
         latest = self._latest
         assert self._sock is not None and self.cluster is not None
         try:
-            self._sock.sendto(encode_beat(self.cluster.rank, latest[0], self._host, os.getpid(), latest[1]), self._address)
+            self._sock.sendto(
+                encode_beat(self.cluster.rank, latest[0], self._host, os.getpid(), latest[1]), self._address
+            )
         except OSError:
             pass  # a full buffer or an unreachable store: the next beat tries again
         self._sent, self._sent_at = latest, time.monotonic()
