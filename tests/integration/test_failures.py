@@ -128,7 +128,7 @@ def test_killing_one_rank_ends_the_job_within_the_timeout(tmp_path, backend):
 @pytest.fixture(scope="module")
 def hung_jobs(tmp_path_factory) -> dict[str, Failed]:
     """Every backend's job with rank 1 stopped after step 5, run side by side: each mostly waits
-    (for --timeout, then for its launcher's grace period), so together they take about as long as
+    (for --timeout), so together they take about as long as
     the slowest. /dev/shm is compared once all have ended."""
     shared_memory_before = shared_memory_segments()
     started = {
@@ -145,9 +145,9 @@ def hung_jobs(tmp_path_factory) -> dict[str, Failed]:
 @pytest.mark.parametrize("backend", DISTRIBUTED)
 def test_a_hung_rank_fails_its_peer_after_the_timeout(hung_jobs, backend):
     """A stopped rank keeps its sockets open: the survivor gives up after --timeout (not the 30 min
-    of DeepSpeed's own process groups, nor horovodrun's gloo timeout), and the launcher then ends the
-    stopped rank (torchrun and the deepspeed launcher after a 30 s grace period; benchmarks/checkpoint.py
-    --hung times them)."""
+    of DeepSpeed's own process groups, nor horovodrun's gloo timeout) and ends the stopped rank beside
+    it, so the job ends within --timeout + 30 s under every launcher (benchmarks/checkpoint.py --hung
+    times them)."""
     failed = hung_jobs[backend]
     tail = _assert_failed_cleanly(backend, failed, HUNG_TIMEOUT_S)
     job, stopped = failed.job, failed.signalled
@@ -158,4 +158,4 @@ def test_a_hung_rank_fails_its_peer_after_the_timeout(hung_jobs, backend):
     assert HUNG_TIMEOUT_S - 1 <= job.seconds(stopped, LOST) <= HUNG_TIMEOUT_S + SLACK_S, tail
     # The heartbeats name the frozen rank (harness.process.heartbeat; tests/integration/test_stuck_rank.py).
     assert f"stopped answering: rank 1 (host {socket.gethostname()}, step 5, " in job.output, tail
-    assert job.seconds(stopped) <= HUNG_TIMEOUT_S + 30 + SLACK_S, tail
+    assert job.seconds(stopped) <= HUNG_TIMEOUT_S + 30, tail
