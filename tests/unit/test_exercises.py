@@ -358,10 +358,12 @@ PRINTED_UNREDUCED = [
 # Each FAIL message once, several independent mistakes to a script: one launch judges them all.
 # name: (solution, replacements, {property: (TODO key, words the line must hold)})
 BROKEN: dict[str, tuple[str, list[tuple[str, str]], dict[str, tuple[str, str]]]] = {
-    "ddp-no-wrap-no-sampler-lr-unscaled-whole-test-set-every-rank-saves-and-prints": (
+    # Seeded alike for good, the ranks shuffle alike: every rank trains on the same samples.
+    "ddp-no-wrap-same-seed-no-sampler-lr-unscaled-whole-test-set-every-rank-saves-and-prints": (
         "02_ddp.py",
         [
             ('model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)\n', ""),
+            SAME_SEED,
             ("workshop.evaluate(model.module,", "workshop.evaluate(model,"),
             ("if rank == 0:\n    torch.save(model.module.state_dict()", "if True:\n    torch.save(model.state_dict()"),
             ("sampler=sampler, drop_last=True", "shuffle=True, drop_last=True"),
@@ -376,6 +378,7 @@ BROKEN: dict[str, tuple[str, list[tuple[str, str]], dict[str, tuple[str, str]]]]
             "evaluation": ("eval-shard", "each of the 297 test images 2 times"),
             "rank 0 writes": ("save", "rank 1 wrote model.pt"),
             "metrics": ("metrics", "rank 1 printed an epoch's line too"),
+            "rank seeds": ("wrap", SAME_SEED_WORDS),
         },
     ),
     "horovod-no-broadcast-no-set-epoch-padded-test-set-test-sums-not-added": (
@@ -435,13 +438,10 @@ BROKEN: dict[str, tuple[str, list[tuple[str, str]], dict[str, tuple[str, str]]]]
             "rank seeds": ("initialize", SAME_SEED_WORDS),
         },
     ),
-    "ddp-saves-the-wrapped-model-same-seed": (  # DDP's own state dict: its keys start with `module.`
+    "ddp-saves-the-wrapped-model": (  # DDP's own state dict: its keys start with `module.`
         "02_ddp.py",
-        [("torch.save(model.module.state_dict()", "torch.save(model.state_dict()"), SAME_SEED],
-        {
-            "rank 0 writes": ("save", "has keys the plain model lacks (module."),
-            "rank seeds": ("wrap", SAME_SEED_WORDS),
-        },
+        [("torch.save(model.module.state_dict()", "torch.save(model.state_dict()")],
+        {"rank 0 writes": ("save", "has keys the plain model lacks (module.")},
     ),
     "fsdp-saves-its-shards-same-seed": (  # the sharded model's own state dict: DTensors, each rank's pieces
         "06_fsdp.py",
@@ -504,6 +504,11 @@ BROKEN: dict[str, tuple[str, list[tuple[str, str]], dict[str, tuple[str, str]]]]
                 "inside the DDP model's no_sync()",
             )
         },
+    ),
+    "accumulation-never-averages": (  # no_sync on the last micro-batch too
+        "07_accumulation.py",
+        [("sync = model.no_sync() if number < len(parts) else contextlib.nullcontext()", "sync = model.no_sync()")],
+        {"same end": ("no-sync", "started alike but ended with different weights")},
     ),
     "deepspeed-global-batch-per-gpu-metrics-printed-unreduced": (
         "04_deepspeed.py",

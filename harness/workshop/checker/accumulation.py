@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 KEYS = ("no-sync",)
 
 
+def accumulates(observations: list[Observation]) -> bool:
+    """Whether a rank was seen running more than one training forward in an optimizer step."""
+    return any(passes > 1 for observation in observations for _, passes in observation.gradient_syncs)
+
+
 def check_accumulation(observations: list[Observation]) -> list[Failure]:
     """Property 10: no optimizer step of any rank communicated in more than one backward pass."""
     for observation in observations:

@@ -37,7 +37,8 @@ from typing import Any, Optional
 
 from ...study.equivalence import UPDATE_BOUND, update_differences, worst
 from ...training.lr import learning_rate, scaled_lr
-from .accumulation import check_accumulation
+from .accumulation import KEYS as ACCUMULATION_KEYS
+from .accumulation import accumulates, check_accumulation
 from .batch import BATCH_COMPLAINT, check_global_batch
 from .control import RunDirectory
 from .devices import check_devices
@@ -166,7 +167,8 @@ def _check_weights(observations: list[Observation], framework: Framework) -> tup
                     f"the ranks started alike but ended with different weights (rank "
                     f"{observation.rank}'s differ from rank 0's by {value:.3g} of the update, in "
                     f"{name}): the gradients are not averaged over the ranks",
-                    framework.sync_keys,
+                    # A step of micro-batches averages in its last backward only: no_sync kept it local too.
+                    (ACCUMULATION_KEYS if accumulates(observations) else ()) + framework.sync_keys,
                 )
             ], False
     return [], True
