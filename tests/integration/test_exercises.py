@@ -119,10 +119,10 @@ def test_make_exercises_rewrites_only_what_it_generates(tmp_path, capsys):
 
 
 def test_exercise_start_refuses_in_one_line(tmp_path):
-    result = harness("exercise", "start", "7", "--directory", str(tmp_path), timeout=120)
+    result = harness("exercise", "start", "9", "--directory", str(tmp_path), timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == (
-        "harness exercise: error: unknown exercise step '7'; choose one of "
+        "harness exercise: error: unknown exercise step '9'; choose one of "
         f"{', '.join(path.stem for path in sorted(EXERCISES.glob('*.py')))}\n"
     )
     assert harness("exercise", "start", "3", "--directory", str(tmp_path), timeout=120).returncode == 0
