@@ -61,11 +61,15 @@ model = workshop.build_model(args.dropout).to(device)
 # tell them apart.
 workshop.todo(4, "scale the learning rate with the global batch: linearly, for SGD")
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
-# TODO 5: start every rank from rank 0's weights and optimizer state
+# TODO 5: start every rank from rank 0's weights and optimizer state, then seed each rank's dropout apart
 # Each rank drew its own random weights: send rank 0's weights to every rank (Horovod has a
 # broadcast for a whole state dict), and rank 0's optimizer state too, so that every rank starts
 # from the same point.
-workshop.todo(5, "start every rank from rank 0's weights and optimizer state")
+# Every rank was seeded alike, so with dropout on each rank would drop the same units at the same
+# place in its batch, where one process gives every sample of the global batch its own draw: once
+# the weights are shared, seed torch again from --seed and the rank, so that the ranks' random
+# numbers differ.
+workshop.todo(5, "start every rank from rank 0's weights and optimizer state, then seed each rank's dropout apart")
 # TODO 6: average the gradients over the ranks at every step
 # Horovod's DistributedOptimizer wraps the optimizer: it allreduces each gradient as backward
 # produces it, before the step. It needs the model's named parameters, and its reduction must

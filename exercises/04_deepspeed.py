@@ -77,11 +77,15 @@ optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 # stages 1-3 partition the optimizer state, gradients and weights over the ranks, and then a torch
 # optimizer needs "zero_allow_untested_optimizer" set to true.
 workshop.todo(5, "write DeepSpeed's config: per-GPU and global batch, and no gradient clipping")
-# TODO 6: wrap model and optimizer in DeepSpeed's engine
+# TODO 6: wrap model and optimizer in DeepSpeed's engine, then seed each rank's dropout apart
 # DeepSpeed's initialize takes the model, the optimizer and the config, and returns the engine
 # first (then the optimizer and two things this script does not use). The engine broadcasts rank
 # 0's weights to every rank.
-workshop.todo(6, "wrap model and optimizer in DeepSpeed's engine")
+# Every rank was seeded alike, so with dropout on each rank would drop the same units at the same
+# place in its batch, where one process gives every sample of the global batch its own draw: once
+# the weights are shared, seed torch again from --seed and the rank, so that the ranks' random
+# numbers differ.
+workshop.todo(6, "wrap model and optimizer in DeepSpeed's engine, then seed each rank's dropout apart")
 
 # %% [markdown]
 # Training. Only rank 0 prints, after the ranks' sums and counts are added up.

@@ -70,10 +70,15 @@ test_loader = DataLoader(test_set, batch_size=256)
 
 # %%
 model = workshop.build_model(args.dropout).to(device)
-# Wrap the model in DistributedDataParallel
+# Wrap the model in DistributedDataParallel, then seed each rank's dropout apart
 # DDP broadcasts rank 0's weights to every rank when it is built, and averages the gradients over
 # the ranks during backward. Its device_ids are the rank's GPU, or None on the CPU.
+# Every rank was seeded alike, so with dropout on each rank would drop the same units at the same
+# place in its batch, where one process gives every sample of the global batch its own draw: once
+# the weights are shared, seed torch again from --seed and the rank, so that the ranks' random
+# numbers differ.
 model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+torch.manual_seed(args.seed * 1000 + rank + 1)
 # Scale the learning rate with the global batch: linearly, for SGD
 # --lr is the rate for one process's batch of --batch-size, and the global batch is world_size of
 # them. For SGD, as here, the rate grows in proportion to the global batch (the linear rule of Goyal

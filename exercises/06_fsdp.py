@@ -74,14 +74,18 @@ model = workshop.build_model(args.dropout).to(device)
 # (Built in a fork of the random state: the training draws the same random numbers as step 2.)
 with torch.random.fork_rng(devices=[]):
     evaluation_model = workshop.build_model(args.dropout).to(device)
-# TODO 4: start from rank 0's weights, then shard them over the ranks with fully_shard
+# TODO 4: start from rank 0's weights, shard them with fully_shard, then seed each rank's dropout apart
 # fully_shard does not broadcast: each rank keeps its own piece of its own copy, so ranks that
 # drew different weights would train a patchwork of them. Send rank 0's value of every tensor of
 # the model's state dict to every rank first. Then shard: fully_shard cuts each weight of the
 # module it is given into one piece per rank and keeps this rank's, in place. Give it each layer
 # with weights (the Conv2d and Linear layers: each is gathered whole only while it computes), then
 # the whole model. Its backward averages the gradients over the ranks.
-workshop.todo(4, "start from rank 0's weights, then shard them over the ranks with fully_shard")
+# Every rank was seeded alike, so with dropout on each rank would drop the same units at the same
+# place in its batch, where one process gives every sample of the global batch its own draw: once
+# the weights are shared, seed torch again from --seed and the rank, so that the ranks' random
+# numbers differ.
+workshop.todo(4, "start from rank 0's weights, shard them with fully_shard, then seed each rank's dropout apart")
 # TODO 5: scale the learning rate with the global batch: linearly, for SGD
 # --lr is the rate for one process's batch of --batch-size, and the global batch is world_size of
 # them. For SGD, as here, the rate grows in proportion to the global batch (the linear rule of Goyal

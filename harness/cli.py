@@ -206,7 +206,8 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         description="Runs FILE (e.g. exercises/02_ddp.py) at --ranks ranks with a fixed seed and a few steps and "
         "compares with what must happen: identical weights on every rank, equal to one process on "
         "the whole batch; every training sample seen once per epoch; every test sample scored once; "
-        "only rank 0 writes. Prints PASS, or one line per failed property naming its TODO.",
+        "only rank 0 writes; each rank draws its own dropout; micro-batches allreduce once per step. "
+        "Prints PASS, or one line per failed property naming its TODO.",
     )
     check.add_argument("file", help="the script to check, e.g. exercises/02_ddp.py")
     check.add_argument("--ranks", type=int, default=2, help="ranks to run it on (default: 2)")

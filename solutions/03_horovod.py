@@ -69,12 +69,17 @@ model = workshop.build_model(args.dropout).to(device)
 lr = args.lr * world_size
 # END TODO
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
-# TODO(broadcast): start every rank from rank 0's weights and optimizer state
+# TODO(broadcast): start every rank from rank 0's weights and optimizer state, then seed each rank's dropout apart
 # Each rank drew its own random weights: send rank 0's weights to every rank (Horovod has a
 # broadcast for a whole state dict), and rank 0's optimizer state too, so that every rank starts
 # from the same point.
+# Every rank was seeded alike, so with dropout on each rank would drop the same units at the same
+# place in its batch, where one process gives every sample of the global batch its own draw: once
+# the weights are shared, seed torch again from --seed and the rank, so that the ranks' random
+# numbers differ.
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+torch.manual_seed(args.seed * 1000 + rank + 1)
 # END TODO
 # TODO(optimizer): average the gradients over the ranks at every step
 # Horovod's DistributedOptimizer wraps the optimizer: it allreduces each gradient as backward

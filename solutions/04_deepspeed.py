@@ -93,11 +93,16 @@ ds_config = {
     "zero_allow_untested_optimizer": True,
 }
 # END TODO
-# TODO(initialize): wrap model and optimizer in DeepSpeed's engine
+# TODO(initialize): wrap model and optimizer in DeepSpeed's engine, then seed each rank's dropout apart
 # DeepSpeed's initialize takes the model, the optimizer and the config, and returns the engine
 # first (then the optimizer and two things this script does not use). The engine broadcasts rank
 # 0's weights to every rank.
+# Every rank was seeded alike, so with dropout on each rank would drop the same units at the same
+# place in its batch, where one process gives every sample of the global batch its own draw: once
+# the weights are shared, seed torch again from --seed and the rank, so that the ranks' random
+# numbers differ.
 engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+torch.manual_seed(args.seed * 1000 + rank + 1)
 # END TODO
 
 # %% [markdown]

@@ -82,19 +82,24 @@ model = workshop.build_model(args.dropout).to(device)
 # (Built in a fork of the random state: the training draws the same random numbers as step 2.)
 with torch.random.fork_rng(devices=[]):
     evaluation_model = workshop.build_model(args.dropout).to(device)
-# TODO(shard-model): start from rank 0's weights, then shard them over the ranks with fully_shard
+# TODO(shard-model): start from rank 0's weights, shard them with fully_shard, then seed each rank's dropout apart
 # fully_shard does not broadcast: each rank keeps its own piece of its own copy, so ranks that
 # drew different weights would train a patchwork of them. Send rank 0's value of every tensor of
 # the model's state dict to every rank first. Then shard: fully_shard cuts each weight of the
 # module it is given into one piece per rank and keeps this rank's, in place. Give it each layer
 # with weights (the Conv2d and Linear layers: each is gathered whole only while it computes), then
 # the whole model. Its backward averages the gradients over the ranks.
+# Every rank was seeded alike, so with dropout on each rank would drop the same units at the same
+# place in its batch, where one process gives every sample of the global batch its own draw: once
+# the weights are shared, seed torch again from --seed and the rank, so that the ranks' random
+# numbers differ.
 for tensor in model.state_dict().values():
     dist.broadcast(tensor, src=0)
 for layer in model.modules():
     if isinstance(layer, (torch.nn.Conv2d, torch.nn.Linear)):
         fully_shard(layer)
 fully_shard(model)
+torch.manual_seed(args.seed * 1000 + rank + 1)
 # END TODO
 # TODO(lr): scale the learning rate with the global batch: linearly, for SGD
 # --lr is the rate for one process's batch of --batch-size, and the global batch is world_size of

@@ -287,6 +287,13 @@ class Backend(abc.ABC):
         framework itself, before the framework reads it (`harness check` judges DeepSpeed's batch
         settings so). A framework without an engine config has nothing to watch."""
 
+    @classmethod
+    def watch_gradient_syncs(cls, record: Callable[[], None]) -> None:
+        """Call `record` each time the framework, in a script in this process that uses it itself,
+        issues one of the gradient communications of a backward pass (`harness check` counts the
+        backward passes that communicated per optimizer step so). A framework whose gradient
+        communications cannot be told apart from the script's own watches none."""
+
     def math_settings(self, config: TrainConfig) -> dict[str, Any]:
         """Every setting that changes the math, as applied; identical across backends by design."""
         return {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -69,6 +69,25 @@ class DDPBackend(TorchDistributedBackend):
             # DDP's default; https://pytorch.org/docs/stable/ddp_comm_hooks.html).
             self.model.register_comm_hook(None, allreduce_hook)
         return self.model, self.optimizer
+
+    @classmethod
+    def watch_gradient_syncs(cls, record: Callable[[], None]) -> None:
+        # Every DDP model built from now on allreduces its buckets through a comm hook that tells
+        # `record`, then does what the default allreduce hook does (as wrap's metered one). A
+        # backward inside no_sync reduces nothing, so no bucket of it reaches the hook.
+        built = DistributedDataParallel.__init__
+
+        # Unannotated: DDP compares a hook's annotations with its classes, and under postponed
+        # evaluation (this module's __future__ import) they are strings.
+        def told(state, bucket):  # type: ignore[no-untyped-def]
+            record()
+            return allreduce_hook(state, bucket)
+
+        def watched(self: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
+            built(self, *args, **kwargs)
+            self.register_comm_hook(None, told)
+
+        DistributedDataParallel.__init__ = watched  # type: ignore[method-assign]
 
     def backward(self, loss: torch.Tensor, sync: bool) -> None:
         # The reducer waits for the buckets' futures at the end of backward, in C++.

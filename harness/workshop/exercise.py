@@ -1,6 +1,6 @@
 """What the hands-on scripts share, so that neighbouring steps differ only in their distributed code.
 
-The steps in solutions/ (01_serial.py ... 05_warmup.py) use torch, Horovod and DeepSpeed directly:
+The steps in solutions/ (01_serial.py ... 07_accumulation.py) use torch, Horovod and DeepSpeed directly:
 that is what attendees learn. From here they take only what is not about data parallelism:
 
 - `parse_args`: the flags every step accepts (epochs, per-process batch, LR, seed, dropout, ...);
@@ -177,8 +177,11 @@ def _in_notebook() -> bool:
     return "ipykernel" in sys.modules
 
 
-def parse_args(description: str, warmup: bool = False, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """The flags of a hands-on step. In a notebook the defaults, unless `argv` is given.
+def parse_args(
+    description: str, warmup: bool = False, argv: Optional[Sequence[str]] = None, accumulation: bool = False
+) -> argparse.Namespace:
+    """The flags of a hands-on step. In a notebook the defaults, unless `argv` is given. `warmup`
+    adds --warmup-epochs (step 5), `accumulation` --micro-batches (step 7).
 
     `--batch-size` is per process and `--lr` is the learning rate for one process's batch: what
     the global batch makes of it is the script's business (that is the lesson).
@@ -214,9 +217,24 @@ def parse_args(description: str, warmup: bool = False, argv: Optional[Sequence[s
             default=1.0,
             help="epochs over which the LR ramps up from --lr to the scaled LR (default: 1)",
         )
+    if accumulation:
+        parser.add_argument(
+            "--micro-batches",
+            type=int,
+            default=2,
+            help="micro-batches each process splits its --batch-size into, one forward and backward each (default: 2)",
+        )
     if argv is None and _in_notebook():
         argv = []
     args = parser.parse_args(argv)
+    _check_values(parser, args)
+    for observer in _observers:
+        observer.arguments_parsed(args)
+    return args
+
+
+def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Stop with the parser's one-line error at a value no step can run with."""
     training_images = len(load_digits("train"))
     for flag, value, low in (
         ("--epochs", args.epochs, 1),
@@ -225,13 +243,13 @@ def parse_args(description: str, warmup: bool = False, argv: Optional[Sequence[s
     ):
         if value is not None and value < low:
             parser.error(f"{flag} must be at least {low}, got {value}")
+    micro_batches = getattr(args, "micro_batches", 1)
+    if not 1 <= micro_batches <= args.batch_size:
+        parser.error(f"--micro-batches must be between 1 and --batch-size {args.batch_size}, got {micro_batches}")
     if args.train_samples is not None and args.train_samples > training_images:
         parser.error(f"--train-samples must be at most {training_images}, got {args.train_samples}")
     if not args.lr > 0:
         parser.error(f"--lr must be positive, got {args.lr}")
-    for observer in _observers:
-        observer.arguments_parsed(args)
-    return args
 
 
 class Digits(Dataset):

@@ -32,9 +32,12 @@ from tests.unit.test_exercises import (
     GPU_BY_GLOBAL_RANK,
     LAUNCHERS,
     LEARNED_ACCURACY,
+    SAME_SEED,
     SOLUTIONS,
     broken_variant,
 )
+
+PROCESS_GROUP_JOINED = "rank, world_size = dist.get_rank(), dist.get_world_size()\n"
 
 
 def todo_reference(solution: str, key: str) -> str:
@@ -116,10 +119,10 @@ def test_make_exercises_rewrites_only_what_it_generates(tmp_path, capsys):
 
 
 def test_exercise_start_refuses_in_one_line(tmp_path):
-    result = harness("exercise", "start", "7", "--directory", str(tmp_path), timeout=120)
+    result = harness("exercise", "start", "9", "--directory", str(tmp_path), timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == (
-        "harness exercise: error: unknown exercise step '7'; choose one of "
+        "harness exercise: error: unknown exercise step '9'; choose one of "
         f"{', '.join(path.stem for path in sorted(EXERCISES.glob('*.py')))}\n"
     )
     assert harness("exercise", "start", "3", "--directory", str(tmp_path), timeout=120).returncode == 0
@@ -235,12 +238,17 @@ def test_check_reports_a_framework_error_at_its_line(tmp_path):
         ("02_ddp.py", [ADAM, ("lr = args.lr * world_size", "lr = args.lr * world_size ** 0.5")]),
         ("02_ddp.py", [ADAM]),
         ("03_horovod.py", []),
+        (
+            "02_ddp.py",
+            [SAME_SEED, (PROCESS_GROUP_JOINED, PROCESS_GROUP_JOINED + "torch.manual_seed(args.seed + rank)\n")],
+        ),
     ],
-    ids=["ddp-adam-sqrt", "ddp-adam-linear", "horovod"],
+    ids=["ddp-adam-sqrt", "ddp-adam-linear", "horovod", "ddp-seeded-per-rank-before-the-model"],
 )
-def test_check_accepts_the_rule_of_adam_and_the_local_rank_on_simulated_nodes(name, replacements, tmp_path):
+def test_check_accepts_what_the_exercise_asks_done_otherwise(name, replacements, tmp_path):
     """What the exercise asks passes: Adam's LR by the square-root or the linear rule (notebook 02 cannot tell
-    them apart), the GPU by the local rank on 2 nodes."""
+    them apart), the GPU by the local rank on 2 nodes, ranks seeded apart before the model is built (the
+    broadcast gives them rank 0's weights, their dropout draws its own)."""
     result = check_script(
         str(broken_variant(tmp_path, name, name, replacements)), timeout=CHECK_TIMEOUT_S, simulate_nodes=2
     )

@@ -5,6 +5,8 @@ launchers and `harness check` run for real are in tests/integration/test_exercis
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import re
 import tempfile
 from collections.abc import Sequence
@@ -13,13 +15,20 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from harness import UsageError, workshop
+from harness.backends import backend_class
+from harness.process.launchers import free_port
 from harness.workshop.checker import check_script
+from harness.workshop.checker.accumulation import check_accumulation
 from harness.workshop.checker.batch import resolve as resolve_batch
 from harness.workshop.checker.devices import DeviceExpressions, simulate_nodes
 from harness.workshop.checker.metrics import check_metrics
 from harness.workshop.checker.observe import Observation
+from harness.workshop.checker.seeds import check_rank_seeds, random_state
+from harness.workshop.checker.todos import FRAMEWORKS
 from tests.conftest import REPO
 
 SOLUTIONS = Path(REPO, "solutions")
@@ -31,8 +40,9 @@ LAUNCHERS = {
     "04_deepspeed.py": "deepspeed",
     "05_warmup.py": "torchrun",
     "06_fsdp.py": "torchrun",
+    "07_accumulation.py": "torchrun",
 }
-DISTRIBUTED = ["02_ddp.py", "03_horovod.py", "04_deepspeed.py", "05_warmup.py", "06_fsdp.py"]
+DISTRIBUTED = ["02_ddp.py", "03_horovod.py", "04_deepspeed.py", "05_warmup.py", "06_fsdp.py", "07_accumulation.py"]
 CHECK_TIMEOUT_S = 240
 LEARNED_ACCURACY = 0.90
 # The fewest epochs that clear LEARNED_ACCURACY with a margin (94.6%, 93.6%, 90.9%, 96.0% then 93.6%): the
@@ -45,6 +55,7 @@ EPOCHS_TO_LEARN = {
     "04_deepspeed.py": 2,
     "05_warmup.py": 3,
     "06_fsdp.py": 2,
+    "07_accumulation.py": 2,
 }
 # horovodrun tags each line with its rank: "[0]<stdout>:epoch 1: ..."
 EPOCH_LINE = re.compile(r"^(?:\[(\d+)\]<stdout>:)?epoch (\d+): .* accuracy ([\d.]+)% \((\d+) images\)$", re.M)
@@ -255,6 +266,74 @@ def test_what_rank_0_prints_is_compared_with_the_values_of_all_ranks(printed, co
     assert all(failure.observed.startswith(complaint) and failure.keys == ("metrics",) for failure in failures)
 
 
+def _observation(rank: int, **fields) -> Observation:
+    """Rank `rank` of a finished run of 2 that did nothing but what `fields` say."""
+    return Observation(rank, 2, rank, {}, 1, [], [], None, None, [], [], {}, "", [], [], **fields)
+
+
+def _seeded(seed: int) -> str:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return random_state(torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    "seeds, complaint",
+    [
+        ([0, 0], "every rank started training from the same random state"),
+        ([1, 2], None),
+        ([1, 2, 1, 3], "ranks 0, 2 started training from the same random state"),  # seeded by the local rank
+    ],
+)
+def test_ranks_that_draw_dropout_from_one_random_state_are_named(seeds, complaint):
+    framework = FRAMEWORKS[0]
+    observations = [_observation(rank, random_state=_seeded(seed)) for rank, seed in enumerate(seeds)]
+    failures = check_rank_seeds(observations, framework)
+    assert len(failures) == (1 if complaint else 0), failures
+    assert all(failure.observed.startswith(complaint) and failure.keys == framework.start_keys for failure in failures)
+    assert all("seed each rank again from --seed and its rank" in failure.observed for failure in failures)
+
+
+@pytest.mark.parametrize(
+    "syncs, complaint",
+    [
+        ([(1, 2), (1, 2)], None),  # accumulation with no_sync: one allreduce per step
+        ([(1, 1), (1, 1)], None),  # no accumulation
+        ([], None),  # a framework whose gradient communications are not watched
+        ([(1, 2), (2, 2)], "rank 1 averaged the gradients over the ranks in 2 of the 2 backward passes of step 2"),
+    ],
+)
+def test_a_step_that_averages_the_gradients_per_micro_batch_is_named(syncs, complaint):
+    failures = check_accumulation(
+        [_observation(0, gradient_syncs=[(1, 2)] * len(syncs)), _observation(1, gradient_syncs=syncs)]
+    )
+    assert [failure.observed.split(",")[0] for failure in failures] == ([complaint] if complaint else [])
+    assert all(failure.keys == ("no-sync",) and "no_sync()" in failure.observed for failure in failures)
+
+
+def test_the_check_counts_the_backward_passes_in_which_ddp_communicates(monkeypatch):
+    """The DDP backend's watch sees each backward that reduces, and none run inside no_sync (1 rank, gloo)."""
+    monkeypatch.setattr(DistributedDataParallel, "__init__", DistributedDataParallel.__init__)  # put back after
+    communicated, backward = [], [0]
+    backend_class("ddp").watch_gradient_syncs(lambda: communicated.append(backward[0]))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    try:
+        model = DistributedDataParallel(torch.nn.Linear(4, 2))
+        for number in (1, 2, 3):
+            backward[0] = number
+            with model.no_sync() if number == 1 else contextlib.nullcontext():
+                model(torch.ones(3, 4)).sum().backward()
+        assert sorted(set(communicated)) == [2, 3], communicated
+    finally:
+        dist.destroy_process_group()
+
+
 # --- harness check on broken scripts -----------------------------------------------------------
 
 # Pieces of broken variants: each replaces text that occurs once in every solution it is used on.
@@ -264,6 +343,9 @@ ADAM = (
 )
 GPU_BY_GLOBAL_RANK = ('device = torch.device("cuda", local_rank)', 'device = torch.device("cuda", rank)')
 REPORT = "        workshop.report(epoch, train_sums, test_sums)\n"
+# Every rank seeded alike for good: the same dropout masks on every rank.
+SAME_SEED = ("torch.manual_seed(args.seed * 1000 + rank + 1)\n", "")
+SAME_SEED_WORDS = "every rank started training from the same random state, so with dropout on they draw the same"
 PRINTED_UNREDUCED = [
     ("    dist.all_reduce(train_sums)\n    dist.all_reduce(test_sums)\n", ""),  # rank 0's own sums
     (
@@ -276,10 +358,12 @@ PRINTED_UNREDUCED = [
 # Each FAIL message once, several independent mistakes to a script: one launch judges them all.
 # name: (solution, replacements, {property: (TODO key, words the line must hold)})
 BROKEN: dict[str, tuple[str, list[tuple[str, str]], dict[str, tuple[str, str]]]] = {
-    "ddp-no-wrap-no-sampler-lr-unscaled-whole-test-set-every-rank-saves-and-prints": (
+    # Seeded alike for good, the ranks shuffle alike: every rank trains on the same samples.
+    "ddp-no-wrap-same-seed-no-sampler-lr-unscaled-whole-test-set-every-rank-saves-and-prints": (
         "02_ddp.py",
         [
             ('model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)\n', ""),
+            SAME_SEED,
             ("workshop.evaluate(model.module,", "workshop.evaluate(model,"),
             ("if rank == 0:\n    torch.save(model.module.state_dict()", "if True:\n    torch.save(model.state_dict()"),
             ("sampler=sampler, drop_last=True", "shuffle=True, drop_last=True"),
@@ -294,6 +378,7 @@ BROKEN: dict[str, tuple[str, list[tuple[str, str]], dict[str, tuple[str, str]]]]
             "evaluation": ("eval-shard", "each of the 297 test images 2 times"),
             "rank 0 writes": ("save", "rank 1 wrote model.pt"),
             "metrics": ("metrics", "rank 1 printed an epoch's line too"),
+            "rank seeds": ("wrap", SAME_SEED_WORDS),
         },
     ),
     "horovod-no-broadcast-no-set-epoch-padded-test-set-test-sums-not-added": (
@@ -340,15 +425,17 @@ BROKEN: dict[str, tuple[str, list[tuple[str, str]], dict[str, tuple[str, str]]]]
             "shards": ("shard", "were trained on by no rank"),
         },
     ),
-    "deepspeed-default-clipping-nothing-saved": (
+    "deepspeed-default-clipping-nothing-saved-same-seed": (
         "04_deepspeed.py",
         [
             ('    "gradient_clipping": 0.0,\n', ""),
             ("if rank == 0:\n    torch.save(engine.module.state_dict(), args.save)\n", ""),
+            SAME_SEED,
         ],
         {
             "one process": ("config", "clips the gradient norm at 1"),
             "rank 0 writes": ("save", "rank 0 did not save the model to --save model.pt"),
+            "rank seeds": ("initialize", SAME_SEED_WORDS),
         },
     ),
     "ddp-saves-the-wrapped-model": (  # DDP's own state dict: its keys start with `module.`
@@ -356,15 +443,19 @@ BROKEN: dict[str, tuple[str, list[tuple[str, str]], dict[str, tuple[str, str]]]]
         [("torch.save(model.module.state_dict()", "torch.save(model.state_dict()")],
         {"rank 0 writes": ("save", "has keys the plain model lacks (module.")},
     ),
-    "fsdp-saves-its-shards": (  # the sharded model's own state dict: DTensors, each rank's pieces
+    "fsdp-saves-its-shards-same-seed": (  # the sharded model's own state dict: DTensors, each rank's pieces
         "06_fsdp.py",
         [
             (
                 "weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))",
                 "weights = model.state_dict()",
-            )
+            ),
+            SAME_SEED,
         ],
-        {"rank 0 writes": ("save", "as a DTensor, the ranks' pieces of a sharded weight, not a whole tensor")},
+        {
+            "rank 0 writes": ("save", "as a DTensor, the ranks' pieces of a sharded weight, not a whole tensor"),
+            "rank seeds": ("shard-model", SAME_SEED_WORDS),
+        },
     ),
     "warmup-missing": (
         "05_warmup.py",
@@ -388,13 +479,36 @@ BROKEN: dict[str, tuple[str, list[tuple[str, str]], dict[str, tuple[str, str]]]]
             "device": ("process-group", "rank 1 picks GPU 1, its global rank (line "),
         },
     ),
-    "horovod-gpu-by-global-rank-nothing-printed": (
+    "horovod-gpu-by-global-rank-nothing-printed-same-seed": (
         "03_horovod.py",
-        [GPU_BY_GLOBAL_RANK, (REPORT, "        pass\n")],
+        [GPU_BY_GLOBAL_RANK, (REPORT, "        pass\n"), SAME_SEED],
         {
             "device": ("init", "but it is local rank 0 on its node"),
             "metrics": ("metrics", "rank 0 printed no epoch line"),
+            "rank seeds": ("broadcast", SAME_SEED_WORDS),
         },
+    ),
+    "accumulation-allreduces-every-micro-batch": (  # the same weights, twice the allreduces
+        "07_accumulation.py",
+        [
+            (
+                "sync = model.no_sync() if number < len(parts) else contextlib.nullcontext()",
+                "sync = contextlib.nullcontext()",
+            )
+        ],
+        {
+            "accumulation": (
+                "no-sync",
+                "rank 0 averaged the gradients over the ranks in 2 of the 2 backward passes of step 1, where once "
+                "per step gives the same gradients: run the forward and backward of every micro-batch but the last "
+                "inside the DDP model's no_sync()",
+            )
+        },
+    ),
+    "accumulation-never-averages": (  # no_sync on the last micro-batch too
+        "07_accumulation.py",
+        [("sync = model.no_sync() if number < len(parts) else contextlib.nullcontext()", "sync = model.no_sync()")],
+        {"same end": ("no-sync", "started alike but ended with different weights")},
     ),
     "deepspeed-global-batch-per-gpu-metrics-printed-unreduced": (
         "04_deepspeed.py",

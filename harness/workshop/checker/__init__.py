@@ -20,18 +20,21 @@ would draw them: only a broadcast from rank 0 makes them start alike); the weigh
 step and after the last and the LR of every step (a step that no training batch fed, such as
 Horovod's state set-up, is not counted); the flags parsed; the training loss of each batch, the sums
 workshop.evaluate returned, what workshop.report reported and what the rank wrote to stdout; the
-device index it picks; the config it gives deepspeed.initialize; the files written into the rank's
+device index it picks; the config it gives deepspeed.initialize; the random state its first training
+forward draws from; per optimizer step, its training forwards and how many of their backward passes
+communicated (DDP's buckets, through a comm hook); the files written into the rank's
 working directory; its error, and whether its backend calls it a peer's failure.
 
-What must hold is judge's docstring: eight properties, one FAIL line each, naming the TODO that
+What must hold is judge's docstring: ten properties, one FAIL line each, naming the TODO that
 governs it.
 
 The modules, one job each:
 - `observe`: inside each rank, the observers and the run of the script, and the record they leave;
 - `control`: the ranks' command, the run directory, the launcher's timeout, the stack dumps;
 - `judge`: the properties and the line of a run that did not finish;
-- `metrics`, `devices`, `batch`: what rank 0 prints, the device each rank picks (and the simulated
-  nodes), an engine's batch settings: each watched in the ranks and judged;
+- `metrics`, `devices`, `batch`, `seeds`, `accumulation`: what rank 0 prints, the device each rank
+  picks (and the simulated nodes), an engine's batch settings, the random state each rank's dropout
+  draws from, the backward passes that communicated: each watched in the ranks and judged;
 - `todos`: which framework a script uses, and which TODO governs each property (a Failure's keys);
 - `check`: `check_script`, which runs the others in turn;
 - `cli`: `harness check`'s verdict lines and the ranks' command line (`__main__`).

@@ -96,11 +96,7 @@ def check_script(
         status, timed_out = launch(framework.launcher, ranks, program, run, timeout)
         warm_up.join()
         observations = {rank: Observation.read(run.observations(rank)) for rank in range(ranks)}
-        warmup = any(
-            observation and observation.args and "warmup_epochs" in observation.args
-            for observation in observations.values()
-        )
-        index = TodoIndex(source_path.with_suffix(".py").name, framework, warmup)
+        index = TodoIndex(source_path.with_suffix(".py").name, framework)
         stopped = run_failure(observations, ranks, status, timed_out, timeout, run, str(script), framework)
         if stopped is not None:
             keep_run_dir = str(run.output_log) in stopped.observed

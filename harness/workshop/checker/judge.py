@@ -19,7 +19,10 @@ What must hold (one Failure each, with the TODO keys that govern it):
 7. no rank picks its GPU by a global rank that is not its local rank (devices; seen when the ranks
    run as if on several nodes, `--simulate-nodes`);
 8. an engine's config declares the batch each rank trains on and its global batch (batch:
-   DeepSpeed's train_batch_size).
+   DeepSpeed's train_batch_size);
+9. no two ranks draw their dropout masks from the same random state (seeds);
+10. a step split into micro-batches averages the gradients over the ranks once, not after every
+   micro-batch (accumulation: DDP's no_sync).
 Weights are compared with the observed LRs and batches, so each mistake fails one property only.
 A run that did not finish gets one line instead (`run_failure`): the TODO it reached, the error that
 stopped it (a rank that failed because a peer did points at the peer; DeepSpeed refusing the batch
@@ -34,6 +37,8 @@ from typing import Any, Optional
 
 from ...study.equivalence import UPDATE_BOUND, update_differences, worst
 from ...training.lr import learning_rate, scaled_lr
+from .accumulation import KEYS as ACCUMULATION_KEYS
+from .accumulation import accumulates, check_accumulation
 from .batch import BATCH_COMPLAINT, check_global_batch
 from .control import RunDirectory
 from .devices import check_devices
@@ -41,6 +46,7 @@ from .files import check_files
 from .metrics import check_metrics
 from .observe import Observation
 from .reference import check_one_process, max_gap
+from .seeds import check_rank_seeds
 from .shards import check_evaluation, check_training_data
 from .todos import Failure, Framework
 
@@ -161,7 +167,8 @@ def _check_weights(observations: list[Observation], framework: Framework) -> tup
                     f"the ranks started alike but ended with different weights (rank "
                     f"{observation.rank}'s differ from rank 0's by {value:.3g} of the update, in "
                     f"{name}): the gradients are not averaged over the ranks",
-                    framework.sync_keys,
+                    # A step of micro-batches averages in its last backward only: no_sync kept it local too.
+                    (ACCUMULATION_KEYS if accumulates(observations) else ()) + framework.sync_keys,
                 )
             ], False
     return [], True
@@ -281,6 +288,8 @@ def judge(observations: list[Observation], framework: Framework, ranks: int, run
     failures += check_metrics(observations)
     failures += check_devices(observations, framework)
     failures += check_global_batch(observations, ranks, framework)
+    failures += check_rank_seeds(observations, framework)
+    failures += check_accumulation(observations)
     return failures
 
 
@@ -293,9 +302,16 @@ def pass_line(observations: list[Observation], ranks: int) -> str:
         if any(observation.local_rank != observation.rank for observation in observations)
         else ""
     )
+    micro_batches = max((passes for _, passes in first.gradient_syncs), default=1)
+    accumulated = (
+        f"; the {micro_batches} micro-batches of a step averaged their gradients over the ranks once"
+        if micro_batches > 1
+        else ""
+    )
     return (
         f"PASS: {ranks} ranks x {len(first.steps)} steps ended with the same weights, those of one process on "
-        f"the same {batch}-sample global batches at the LR the exercise asks; each epoch every training sample "
-        "went to one rank at most, in a new order; each evaluation scored every test image once; only rank 0 "
-        f"wrote files and reported, the sums of all ranks{nodes}"
+        f"the same {batch}-sample global batches at the LR the exercise asks{accumulated}; each rank drew its "
+        "dropout from random numbers of its own; each epoch every training sample went to one rank at most, "
+        "in a new order; each evaluation scored every test image once; only rank 0 wrote files and reported, "
+        f"the sums of all ranks{nodes}"
     )

@@ -55,7 +55,8 @@ class StdoutTee:
 
 class TrainLosses:
     """Each training pass's summed loss and sample count, from the model's output on each training
-    batch (a forward hook in training mode) and the labels of the samples fetched for it."""
+    batch (a forward hook in training mode) and the labels of the samples fetched for it; a batch
+    split into micro-batches (consecutive parts, in order) gives one output per part."""
 
     def __init__(self) -> None:
         self.pending: list[int] = []  # training samples fetched since the last training forward
@@ -68,9 +69,11 @@ class TrainLosses:
     def forward(self, training_pass: int, module: torch.nn.Module, output: Any) -> None:
         if not module.training or not self.pending or not torch.is_tensor(output):
             return
-        indices, self.pending = self.pending, []
-        if output.dim() != 2 or output.shape[0] != len(indices):
+        if output.dim() != 2 or output.shape[0] > len(self.pending):
+            self.pending = []
             return  # not the workshop CNN's logits for this batch
+        # The first rows of what was fetched: the whole batch, or its next micro-batch (step 7).
+        indices, self.pending = self.pending[: output.shape[0]], self.pending[output.shape[0] :]
         if self._labels is None:
             self._labels = exercise.digits("train").labels
         with torch.no_grad():

@@ -8,9 +8,10 @@ an ExerciseObserver (harness.workshop.exercise.add_observer: the flags parsed, t
 workshop.digits fetch served, the model workshop.build_model made, the sums workshop.evaluate
 returned, what workshop.report reported) and also hooks every DataLoader pass over the digits,
 torch's global optimizer-step hooks (the weights before the first step and after the last, the LR
-of each step), the model's forward (the training loss, metrics.TrainLosses), the rank's stdout,
-the device it picks (devices) and the engine config it gives its framework (the backend's
-`watch_engine_config`). When the script ends, the observer writes its record (observation.json,
+of each step), the model's forward (the training loss, metrics.TrainLosses; the random state the
+first training forward draws from, seeds; the training forwards of each step), the rank's stdout,
+the device it picks (devices), the engine config it gives its framework (the backend's
+`watch_engine_config`) and the backward passes that communicated (its `watch_gradient_syncs`). When the script ends, the observer writes its record (observation.json,
 weights.pt), which `Observation.read` reads back in the checker.
 """
 
@@ -43,6 +44,7 @@ from .batch import batch_settings
 from .control import RunDirectory, ask_peers_for_stacks, enable_stack_dumps
 from .devices import Device, DeviceExpressions, simulate_nodes, watch_set_device, weights_device
 from .metrics import StdoutTee, TrainLosses
+from .seeds import random_state
 
 EXIT_FAILED = 1
 Fetch = tuple[str, int, int, list[int]]  # split, pass over it, counted steps before it, sample indices
@@ -110,6 +112,10 @@ class RankObserver:
         self.printed: list[str] = []  # what the rank wrote to stdout
         self.engine_configs: list[Optional[dict[str, int]]] = []  # batch settings given to the framework
         self.devices: list[Device] = []
+        self.random_state: Optional[str] = None  # at the first training forward (seeds)
+        self.forwards_in_step = 0  # training forwards since the last counted step
+        self.synced_in_step: set[int] = set()  # which of them had a backward that communicated
+        self.gradient_syncs: list[tuple[int, int]] = []  # per counted step: (synced, forwards)
         self.device_expressions = DeviceExpressions(script)
         self.script_globals: Optional[dict[str, Any]] = None
 
@@ -125,6 +131,7 @@ class RankObserver:
         if self.model is not None:
             return
         self.model = model
+        model.register_forward_pre_hook(self.before_forward)
         model.register_forward_hook(self.forward)
         if self.rank != 0:
             # As a rank seeded otherwise would draw them; the script's own random state is kept.
@@ -150,6 +157,16 @@ class RankObserver:
     def pass_started(self, split: str) -> None:
         self.passes[split] += 1
 
+    def before_forward(self, module: torch.nn.Module, inputs: Any) -> None:
+        if not (module.training and torch.is_grad_enabled() and self.fetched_for_step):
+            return  # not a training forward
+        self.forwards_in_step += 1
+        if self.random_state is None and inputs and torch.is_tensor(inputs[0]):
+            self.random_state = random_state(inputs[0].device)
+
+    def gradients_synced(self) -> None:
+        self.synced_in_step.add(self.forwards_in_step)
+
     def forward(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         self.train_losses.forward(self.passes["train"], module, output)
 
@@ -163,7 +180,9 @@ class RankObserver:
         if not self.fetched_for_step:
             return  # no batch fed it: an optimizer set-up step (Horovod), or a wrapper's outer step
         self.steps.append([float(group["lr"]) for group in optimizer.param_groups])
-        self.fetched_for_step = 0
+        self.gradient_syncs.append((len(self.synced_in_step), self.forwards_in_step))
+        self.fetched_for_step, self.forwards_in_step = 0, 0
+        self.synced_in_step = set()
         if self.model is not None:
             self.final = _snapshot(self.model)
 
@@ -223,6 +242,8 @@ class RankObserver:
             "printed": "".join(self.printed),
             "engine_configs": self.engine_configs,
             "devices": self.devices,
+            "random_state": self.random_state,
+            "gradient_syncs": self.gradient_syncs,
         }
         torch.save({"start": self.start, "final": self.final}, directory / "weights.pt")
         (directory / "observation.json").write_text(json.dumps(record))
@@ -249,6 +270,8 @@ class Observation:
     devices: list[Device]
     start: Optional[Weights] = None
     final: Optional[Weights] = None
+    random_state: Optional[str] = None
+    gradient_syncs: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
     @classmethod
     def read(cls, directory: Path) -> Optional[Observation]:
@@ -258,7 +281,7 @@ class Observation:
             weights = torch.load(directory / "weights.pt", weights_only=True)
         except (OSError, ValueError, RuntimeError):
             return None
-        for name in ("fetches", "reports", "devices"):  # JSON keeps tuples as lists
+        for name in ("fetches", "reports", "devices", "gradient_syncs"):  # JSON keeps tuples as lists
             record[name] = [tuple(entry) for entry in record[name]]
         record["train_losses"] = {int(number): sums for number, sums in record["train_losses"].items()}
         names = {field.name for field in dataclasses.fields(cls)}
@@ -304,6 +327,7 @@ def _watch(observer: RankObserver, framework: type[Backend]) -> None:
     register_optimizer_step_post_hook(observer.after_step)
     watch_set_device(observer.device_chosen)
     framework.watch_engine_config(observer.engine_config)
+    framework.watch_gradient_syncs(observer.gradients_synced)
     sys.stdout = StdoutTee(sys.stdout, observer.printed.append)  # type: ignore[assignment]
 
 

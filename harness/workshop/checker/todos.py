@@ -111,14 +111,14 @@ def framework_of(source: str, path: str) -> Framework:
 
 
 class TodoIndex:
-    """TODO numbers and titles by key, read from the solutions the exercises are made from."""
+    """TODO numbers and titles by key, read from the solutions the exercises are made from: the
+    script's own step (by its file name), then its framework's solution, then any step that
+    exercises the key (a step's own key, such as warmup, in a script named otherwise)."""
 
-    def __init__(self, script_name: str, framework: Framework, warmup: bool) -> None:
+    def __init__(self, script_name: str, framework: Framework) -> None:
         self.framework = framework
         names = [script_name] if (SOLUTIONS / script_name).is_file() else []
-        if warmup:
-            names += [path.name for path in sorted(SOLUTIONS.glob("*.py")) if "# TODO(warmup)" in path.read_text()]
-        names.append(framework.solution)
+        names += [framework.solution, *(path.name for path in sorted(SOLUTIONS.glob("*.py")))]
         self.solutions = list(dict.fromkeys(names))
 
     def describe(self, keys: Sequence[str]) -> str:
