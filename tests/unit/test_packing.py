@@ -121,14 +121,21 @@ def test_one_rank_with_one_thread_and_with_two_are_different_placements():
 
 
 def test_packing_rows_pair_the_rounds_and_say_whether_the_speedup_interval_leaves_out_one():
-    steady = [_record(ranks, ranks, base * ranks, repeat=r) for r, base in enumerate((100, 150, 110)) for ranks in (1, 2)]
+    steady = [
+        _record(ranks, ranks, base * ranks, repeat=r) for r, base in enumerate((100, 150, 110)) for ranks in (1, 2)
+    ]
     rows = packing_rows(steady)
     assert [row["placement"] for row in rows] == ["1 rank(s) x 2 thread(s)", "2 rank(s) x 1 thread(s)"]
     # The load drifts from round to round, but each round's ratio is 2: paired, the interval is 2 exactly.
     assert rows[1]["speedup interval"] == pytest.approx((2.0, 2.0)) and rows[1]["apart"] is True
     low, high = rows[0]["interval"]
     assert low < rows[0]["samples/s"] < high and rows[0]["apart"] is None
-    noisy = [_record(1, 1, 100.0), _record(2, 2, 300.0), _record(1, 1, 300.0, repeat=1), _record(2, 2, 100.0, repeat=1)]
+    noisy = [
+        _record(1, 1, 100.0),
+        _record(2, 2, 300.0),
+        _record(1, 1, 300.0, repeat=1),
+        _record(2, 2, 100.0, repeat=1),
+    ]
     assert packing_rows(noisy)[1]["apart"] is False
     assert packing_rows([_record(1, 1, 100.0), _record(2, 2, 300.0)])[1]["apart"] is None  # one round: no interval
     table = packing_table(steady)

@@ -75,7 +75,9 @@ def test_the_packing_figure_has_error_bars_and_titled_axes():
     assert (low, high) == pytest.approx(rows[0]["interval"])
     assert "95% interval" in ax.get_title()
     # The second panel stacks a rank's phases: forward + backward, then communication on top of it.
-    assert "ms" in breakdown.get_ylabel() and "forward + backward" in [t.get_text() for t in breakdown.get_legend().texts]
+    assert "ms" in breakdown.get_ylabel() and "forward + backward" in [
+        t.get_text() for t in breakdown.get_legend().texts
+    ]
     tops = {patch.get_x(): patch.get_y() + patch.get_height() for patch in breakdown.patches if patch.get_height()}
     assert sorted(tops.values()) == pytest.approx([25.0, 40.0])  # 2 ranks: 15 + 10 ms; 1 rank: 30 + 10 ms
 
