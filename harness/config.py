@@ -104,6 +104,11 @@ class TrainConfig:
         "GPU runs: ranks sharing one GPU (AccDP; needs a communicator that allows it, see docs/how-to/gpu-check.md)",
     )
     threads: Optional[int] = _opt(None, "CPU threads per rank (default: cores / local ranks)", type=int)
+    pin_cores: bool = _opt(
+        False,
+        "CPU runs: pin each rank to cores of its own, --threads of them (local rank r takes the r-th "
+        "block of the cores the launcher gave it), so that the ranks never trade cores",
+    )
     num_workers: int = _opt(0, "data-loader worker processes per rank (0 = load in the training process)")
     prefetch: int = _opt(4, "batches each data-loader worker keeps ready ahead of training (with --num-workers > 0)")
     eval_every: int = _opt(1, "evaluate every N epochs (the last epoch is always evaluated; 0 = only the last)")

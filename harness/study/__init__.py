@@ -13,6 +13,7 @@
   shows, the sweep, figures and report, and the job's continuation after a warning or a preemption;
 - `trace`: the per-rank summary of a merged `harness train --profile-trace` trace (the training
   layer merges the ranks' traces into one, harness.training.trace);
+- `intervals`: 95% intervals over interleaved repeats (of a mean, of a paired ratio) and whether two overlap;
 - `equivalence`, `weights`: the bound within which a distributed run must train the weights of one
   process on the global batch, and the comparison of saved weights against it.
 
@@ -58,6 +59,9 @@ __getattr__, __dir__ = lazy_exports(
         "site_names": "sites",
         "parse_walltime": "walltime",
         "trace_summary": "trace",
+        "mean_interval": "intervals",
+        "ratio_interval": "intervals",
+        "overlap": "intervals",
     },
 )
 __all__ = __dir__()

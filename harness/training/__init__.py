@@ -36,6 +36,9 @@ __getattr__, __dir__ = lazy_exports(
         "append_record": "record",
         "mean_and_ci95": "record",
         "merge_traces": "trace",
+        "accelerator_utilisation": "metrics",
+        "AU_FORMULA": "metrics",
+        "DEFINITIONS": "metrics",
     },
 )
 __all__ = __dir__()

@@ -99,7 +99,7 @@ def evaluate_model_file(config: TrainConfig, model_file: str) -> dict[str, Any]:
     """
     started = time.time()
     with preserved_process_state():
-        backend, cluster, device, _, _ = place_process(config)
+        backend, cluster, device, *_ = place_process(config)
         test_set = load_split(
             config.dataset, "test", DataOptions(config.data_dir, config.model, config.image_size, config.timeout)
         )

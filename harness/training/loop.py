@@ -329,7 +329,7 @@ def _end_epoch(
     plan: RunPlan, state: RunState, epoch: int, epoch_start: float, progress_bar: Any, watchers: Callback
 ) -> None:
     """Close the timed window, reduce the epoch's losses (one collective), evaluate, log, checkpoint."""
-    config, (backend, cluster, device, _, _) = plan.config, plan.placement
+    config, (backend, cluster, device, *_) = plan.config, plan.placement
     state.heartbeat.beat(state.step, phase.EPOCH_END)
     epoch_end = _synchronised(plan)
     window = state.timer.close_window()
@@ -424,7 +424,7 @@ def _calibration_batches(plan: RunPlan) -> list[Any]:
 
 def _finish(plan: RunPlan, state: RunState, started: float) -> dict[str, Any]:
     """Measure what the timed window could not (compute per step, every rank's breakdown); the run's record."""
-    config, (backend, cluster, device, _, _) = plan.config, plan.placement
+    config, (backend, cluster, device, *_) = plan.config, plan.placement
     state.heartbeat.beat(state.step, phase.FINISH)
     if state.timer.profiler is not None:
         state.timer.profiler.finish(state.timer)

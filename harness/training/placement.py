@@ -6,7 +6,7 @@ any rank waits for another.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -16,7 +16,7 @@ from ..data import DATASETS
 from ..errors import UsageError, unknown_choice
 from ..process.accelerator import kind_of, select_device
 from ..process.discovery import ClusterEnv, default_threads, detect_cluster
-from ..process.state import use_cpu
+from ..process.state import pin_to_cores, use_cpu
 from .models import MODELS
 from .profiling import check_trace_directory
 from .resume import check_checkpoint_flags
@@ -61,11 +61,12 @@ class Placement(NamedTuple):
     device: torch.device
     threads: int
     cpu_malloc: str  # the CPU memory mode in effect (harness.process.allocator)
+    cores: Optional[list[int]]  # the cores this rank is pinned to (--pin-cores on a CPU), else None
 
 
 def place_process(config: TrainConfig) -> Placement:
-    """Check the config, backend and launch (no process group yet); pick this rank's device, threads
-    and CPU memory reuse. Sets the thread count: call it inside
+    """Check the config, backend and launch (no process group yet); pick this rank's device, threads,
+    CPU memory reuse and (--pin-cores) cores. Sets the thread count and the cores: call it inside
     `harness.process.state.preserved_process_state`."""
     check_config(config)
     backend = get_backend(config.backend, config.backend_options)
@@ -75,4 +76,5 @@ def place_process(config: TrainConfig) -> Placement:
     check_device(type(backend), device)
     backend.check_launch(config, cluster, device)
     threads = config.threads or default_threads(cluster)
-    return Placement(backend, cluster, device, threads, use_cpu(device, threads, config.cpu_malloc))
+    cores = pin_to_cores(cluster.local_rank, threads) if config.pin_cores and device.type == "cpu" else None
+    return Placement(backend, cluster, device, threads, use_cpu(device, threads, config.cpu_malloc), cores)

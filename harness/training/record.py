@@ -98,7 +98,7 @@ def host_info() -> dict[str, Any]:
 def run_record(plan: RunPlan, state: RunState, started: float, breakdown: dict[str, Any]) -> dict[str, Any]:
     """The results record of a run that has trained (`breakdown`: its gathered step breakdown,
     harness.training.timing.gather_breakdown): counts over the whole run, timings of this segment."""
-    config, (backend, cluster, device, threads, _) = plan.config, plan.placement
+    config, (backend, cluster, device, threads, *_) = plan.config, plan.placement
     timer, progress = state.timer, state.progress
     throughput = timer.steps * plan.global_batch / timer.seconds if timer.seconds else None
     return {
@@ -163,6 +163,7 @@ def _tuning(plan: RunPlan, state: RunState) -> dict[str, Any]:
     return {
         **backend.tuning(),
         "cpu_malloc": cpu_malloc,
+        "pinned_cores": plan.placement.cores,  # rank 0's (--pin-cores); each rank has a block of its own
         "channels_last_weights": plan.channels_last_weights,
         "compile": backend.compiled,
         "heartbeat": state.heartbeat.running,  # --no-heartbeat turns it off; one rank has none

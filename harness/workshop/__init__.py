@@ -66,7 +66,7 @@ __getattr__, __dir__ = lazy_exports(
         },
         **{
             name: "packing"
-            for name in ("packing_rows", "packing_table", "packings", "run_packing_study", "mps_daemon")
+            for name in ("Packing", "packing_rows", "packing_table", "packings", "run_packing_study", "mps_daemon")
         },
     },
 )

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..data.sharding import dropped_tail, epoch_permutation, rank_slice, steps_per_epoch
 from ..errors import require
-from ..study.plot import FIGSIZE, PALETTE, PLOT_INSTALL, SLIDE_STYLE
+from ..study.plot import FIGSIZE, PALETTE, PHASE_STYLE, PLOT_INSTALL, SLIDE_STYLE
 from ..training.metrics import AU_FORMULA
 
 
@@ -177,36 +177,31 @@ def sharding_figure(
 
 
 def padded_evaluation_figure(evaluations: Sequence[Any]) -> Any:
-    """Test accuracy (%) against world size: what a DistributedSampler evaluation reports (padded)
-    and the exact value, with the duplicates counted on a second axis
+    """What a DistributedSampler evaluation reports minus the exact accuracy (accuracy points)
+    against world size, inside a band of +-1 and +-2 standard errors of the exact accuracy over
+    this test set (the axis spans at least +-2.5 of them, so that no shift looks larger than the
+    test set can tell), with the duplicates counted on a second axis
     (harness.workshop.pipeline.PaddedEvaluation items)."""
     rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
 
     worlds = [e.world_size for e in evaluations]
+    shifts = [100 * e.accuracy_error for e in evaluations]
+    error = 100 * evaluations[0].standard_error
     with rc_context(SLIDE_STYLE):
         fig = _figure()
         ax = fig.add_subplot()
-        ax.plot(
-            worlds,
-            [100 * e.padded_accuracy for e in evaluations],
-            marker="o",
-            color=PALETTE[3],
-            label="DistributedSampler (padded, mean of ranks)",
-        )
-        ax.plot(
-            worlds,
-            [100 * e.exact_accuracy for e in evaluations],
-            marker="s",
-            color=PALETTE[1],
-            linestyle="--",
-            label="harness (every sample once)",
-        )
+        for width, alpha in ((2, 0.12), (1, 0.22)):
+            ax.axhspan(-width * error, width * error, color=PALETTE[1], alpha=alpha, linewidth=0)
+        ax.axhline(0, color=PALETTE[1], linestyle="--", label="harness (every sample once): no shift")
+        ax.plot(worlds, shifts, marker="o", color=PALETTE[3], label="DistributedSampler (padded) minus exact")
         ax.set_xscale("log", base=2)
         ax.set_xticks(worlds)
         ax.set_xticklabels([str(w) for w in worlds])
         ax.minorticks_off()
         ax.set_xlabel("ranks evaluating")
-        ax.set_ylabel("test accuracy reported (%)")
+        ax.set_ylabel("accuracy reported minus exact (points)")
+        reach = max(2.5 * error, 1.2 * max(abs(shift) for shift in shifts))
+        ax.set_ylim(-reach, reach)
         twin = ax.twinx()
         twin.bar(
             worlds,
@@ -223,7 +218,10 @@ def padded_evaluation_figure(evaluations: Sequence[Any]) -> Any:
         lines, names = ax.get_legend_handles_labels()
         bars, bar_names = twin.get_legend_handles_labels()
         ax.legend(lines + bars, names + bar_names, loc="lower left")
-        ax.set_title(f"The same model, evaluated on {evaluations[0].test_samples} test samples by N ranks")
+        ax.set_title(
+            f"The same model on {evaluations[0].test_samples} test samples by N ranks\n"
+            f"shaded: 1 and 2 standard errors of the exact accuracy ({error:.2f} points)"
+        )
     return fig
 
 
@@ -259,45 +257,52 @@ def loading_figure(measurements: Sequence[Any]) -> Any:
 
 
 def packing_figure(rows: Sequence[dict[str, Any]], title: str = "Several ranks per device") -> Any:
-    """Throughput (samples/s) per placement (harness.workshop.packing.packing_rows): the mean over
-    repeats with its 95% interval as an error bar, and the speedup over the first placement
-    written on each bar."""
-    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
+    """Per placement (harness.workshop.packing.packing_rows), left: the throughput's mean over
+    repeats with its 95% interval as an error bar and the speedup over the first placement written
+    on each bar; right: one rank's milliseconds per step in each phase, stacked."""
+    from ..study.intervals import error_bars
 
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
     on_gpus = rows[0]["device"] == "cuda"
+    labels = [row["placement"].replace(" (", "\n(") for row in rows]
+    means = [row["samples/s"] for row in rows]
+    below, above = error_bars(means, [row["interval"] for row in rows])
     with rc_context(SLIDE_STYLE):
-        fig = _figure()
-        ax = fig.add_subplot()
-        labels = [row["placement"].replace(" (", "\n(") for row in rows]
-        errors = [row.get("ci95") or 0.0 for row in rows]
-        ax.bar(
-            range(len(rows)),
-            [row["samples/s"] for row in rows],
-            color=PALETTE[1],
-            width=0.6,
-            yerr=errors,
-            capsize=10,
-            error_kw={"linewidth": 2, "ecolor": "black"},
-        )
-        for x, (row, error) in enumerate(zip(rows, errors)):  # above the error bar, not on it
+        fig = _figure((14, 6))
+        ax, right = fig.subplots(1, 2)
+        ax.bar(range(len(rows)), means, color=PALETTE[1], width=0.6, yerr=[below, above], capsize=10)
+        for x, (row, top) in enumerate(zip(rows, above)):  # above the error bar, not on it
             ax.annotate(
-                f"{row['samples/s']:,.0f}" + (f" ± {error:,.0f}" if error else "") + f"\n(x{row['speedup']:.2f})",
-                (x, row["samples/s"] + error),
+                f"{row['samples/s']:,.0f}\n(x{row['speedup']:.2f})",
+                (x, row["samples/s"] + top),
                 xytext=(0, 4),
                 textcoords="offset points",
                 ha="center",
                 va="bottom",
             )
-        ax.set_xticks(range(len(rows)))
-        ax.set_xticklabels(labels)
-        ax.set_xlabel(
-            "placement: ranks per GPU (MPS shares each GPU)"
-            if on_gpus
-            else "placement: ranks x torch threads per rank, sharing the cores"
-        )
         ax.set_ylabel("throughput (samples/s, all ranks)")
+        ax.set_ylim(0, max(mean + top for mean, top in zip(means, above)) * 1.35)
         runs = min(row["runs"] for row in rows)
-        ax.set_ylim(0, max(row["samples/s"] + error for row, error in zip(rows, errors)) * 1.35)
-        ax.grid(False, axis="x")
-        ax.set_title(f"{title}\nmean of {runs} interleaved repeats, error bars: 95% interval" if runs > 1 else title)
+        ax.set_title(f"mean of {runs} interleaved repeats, error bars: 95% interval" if runs > 1 else "one run each")
+        _breakdown_bars(right, rows)
+        for axes in (ax, right):
+            axes.set_xticks(range(len(rows)))
+            axes.set_xticklabels(labels)
+            axes.grid(False, axis="x")
+            axes.set_xlabel("ranks per GPU (MPS shares each GPU)" if on_gpus else "ranks x torch threads, pinned")
+        fig.suptitle(title)
     return fig
+
+
+def _breakdown_bars(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
+    """One rank's mean milliseconds per step in each phase, stacked per placement."""
+    bottoms = np.zeros(len(rows))
+    for phase in ("forward_backward", "optimizer", "communication", "data_wait", "other"):
+        heights = np.array([row["per step ms"].get(phase, 0.0) for row in rows])
+        name, colour = PHASE_STYLE[phase]
+        ax.bar(range(len(rows)), heights, bottom=bottoms, width=0.6, color=colour, label=name)
+        bottoms += heights
+    ax.set_ylabel("one rank's time per step (ms)")
+    ax.set_title("where a rank's step goes (mean of the repeats)")
+    ax.legend(loc="upper left", fontsize="small")
+    ax.set_ylim(0, max(bottoms) * 1.4 if len(bottoms) and max(bottoms) > 0 else 1)

@@ -1,15 +1,17 @@
 """Several ranks per device: does packing more processes onto a CPU or GPU raise throughput?
 
-AccDP (HiPC 2022) found small and medium models leave an A100 under-used (43%), and several
-processes per GPU, run concurrently through NVIDIA's Multi-Process Service (MPS), gave up to 58%
-more throughput on one GPU. The CPU analogue is how a node's cores are split into ranks x threads.
+AccDP (HiPC 2022) found that small and medium models leave an A100 under-used, and that several
+processes per GPU, run concurrently through NVIDIA's Multi-Process Service (MPS), raised the
+throughput of one GPU. The CPU analogue is how a node's cores are split into ranks x threads.
 
 `packings(cores, gpus)` lists the placements to compare on this node: on a CPU every power-of-two
-split of the cores into ranks x threads; on GPUs 1, 2 and 4 ranks per GPU (`--procs-per-gpu`;
+split of the cores into ranks x threads, each rank pinned to cores of its own (`--pin-cores`, where
+the system can pin), so that the ranks and their threads never trade cores; on GPUs 1, 2 and 4 ranks per GPU (`--procs-per-gpu`;
 how ranks sharing a GPU reduce is their backend's business, see harness.backends).
 `run_packing_study` trains each placement with `harness.run_sweep` (the same per-rank batch, so the
 weak-scaling throughputs compare directly), inside `mps_daemon()` on GPUs when MPS can be started,
-and tags each record with its placement; `packing_table` sets them side by side.
+and tags each record with its placement and interleave round; `packing_rows` and `packing_table`
+set them side by side, with 95% intervals over the rounds (harness.study.intervals).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ MPS_VARIABLES = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 MPS_TIMEOUT_S = 30
 PLACEMENT_TAG = "ranks_per_device"
 REPEAT_TAG = "packing_repeat"
+CAN_PIN = hasattr(os, "sched_setaffinity")  # Linux; macOS and Windows cannot pin a process to cores
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class Packing:
     threads: int  # torch threads per rank (CPU runs)
     ranks_per_device: int  # ranks per GPU, or ranks on the one CPU
     device: str  # "cpu" or "cuda"
+    pin: bool = CAN_PIN  # CPU runs: each rank on cores of its own (--pin-cores), where the system can pin
 
     def label(self) -> str:
         if self.device == "cuda":
@@ -56,7 +60,7 @@ class Packing:
         placement = (
             ["--procs-per-gpu", str(self.ranks_per_device)]
             if self.device == "cuda"
-            else ["--threads", str(self.threads)]
+            else ["--threads", str(self.threads), *(["--pin-cores"] if self.pin else [])]
         )
         return [*placement, "--tag", f"{PLACEMENT_TAG}={self.ranks_per_device}"]
 
@@ -151,8 +155,10 @@ def run_packing_study(
         raise UsageError("no placements to compare; pass at least one Packing")
     if repeats < 1:
         raise UsageError(f"repeats must be a positive integer, got {repeats}")
-    if any(flag in train_args for flag in ("--threads", "--procs-per-gpu")):
-        raise UsageError("a packing study sets --threads and --procs-per-gpu per placement; drop them from train_args")
+    if any(flag in train_args for flag in ("--threads", "--procs-per-gpu", "--pin-cores")):
+        raise UsageError(
+            "a packing study sets --threads, --pin-cores and --procs-per-gpu per placement; drop them from train_args"
+        )
     gpus = plan[0].ranks // plan[0].ranks_per_device if plan[0].device == "cuda" else 0
     records: list[dict[str, Any]] = []
     failed: list[str] = []
@@ -201,43 +207,67 @@ def _run_placement(
         return run_sweep(settings)
 
 
-def _placement(record: Mapping[str, Any]) -> int:
-    return int(record.get("tags", {}).get(PLACEMENT_TAG, record["world_size"]))
+def _placement(record: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What tells placements apart: device, ranks, threads per rank and ranks per device."""
+    per_device = int(record.get("tags", {}).get(PLACEMENT_TAG, record["world_size"]))
+    return record.get("device"), record["world_size"], record.get("threads_per_rank"), per_device
+
+
+def _rounds(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Interleave round (the study's repeat tag; the run's place among its placement's runs without
+    one) -> the run's throughput: what harness.study.intervals pairs placements by."""
+    return {str(run.get("tags", {}).get(REPEAT_TAG, index)): run["throughput"] for index, run in enumerate(runs)}
+
+
+def _per_step_ms(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Milliseconds per step of one rank, per phase (harness.training.metrics.STEP_PHASES), mean over runs."""
+    from ..training.metrics import STEP_PHASES
+
+    breakdowns = [run["step_breakdown"]["seconds_per_step"] for run in runs if run.get("step_breakdown")]
+    if not breakdowns:
+        return {}
+    return {phase: 1000 * sum(b.get(phase, 0.0) for b in breakdowns) / len(breakdowns) for phase in STEP_PHASES}
 
 
 def packing_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per placement: its label, ranks, threads, ranks per device, the throughput's mean
-    over repeats and the half-width of its 95% interval ("ci95", None from one run), the speedup
-    of the mean over the placement with the fewest ranks per device, and "apart": whether the two
-    95% intervals do not overlap, so that the difference is larger than the run-to-run spread
-    (None for the first row, or without intervals)."""
-    from ..training.record import mean_and_ci95
+    """One row per placement, in the order the records first show it: its label, ranks, threads,
+    ranks per device, runs, the throughput's mean over repeats with its 95% interval ("interval",
+    harness.study.intervals.mean_interval; None from one run), the mean per rank, a rank's mean
+    milliseconds per step in each phase ("per step ms"), and the speedup of the mean over the first
+    row's with its 95% interval paired by interleave round ("speedup interval",
+    intervals.ratio_interval; None for the first row or without two shared rounds); "apart" says
+    whether that interval leaves out 1, so that the difference is larger than the run-to-run spread
+    (None where there is no interval)."""
+    from ..study.intervals import mean_interval, overlap, ratio_interval
 
-    groups: dict[int, list[Mapping[str, Any]]] = {}
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for record in records:
         if record.get("throughput"):
             groups.setdefault(_placement(record), []).append(record)
-    rows = []
-    for per_device in sorted(groups):
-        runs = groups[per_device]
-        spread = mean_and_ci95([run["throughput"] for run in runs])
+    rows: list[dict[str, Any]] = []
+    for (device, ranks, threads, per_device), runs in groups.items():
+        throughputs = [run["throughput"] for run in runs]
+        mean = sum(throughputs) / len(throughputs)
         rows.append(
             {
                 "placement": _placement_label(runs[0], per_device),
                 "ranks per device": per_device,
-                "ranks": runs[0]["world_size"],
-                "threads per rank": runs[0].get("threads_per_rank"),
-                "device": runs[0].get("device"),
+                "ranks": ranks,
+                "threads per rank": threads,
+                "device": device,
                 "runs": len(runs),
-                "samples/s": spread["mean"],
-                "ci95": spread["ci95"],
-                "per rank": spread["mean"] / runs[0]["world_size"],
+                "samples/s": mean,
+                "interval": mean_interval(throughputs),
+                "per rank": mean / ranks,
+                "per step ms": _per_step_ms(runs),
                 "mps": runs[0].get("tags", {}).get("mps"),
+                "rounds": _rounds(runs),
             }
         )
     for row in rows:
         row["speedup"] = row["samples/s"] / rows[0]["samples/s"]
-        row["apart"] = None if row is rows[0] else _apart(row, rows[0])
+        row["speedup interval"] = None if row is rows[0] else ratio_interval(row["rounds"], rows[0]["rounds"])
+        row["apart"] = None if row["speedup interval"] is None else not overlap(row["speedup interval"], (1.0, 1.0))
     return rows
 
 
@@ -248,27 +278,21 @@ def _placement_label(record: Mapping[str, Any], per_device: int) -> str:
     return f"{record['world_size']} rank(s) x {record.get('threads_per_rank')} thread(s)"
 
 
-def _apart(row: Mapping[str, Any], base: Mapping[str, Any]) -> Optional[bool]:
-    """Whether the 95% intervals of two rows' throughputs do not overlap (None if one has none)."""
-    if row["ci95"] is None or base["ci95"] is None:
-        return None
-    return abs(row["samples/s"] - base["samples/s"]) > row["ci95"] + base["ci95"]
+def _interval_text(interval: Optional[tuple[float, float]], digits: int) -> str:
+    return "-" if interval is None else f"[{interval[0]:,.{digits}f}, {interval[1]:,.{digits}f}]"
 
 
 def packing_table(records: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown of packing_rows: throughput as mean ± 95% interval over repeats."""
+    """Markdown of packing_rows: throughput and speedup as mean [95% interval] over repeats."""
     from ..study.report import markdown_table
 
     rows = packing_rows(records)
     keys = ("ranks per device", "ranks", "threads per rank", "device", "mps", "runs")
     columns = [(key, lambda row, key=key: row[key]) for key in keys]
     columns += [
-        (
-            "samples/s ± 95%",
-            lambda row: f"{row['samples/s']:,.0f} ± " + ("-" if row["ci95"] is None else f"{row['ci95']:,.0f}"),
-        ),
+        ("samples/s [95%]", lambda row: f"{row['samples/s']:,.0f} {_interval_text(row['interval'], 0)}"),
         ("per rank", lambda row: row["per rank"]),
-        ("speedup", lambda row: row["speedup"]),
-        ("95% intervals apart", lambda row: None if row["apart"] is None else ("yes" if row["apart"] else "no")),
+        ("speedup [95%]", lambda row: f"{row['speedup']:.2f} {_interval_text(row['speedup interval'], 2)}"),
+        ("interval leaves out 1", lambda row: None if row["apart"] is None else ("yes" if row["apart"] else "no")),
     ]
     return markdown_table(rows, columns)

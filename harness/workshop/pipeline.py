@@ -94,6 +94,12 @@ class PaddedEvaluation:
         """padded - exact, in accuracy points (fraction)."""
         return self.padded_accuracy - self.exact_accuracy
 
+    @property
+    def standard_error(self) -> float:
+        """The exact accuracy's own standard error over this test set, sqrt(p (1 - p) / n) (fraction):
+        how far another test set of the same size would typically move it."""
+        return math.sqrt(self.exact_accuracy * (1 - self.exact_accuracy) / self.test_samples)
+
 
 def padded_evaluation(correct: np.ndarray, world_size: int, shuffle: bool = True, seed: int = 0) -> PaddedEvaluation:
     """The accuracy a DistributedSampler evaluation reports at `world_size` ranks, from each test
@@ -158,6 +164,10 @@ class LoadingMeasurement:
     au: float  # harness.training.metrics.accelerator_utilisation(compute, elapsed)
     data_wait_ms: float  # per step
     compute_ms: float  # per step: forward, backward, optimizer
+    # One value per interleaved round, in round order: what harness.study.intervals pairs configurations by.
+    round_throughputs: tuple[float, ...] = ()
+    round_data_wait_ms: tuple[float, ...] = ()
+    round_compute_ms: tuple[float, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -270,7 +280,8 @@ def compare_loading(
     target = torch.device(
         "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
     )
-    totals = {configuration: np.zeros(3) for configuration in configurations}  # data wait, compute, elapsed (s)
+    # per configuration, per round: data wait, compute, elapsed (s)
+    totals: dict[tuple[str, int], list[np.ndarray]] = {configuration: [] for configuration in configurations}
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -281,24 +292,37 @@ def compare_loading(
                     if source == "per-sample"
                     else _prepared_batches(arrays, batch_size, workers, prefetch, seed, warmup_steps + steps)
                 )
-                totals[source, workers] += _timed_steps(batches, arrays, image_size, target, warmup_steps, steps, seed)
+                totals[source, workers].append(
+                    _timed_steps(batches, arrays, image_size, target, warmup_steps, steps, seed)
+                )
     finally:
         torch.set_num_threads(previous_threads)
-    timed = rounds * steps
     return [
-        LoadingMeasurement(
-            source,
-            workers,
-            prefetch,
-            batch_size,
-            timed,
-            timed * batch_size / elapsed,
-            accelerator_utilisation(computed, elapsed),
-            1000 * waited / timed,
-            1000 * computed / timed,
-        )
-        for (source, workers), (waited, computed, elapsed) in totals.items()
+        _measurement(source, workers, prefetch, batch_size, steps, np.array(per_round))
+        for (source, workers), per_round in totals.items()
     ]
+
+
+def _measurement(
+    source: str, workers: int, prefetch: int, batch_size: int, steps: int, per_round: np.ndarray
+) -> LoadingMeasurement:
+    """One configuration's rounds (rows: data wait, compute, elapsed seconds) added up, and each kept."""
+    waited, computed, elapsed = per_round.sum(axis=0)
+    timed = len(per_round) * steps
+    return LoadingMeasurement(
+        source,
+        workers,
+        prefetch,
+        batch_size,
+        timed,
+        timed * batch_size / elapsed,
+        accelerator_utilisation(computed, elapsed),
+        1000 * waited / timed,
+        1000 * computed / timed,
+        tuple(float(steps * batch_size / row[2]) for row in per_round),
+        tuple(float(1000 * row[0] / steps) for row in per_round),
+        tuple(float(1000 * row[1] / steps) for row in per_round),
+    )
 
 
 def _timed_steps(

@@ -65,6 +65,7 @@ def test_backends_one_after_another_in_the_same_two_mpi_processes(tmp_path):
             backend: {
                 **tuning,
                 "cpu_malloc": "reuse",
+                "pinned_cores": None,
                 "channels_last_weights": False,
                 "compile": None,
                 "heartbeat": True,

@@ -119,6 +119,7 @@ def test_sweep_records_are_complete(swept):
             **DEFAULT_TUNING[record["backend"]],
             **reduces,
             "cpu_malloc": "reuse",
+            "pinned_cores": None,
             "channels_last_weights": False,
             "compile": None,
             "heartbeat": record["world_size"] > 1,  # one rank has no peer to name

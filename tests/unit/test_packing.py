@@ -13,6 +13,7 @@ import stat
 import pytest
 
 from harness.errors import UsageError
+from harness.training.metrics import STEP_PHASES
 from harness.workshop.packing import (
     MPS_VARIABLES,
     mps_daemon,
@@ -36,7 +37,7 @@ def test_cpu_packings_share_the_cores_without_oversubscribing(cores, max_ranks, 
     plan = packings(cores=cores, gpus=0, max_ranks=max_ranks)
     assert [(p.ranks, p.threads) for p in plan] == expected
     assert all(p.ranks * p.threads <= cores and p.device == "cpu" and p.ranks_per_device == p.ranks for p in plan)
-    assert plan[0].train_args() == ["--threads", str(cores), "--tag", "ranks_per_device=1"]
+    assert plan[0].train_args() == ["--threads", str(cores), "--pin-cores", "--tag", "ranks_per_device=1"]
 
 
 def test_gpu_packings_put_one_two_and_four_ranks_on_every_gpu():
@@ -80,48 +81,65 @@ def test_a_daemon_the_site_runs_is_used_as_it_is(monkeypatch, tmp_path):
     assert not (tmp_path / "calls.log").exists()  # nothing started, nothing quit
 
 
-def test_a_packing_study_refuses_placement_flags_in_its_train_args(tmp_path):
-    with pytest.raises(UsageError, match="--threads"):
-        run_packing_study(["--threads", "4"], str(tmp_path / "r.jsonl"), packings(cores=2, gpus=0))
+@pytest.mark.parametrize("flags", [["--threads", "4"], ["--pin-cores"], ["--procs-per-gpu", "2"]])
+def test_a_packing_study_refuses_placement_flags_in_its_train_args(tmp_path, flags):
+    with pytest.raises(UsageError, match="--threads, --pin-cores and --procs-per-gpu"):
+        run_packing_study(flags, str(tmp_path / "r.jsonl"), packings(cores=2, gpus=0))
 
 
-def _record(world_size: int, per_device: int, throughput: float) -> dict:
+def _record(world_size: int, per_device: int, throughput: float, threads: int = 0, repeat: int = 0) -> dict:
     return {
         "world_size": world_size,
         "throughput": throughput,
-        "threads_per_rank": 2 // world_size,
+        "threads_per_rank": threads or 2 // world_size,
         "device": "cpu",
-        "tags": {"ranks_per_device": str(per_device), "mps": "off"},
+        "tags": {"ranks_per_device": str(per_device), "mps": "off", "packing_repeat": str(repeat)},
+        "step_breakdown": {"seconds_per_step": {phase: 0.001 for phase in STEP_PHASES}},
     }
 
 
-def test_packing_rows_average_repeats_and_compare_with_one_rank_per_device():
-    rows = packing_rows([_record(1, 1, 100.0), _record(2, 2, 300.0), _record(1, 1, 200.0), _record(2, 2, 300.0)])
+def test_packing_rows_average_repeats_and_compare_with_the_first_placement():
+    rows = packing_rows(
+        [_record(1, 1, 100.0), _record(2, 2, 300.0), _record(1, 1, 200.0, repeat=1), _record(2, 2, 300.0, repeat=1)]
+    )
     assert [(row["ranks per device"], row["runs"], row["samples/s"], row["speedup"]) for row in rows] == [
         (1, 2, 150.0, 1.0),
         (2, 2, 300.0, 2.0),
     ]
-    assert rows[1]["per rank"] == 150.0
+    assert rows[1]["per rank"] == 150.0 and rows[1]["per step ms"]["forward_backward"] == pytest.approx(1.0)
     assert packing_table([_record(1, 1, 100.0)]).startswith("| ranks per device |")
 
 
-def test_packing_rows_give_each_placement_a_95_percent_interval_and_say_whether_they_are_apart():
+def test_one_rank_with_one_thread_and_with_two_are_different_placements():
+    rows = packing_rows([_record(1, 1, 100.0, threads=1), _record(1, 1, 150.0, threads=2), _record(2, 2, 180.0)])
+    assert [row["placement"] for row in rows] == [
+        "1 rank(s) x 1 thread(s)",
+        "1 rank(s) x 2 thread(s)",
+        "2 rank(s) x 1 thread(s)",
+    ]
+    assert [row["speedup"] for row in rows] == [1.0, 1.5, 1.8]
+
+
+def test_packing_rows_pair_the_rounds_and_say_whether_the_speedup_interval_leaves_out_one():
     steady = [
-        _record(1, 1, 100.0),
-        _record(2, 2, 300.0),
-        _record(1, 1, 110.0),
-        _record(2, 2, 310.0),
-        _record(1, 1, 105.0),
-        _record(2, 2, 305.0),
+        _record(ranks, ranks, base * ranks, repeat=r) for r, base in enumerate((100, 150, 110)) for ranks in (1, 2)
     ]
     rows = packing_rows(steady)
     assert [row["placement"] for row in rows] == ["1 rank(s) x 2 thread(s)", "2 rank(s) x 1 thread(s)"]
-    assert rows[0]["ci95"] == pytest.approx(4.303 * 5.0 / 3**0.5)  # t(2) x sd / sqrt(n)
-    assert rows[0]["apart"] is None and rows[1]["apart"] is True
-    noisy = [_record(1, 1, 100.0), _record(2, 2, 300.0), _record(1, 1, 300.0), _record(2, 2, 100.0)]
+    # The load drifts from round to round, but each round's ratio is 2: paired, the interval is 2 exactly.
+    assert rows[1]["speedup interval"] == pytest.approx((2.0, 2.0)) and rows[1]["apart"] is True
+    low, high = rows[0]["interval"]
+    assert low < rows[0]["samples/s"] < high and rows[0]["apart"] is None
+    noisy = [
+        _record(1, 1, 100.0),
+        _record(2, 2, 300.0),
+        _record(1, 1, 300.0, repeat=1),
+        _record(2, 2, 100.0, repeat=1),
+    ]
     assert packing_rows(noisy)[1]["apart"] is False
-    assert packing_rows([_record(1, 1, 100.0), _record(2, 2, 300.0)])[1]["apart"] is None  # one run: no interval
-    assert "± 12" in packing_table(steady) and packing_table(steady).rstrip("| ").endswith("yes")
+    assert packing_rows([_record(1, 1, 100.0), _record(2, 2, 300.0)])[1]["apart"] is None  # one round: no interval
+    table = packing_table(steady)
+    assert "2.00 [2.00, 2.00]" in table and table.rstrip("| \n").endswith("yes")
 
 
 def test_a_packing_study_numbers_its_runs_over_the_whole_study(monkeypatch, tmp_path, capsys):

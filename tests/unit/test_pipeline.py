@@ -122,5 +122,10 @@ def test_compare_loading_adds_up_each_configurations_interleaved_rounds(image_tr
     )
     assert [(m.source, m.num_workers, m.steps) for m in measured] == [("per-sample", 0, 4), ("prepared", 0, 4)]
     assert all(m.au == pytest.approx(_compute_over_total(m)) for m in measured)
+    for m in measured:  # each round kept, in order, adding up to the whole
+        assert len(m.round_throughputs) == len(m.round_data_wait_ms) == len(m.round_compute_ms) == 2
+        assert sum(m.round_data_wait_ms) / 2 == pytest.approx(m.data_wait_ms)
+        assert sum(m.round_compute_ms) / 2 == pytest.approx(m.compute_ms)
+        assert min(m.round_throughputs) <= m.throughput <= max(m.round_throughputs)
     with pytest.raises(UsageError, match="once"):
         compare_loading(image_tree[0], configurations * 2)
