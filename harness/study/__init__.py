@@ -11,8 +11,8 @@
   (harness/study/sites/*.json), the scheduler's view of the job, the checks before the queue
   (`--check`) and in the job, the site's NCCL/RCCL network plugin, discovery and the placement it
   shows, the sweep, figures and report, and the job's continuation after a warning or a preemption;
-- `trace`: the per-rank summary of a merged `harness train --profile-trace` trace (the training
-  layer merges the ranks' traces into one, harness.training.trace);
+- `trace`: the per-rank summary and spans of a merged `harness train --profile-trace` trace (the
+  training layer merges the ranks' traces into one, harness.training.trace); `run_plots` draws it;
 - `equivalence`, `weights`: the bound within which a distributed run must train the weights of one
   process on the global batch, and the comparison of saved weights against it.
 
@@ -34,6 +34,7 @@ __getattr__, __dir__ = lazy_exports(
         "write_figures": "plot",
         "loss_figure": "run_plots",
         "timeline_figure": "run_plots",
+        "trace_figure": "run_plots",
         "prediction_figure": "run_plots",
         "BenchSettings": "allreduce",
         "bench_allreduce": "bench",
@@ -58,6 +59,7 @@ __getattr__, __dir__ = lazy_exports(
         "site_names": "sites",
         "parse_walltime": "walltime",
         "trace_summary": "trace",
+        "trace_spans": "trace",
     },
 )
 __all__ = __dir__()
