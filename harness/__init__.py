@@ -13,6 +13,7 @@ Python API (what notebooks, exercises and job templates use; every CLI command h
     harness.evaluate_model_file(harness.TrainConfig(...), "model.pt")          # harness evaluate
     harness.check_script("exercises/02_ddp.py")                                # harness check
     harness.merge_traces("trace-dir")                  # harness trace merge (after train --profile-trace)
+    harness.trace_figure("trace-dir/trace.json")       # every rank's timeline of the merged trace
 
 `train` runs on the rank of whatever launcher started the process, and can be called again and
 again in one process (see harness.training.loop). The names here are functions and classes that stay what
@@ -104,6 +105,23 @@ def trace_summary(path: str) -> dict:
     return summary(path)
 
 
+def trace_spans(path: str) -> dict:
+    """Per rank of a merged trace: its training thread's forward, backward, gradient sync and optimizer,
+    and its allreduces on the communicator's threads, as (kind, start, end) spans in seconds on the
+    trace's one clock (see harness.study.trace.trace_spans)."""
+    from .study.trace import trace_spans as spans
+
+    return spans(path)
+
+
+def trace_figure(path: str, title: str = ""):
+    """A merged trace as a matplotlib Figure: one row per rank's training thread and one for its
+    allreduces, on one clock, where overlap and waiting show (see harness.study.run_plots.trace_figure)."""
+    from .study.run_plots import trace_figure as figure
+
+    return figure(path, title)
+
+
 def read_results(paths) -> list:
     """The records of JSONL results files, or of a job directory's results.jsonl (see harness.training.record.read_results)."""
     from .training.record import read_results as read
@@ -145,6 +163,8 @@ __all__ = [
     "run_sweep",
     "scaling_figures",
     "scaling_report",
+    "trace_figure",
+    "trace_spans",
     "trace_summary",
     "train",
     "__version__",

@@ -11,9 +11,14 @@
   (harness/study/sites/*.json), the scheduler's view of the job, the checks before the queue
   (`--check`) and in the job, the site's NCCL/RCCL network plugin, discovery and the placement it
   shows, the sweep, figures and report, and the job's continuation after a warning or a preemption;
+<<<<<<< HEAD
 - `trace`: the per-rank summary of a merged `harness train --profile-trace` trace (the training
   layer merges the ranks' traces into one, harness.training.trace);
 - `intervals`: 95% intervals over interleaved repeats (of a mean, of a paired ratio) and whether two overlap;
+=======
+- `trace`: the per-rank summary and spans of a merged `harness train --profile-trace` trace (the
+  training layer merges the ranks' traces into one, harness.training.trace); `run_plots` draws it;
+>>>>>>> nb06
 - `equivalence`, `weights`: the bound within which a distributed run must train the weights of one
   process on the global batch, and the comparison of saved weights against it.
 
@@ -35,6 +40,7 @@ __getattr__, __dir__ = lazy_exports(
         "write_figures": "plot",
         "loss_figure": "run_plots",
         "timeline_figure": "run_plots",
+        "trace_figure": "run_plots",
         "prediction_figure": "run_plots",
         "BenchSettings": "allreduce",
         "bench_allreduce": "bench",
@@ -62,6 +68,7 @@ __getattr__, __dir__ = lazy_exports(
         "mean_interval": "intervals",
         "ratio_interval": "intervals",
         "overlap": "intervals",
+        "trace_spans": "trace",
     },
 )
 __all__ = __dir__()

@@ -1,5 +1,5 @@
-"""Figures of single runs and of a prediction: a run's per-rank step timeline, training loss per
-step, and predicted against measured step times and efficiency (the scaling figures of a study are
+"""Figures of single runs and of a prediction: a run's per-rank step timeline, its merged profiler
+trace (every rank's threads on one clock), training loss per step, and predicted against measured step times and efficiency (the scaling figures of a study are
 harness.study.plot's)."""
 
 from __future__ import annotations
@@ -9,6 +9,24 @@ from typing import Any, Optional
 
 from ..errors import UsageError, require
 from .plot import FIGSIZE, PALETTE, PHASE_STYLE, PLOT_INSTALL, SLIDE_STYLE, _legend, _mark_contended, _save
+
+
+def _lane_bars(
+    ax: Any, lanes: Sequence[tuple[str, Sequence[tuple[str, float, float]]]], style: Mapping[str, Any]
+) -> None:
+    """Each lane (label, [(kind, start s, end s)]) as a row of bars, the first on top, coloured and
+    named by kind (`style`: kind -> (legend label, colour)), with one legend entry per kind."""
+    for row, (_, spans) in enumerate(lanes):
+        for kind, start, end in spans:
+            label, colour = style[kind]
+            ax.broken_barh([(1000 * start, 1000 * (end - start))], (row - 0.35, 0.7), color=colour, label=label)
+    handles, names = ax.get_legend_handles_labels()
+    unique = dict(zip(names, handles))
+    ax.legend(unique.values(), unique.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.25), ncols=2)
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels([label for label, _ in lanes])
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    ax.grid(False, axis="y")
 
 
 def timeline_figure(record: dict[str, Any], steps: Optional[int] = None) -> Any:
@@ -22,38 +40,63 @@ def timeline_figure(record: dict[str, Any], steps: Optional[int] = None) -> Any:
     if not timeline or not any(timeline["per_rank"]):
         raise UsageError("this record has no per-rank timeline; train with --trace-steps N (e.g. 8) to record one")
     # "forward_backward_sync": records from before communication was split off the gradient phase
-    colours = {
-        **{phase: colour for phase, (_, colour) in PHASE_STYLE.items()},
-        "forward_backward_sync": PHASE_STYLE["forward_backward"][1],
+    style = {
+        **PHASE_STYLE,
+        "forward_backward_sync": ("forward + backward + gradient sync", PHASE_STYLE["forward_backward"][1]),
     }
-    labels = {
-        **{phase: label for phase, (label, _) in PHASE_STYLE.items()},
-        "forward_backward_sync": "forward + backward + gradient sync",
-    }
+    lanes = [
+        (
+            f"rank {rank}",
+            [(phase, begin, end) for step in traced[:steps] for phase, (begin, end) in zip(timeline["phases"], step)],
+        )
+        for rank, traced in enumerate(timeline["per_rank"])
+    ]
     with rc_context(SLIDE_STYLE):
-        fig = Figure(figsize=(FIGSIZE[0], 1.6 + 0.9 * len(timeline["per_rank"])), layout="constrained")
+        fig = Figure(figsize=(FIGSIZE[0], 1.6 + 0.9 * len(lanes)), layout="constrained")
         ax = fig.add_subplot()
-        for rank, traced in enumerate(timeline["per_rank"]):
-            for step in traced[:steps]:
-                for phase, (begin, end) in zip(timeline["phases"], step):
-                    ax.broken_barh(
-                        [(1000 * begin, 1000 * (end - begin))],
-                        (rank - 0.35, 0.7),
-                        color=colours[phase],
-                        label=labels[phase],
-                    )
-        handles, names = ax.get_legend_handles_labels()
-        unique = dict(zip(names, handles))
-        ax.legend(unique.values(), unique.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.25), ncols=2)
-        ax.set_yticks(range(len(timeline["per_rank"])))
-        ax.set_yticklabels([f"rank {rank}" for rank in range(len(timeline["per_rank"]))])
-        ax.invert_yaxis()
+        _lane_bars(ax, lanes, style)
         ax.set_xlabel("time since the timed window opened (ms)")
-        ax.grid(False, axis="y")
         ax.set_title(
             f"Per-rank step timeline: {record['backend']}, {record['world_size']} ranks, "
             f"{record['model']}, batch {record['local_batch']} per rank"
         )
+    return fig
+
+
+# The kinds of harness.study.trace.trace_spans: the training thread's in the phases' colours.
+TRACE_STYLE = {
+    "forward": ("forward", PHASE_STYLE["forward_backward"][1]),
+    "backward": ("backward", "#9ab5dc"),
+    "gradient sync": ("waiting for the averaged gradients", PHASE_STYLE["communication"][1]),
+    "optimizer": PHASE_STYLE["optimizer"],
+    "allreduce": ("allreduce (communicator thread)", "#c44e52"),
+}
+
+
+def trace_figure(path: str, title: str = "") -> Any:
+    """The merged trace of `harness train --profile-trace DIR` (DIR/trace.json) as a timeline: per
+    rank, a row for its training thread (forward, backward, waiting for the averaged gradients,
+    optimizer) and a row below it for its allreduces on the communicator's threads, on the trace's
+    one clock (harness.study.trace.trace_spans). Returns the Figure; UsageError if `path` is not a
+    merged trace."""
+    from .trace import trace_spans
+
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
+    from matplotlib.figure import Figure
+
+    lanes = [
+        (f"rank {rank} {lane}", spans)
+        for rank, rank_lanes in trace_spans(path).items()
+        for lane, spans in rank_lanes.items()
+    ]
+    if not lanes:
+        raise UsageError(f"{path} holds no profiled steps; train with --profile-trace DIR and plot DIR/trace.json")
+    with rc_context(SLIDE_STYLE):
+        fig = Figure(figsize=(FIGSIZE[0] + 4, 2.2 + 0.8 * len(lanes)), layout="constrained")
+        ax = fig.add_subplot()
+        _lane_bars(ax, lanes, TRACE_STYLE)
+        ax.set_xlabel("time since the first profiled step of any rank (ms, one clock)")
+        ax.set_title(title or "Every rank's profiled steps (torch.profiler, merged trace)")
     return fig
 
 

@@ -1,12 +1,30 @@
-"""What a merged trace shows: `trace_summary(path)` reads the DIR/trace.json of `harness train
---profile-trace DIR` (merged by harness.training.trace at the end of the run, or by `harness trace
-merge DIR`) back: per rank, the seconds of the profiled steps in forward, backward, optimizer,
-allreduce (on any thread) and idle.
+"""What a merged trace shows: the DIR/trace.json of `harness train --profile-trace DIR` (merged by
+harness.training.trace at the end of the run, or by `harness trace merge DIR`) read back.
+
+- `trace_summary(path)`: per rank, the seconds of the profiled steps in forward, backward,
+  optimizer, allreduce (on any thread) and idle;
+- `trace_spans(path)`: per rank, the same events as spans on the common clock, in two lanes (the
+  training thread, and the allreduces on the communicator's threads), for a timeline
+  (harness.study.run_plots.trace_figure).
 """
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 from ..training.trace import PID_STRIDE, load_trace
+
+SYNC_ANNOTATION = "harness: gradient sync"
+TRAINING_LANE = "training thread"
+COMMUNICATION_LANE = "allreduces"
+# The harness's annotations on the training thread (harness.training.loop), by the kind they mark.
+ANNOTATIONS = {
+    "harness: forward": "forward",
+    "harness: backward": "backward",
+    SYNC_ANNOTATION: "gradient sync",
+    "harness: optimizer": "optimizer",
+}
+Span = tuple[str, float, float]  # (kind, start, end), seconds from the first profiled step of any rank
 
 
 def _union_seconds(intervals: list[tuple[float, float]]) -> float:
@@ -18,9 +36,6 @@ def _union_seconds(intervals: list[tuple[float, float]]) -> float:
     return total / 1e6
 
 
-SYNC_ANNOTATION = "harness: gradient sync"
-
-
 def _is_allreduce(name: str) -> bool:
     """An allreduce's own event (gloo:all_reduce, nccl:all_reduce, c10d::allreduce_, DeepSpeed's), or the
     harness's wait for the averaged gradients (Horovod's allreduce runs where the profiler cannot see)."""
@@ -28,37 +43,39 @@ def _is_allreduce(name: str) -> bool:
     return "all_reduce" in lowered or "allreduce" in lowered or name == SYNC_ANNOTATION
 
 
+def _kind(name: str) -> Optional[str]:
+    """What an event marks: window (a profiled step), forward, backward, optimizer, allreduce, or None."""
+    if name.startswith("ProfilerStep#"):
+        return "window"
+    annotated = ANNOTATIONS.get(name)
+    if annotated is not None and annotated != "gradient sync":
+        return annotated
+    return "allreduce" if _is_allreduce(name) else None
+
+
+def _complete_events(path: str) -> list[dict[str, Any]]:
+    return [
+        event
+        for event in load_trace(path).get("traceEvents", [])
+        if event.get("ph") == "X" and isinstance(event.get("pid"), int)
+    ]
+
+
 def trace_summary(path: str) -> dict[int, dict[str, float]]:
     """Per rank of a merged trace: seconds of its profiled steps (`window`) in forward, backward and
     optimizer (the harness's annotations), allreduce (its events on any thread, and the training
     thread's wait for the averaged gradients, overlaps counted once) and idle (the training thread in
     none of forward, backward, gradient sync, optimizer: data loading and bookkeeping)."""
-    events = load_trace(path).get("traceEvents", [])
-    summary: dict[int, dict[str, float]] = {}
     spans: dict[tuple[int, str], list[tuple[float, float]]] = {}
-    for event in events:
-        if event.get("ph") != "X" or not isinstance(event.get("pid"), int):
-            continue
+    for event in _complete_events(path):
         rank, name = event["pid"] // PID_STRIDE, str(event.get("name", ""))
-        key = next(
-            (
-                kind
-                for kind, match in (
-                    ("window", name.startswith("ProfilerStep#")),
-                    ("forward", name == "harness: forward"),
-                    ("backward", name == "harness: backward"),
-                    ("optimizer", name == "harness: optimizer"),
-                    ("allreduce", _is_allreduce(name)),
-                )
-                if match
-            ),
-            None,
-        )
         interval = (event["ts"], event["ts"] + event.get("dur", 0.0))
+        key = _kind(name)
         if key is not None:
             spans.setdefault((rank, key), []).append(interval)
         if name == SYNC_ANNOTATION:  # also training-thread time that is not idle
             spans.setdefault((rank, "sync"), []).append(interval)
+    summary: dict[int, dict[str, float]] = {}
     for rank in sorted({rank for rank, _ in spans}):
         seconds = {
             key: _union_seconds(spans.get((rank, key), []))
@@ -69,3 +86,40 @@ def trace_summary(path: str) -> dict[int, dict[str, float]]:
         seconds["idle"] = max(seconds["window"] - busy, 0.0)
         summary[rank] = seconds
     return summary
+
+
+def trace_spans(path: str) -> dict[int, dict[str, list[Span]]]:
+    """Per rank of a merged trace, its profiled steps as (kind, start, end) spans in seconds from the
+    first profiled step of any rank (one clock: harness.training.trace), sorted by start, in two lanes:
+    TRAINING_LANE, the harness's forward, backward, gradient sync and optimizer on the thread that
+    ran the steps; COMMUNICATION_LANE, the allreduces' own events on the other threads and device
+    rows (DDP's buckets, which run while backward goes on). Only events that start inside the rank's
+    own profiled steps count. Raises UsageError if the file is not a trace."""
+    events = _complete_events(path)
+    steps = [event for event in events if _kind(str(event.get("name", ""))) == "window"]
+    windows: dict[int, tuple[float, float]] = {}
+    training: dict[int, tuple[int, Any]] = {}  # rank -> (pid, tid) of the thread that ran the steps
+    for event in steps:
+        rank, end = event["pid"] // PID_STRIDE, event["ts"] + event.get("dur", 0.0)
+        low, high = windows.get(rank, (event["ts"], end))
+        windows[rank] = (min(low, event["ts"]), max(high, end))
+        training[rank] = (event["pid"], event.get("tid"))
+    zero = min((low for low, _ in windows.values()), default=0.0)
+    lanes = {rank: {TRAINING_LANE: [], COMMUNICATION_LANE: []} for rank in sorted(windows)}
+    for event in events:
+        rank, name = event["pid"] // PID_STRIDE, str(event.get("name", ""))
+        if rank not in windows or not windows[rank][0] <= event["ts"] <= windows[rank][1]:
+            continue
+        on_training_thread = (event["pid"], event.get("tid")) == training[rank]
+        if on_training_thread and name in ANNOTATIONS:
+            lane, kind = TRAINING_LANE, ANNOTATIONS[name]
+        elif not on_training_thread and _kind(name) == "allreduce":
+            lane, kind = COMMUNICATION_LANE, "allreduce"
+        else:
+            continue
+        start = (event["ts"] - zero) / 1e6
+        lanes[rank][lane].append((kind, start, start + event.get("dur", 0.0) / 1e6))
+    for rank_lanes in lanes.values():
+        for spans in rank_lanes.values():
+            spans.sort(key=lambda span: span[1])
+    return lanes

@@ -7,7 +7,8 @@
 - `my_exercises`: `harness exercise start 02`, an attendee's own copy of a step in my-exercises/;
 - `engines`: ipyparallel MPI engines for the notebooks, started and stopped so that none is left;
 - `demo`: `make demo`, every backend on the embedded digits and one comparison table;
-- `figures`, `pipeline`, `packing`: the notebooks' figures, data-pipeline and ranks-per-device studies.
+- `figures`, `pipeline`, `packing`, `precision`: the notebooks' figures, data-pipeline and
+  ranks-per-device studies, and what the precisions do to numbers, memory and speed.
 
 The top layer: it may use every layer below; nothing below imports it.
 """
@@ -68,6 +69,7 @@ __getattr__, __dir__ = lazy_exports(
             name: "packing"
             for name in ("Packing", "packing_rows", "packing_table", "packings", "run_packing_study", "mps_daemon")
         },
+        **{name: "precision" for name in ("format_rows", "rounding_row", "saved_for_backward", "step_time_ratios")},
     },
 )
 __all__ = __dir__()

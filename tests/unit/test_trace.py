@@ -103,3 +103,53 @@ def test_merge_aligns_ranks_on_one_clock_with_a_row_each(tmp_path):
     summary = harness.trace_summary(path)
     assert summary[0]["forward"] == pytest.approx(30e-6) and summary[0]["window"] == pytest.approx(100e-6)
     assert summary[0]["allreduce"] == pytest.approx(20e-6) and summary[1]["allreduce"] == pytest.approx(20e-6)
+
+
+def _merged(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A merged trace (harness.training.trace's layout): rank r's host row is pid r * 100."""
+    return {"traceEvents": [{"ph": "X", "cat": "user_annotation", **event} for event in events]}
+
+
+def _rank_events(pid: int, shift: float) -> list[dict[str, Any]]:
+    """One profiled step of 100 us on thread 1, an allreduce on the communicator's thread 2 that
+    overlaps backward, the enqueueing op on thread 1, and an allreduce before the step."""
+    return [
+        {"pid": pid, "tid": 1, "name": "ProfilerStep#2", "ts": shift, "dur": 100.0},
+        {"pid": pid, "tid": 1, "name": "harness: forward", "ts": shift + 5, "dur": 30.0},
+        {"pid": pid, "tid": 1, "name": "harness: backward", "ts": shift + 35, "dur": 40.0},
+        {"pid": pid, "tid": 1, "name": "c10d::allreduce_", "ts": shift + 50, "dur": 1.0},
+        {"pid": pid, "tid": 2, "name": "gloo:all_reduce", "ts": shift + 50, "dur": 30.0},
+        {"pid": pid, "tid": 1, "name": "harness: gradient sync", "ts": shift + 80, "dur": 2.0},
+        {"pid": pid, "tid": 1, "name": "harness: optimizer", "ts": shift + 82, "dur": 10.0},
+        {"pid": pid, "tid": 2, "name": "gloo:all_reduce", "ts": shift - 50, "dur": 5.0},  # before the step
+    ]
+
+
+def _microseconds(spans: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    return [(kind, round(start * 1e6, 6), round(end * 1e6, 6)) for kind, start, end in spans]
+
+
+def test_trace_spans_put_each_ranks_phases_and_allreduces_on_one_clock(tmp_path):
+    path = str(tmp_path / "trace.json")
+    _write(str(tmp_path), "trace.json", _merged(_rank_events(0, 1000.0) + _rank_events(100, 1010.0)))
+    spans = harness.trace_spans(path)
+    assert sorted(spans) == [0, 1]
+    assert _microseconds(spans[0]["training thread"]) == [
+        ("forward", 5, 35),
+        ("backward", 35, 75),
+        ("gradient sync", 80, 82),
+        ("optimizer", 82, 92),
+    ]
+    # the communicator's allreduce only: not the training thread's enqueueing op, nor one before the step
+    assert _microseconds(spans[0]["allreduces"]) == [("allreduce", 50, 80)]
+    assert _microseconds(spans[1]["allreduces"]) == [("allreduce", 60, 90)]  # rank 1 began 10 us later
+    figure = harness.trace_figure(path, title="two ranks")
+    labels = [label.get_text() for label in figure.axes[0].get_yticklabels()]
+    assert labels == ["rank 0 training thread", "rank 0 allreduces", "rank 1 training thread", "rank 1 allreduces"]
+    assert figure.axes[0].get_title() == "two ranks"
+
+
+def test_trace_figure_of_a_trace_without_profiled_steps_names_the_fix(tmp_path):
+    _write(str(tmp_path), "trace.json", _merged([{"pid": 0, "tid": 1, "name": "harness: forward", "ts": 0, "dur": 1}]))
+    with pytest.raises(harness.UsageError, match="--profile-trace"):
+        harness.trace_figure(str(tmp_path / "trace.json"))
