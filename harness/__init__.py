@@ -9,6 +9,7 @@ Python API (what notebooks, exercises and job templates use; every CLI command h
     harness.check_study("polaris", "submissions/polaris.sc", ["-A", "proj"])    # harness study --check
     status = harness.run_study("polaris")                   # harness study, inside a batch job
     print(harness.scaling_report(result.records))                              # harness report
+    rows = harness.scaling_rows(result.records)       # the report's rows, with their intervals
     figures = harness.scaling_figures(result.records)                          # harness plot
     harness.evaluate_model_file(harness.TrainConfig(...), "model.pt")          # harness evaluate
     harness.check_script("exercises/02_ddp.py")                                # harness check
@@ -60,6 +61,16 @@ def scaling_report(records) -> str:
     from .study.report import scaling_report as report
 
     return report(records)
+
+
+def scaling_rows(records) -> list:
+    """The scaling table's rows as objects, one per study x configuration x workers: throughput,
+    speedup and efficiency against the configuration's own fewest-worker run and against the common
+    baseline, with their 95% intervals, the POP metrics and memory per rank (see
+    harness.study.report.ScalingRow)."""
+    from .study.report import scaling_rows as rows
+
+    return rows(records)
 
 
 def scaling_figures(records) -> dict:
@@ -163,6 +174,7 @@ __all__ = [
     "run_sweep",
     "scaling_figures",
     "scaling_report",
+    "scaling_rows",
     "trace_figure",
     "trace_spans",
     "trace_summary",

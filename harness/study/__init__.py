@@ -49,6 +49,8 @@ __getattr__, __dir__ = lazy_exports(
         "Workload": "predict",
         "predict_scaling": "predict",
         "network_from_site": "predict",
+        "model_gradient_bytes": "predict",
+        "prediction_table": "predict",
         "EQUIVALENCE_STEPS": "equivalence",
         "UPDATE_BOUND": "equivalence",
         "initial_weights": "weights",

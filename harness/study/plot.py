@@ -33,7 +33,7 @@ PALETTE = ("#555555", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8
 PHASE_STYLE = {
     "data_wait": ("data wait", "#bdbdbd"),
     "forward_backward": ("forward + backward", "#4c72b0"),
-    "communication": ("communication (gradient sync)", "#dd8452"),
+    "communication": ("communication (every collective)", "#dd8452"),
     "optimizer": ("optimizer", "#55a868"),
     "other": ("other (bookkeeping, barrier)", "#8172b3"),
 }
@@ -307,12 +307,13 @@ def efficiency_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
 def _label_bar_groups(
     ax: Any, rows: Sequence[ScalingRow], positions: Sequence[float], groups: dict[str, list[float]]
 ) -> None:
-    """Each bar's worker count under it, and each backend's name under its group of bars."""
+    """Each bar's worker count under it, and each backend's name under its group of bars (one option
+    per line, so that a configuration's options do not run into the next group's name)."""
     ax.set_xticks(positions)
     ax.set_xticklabels([f"{row.workers}*" if row.baseline else str(row.workers) for row in rows])
     for backend, spots in groups.items():
         ax.annotate(
-            backend,
+            backend.replace(" ", "\n"),
             xy=(sum(spots) / len(spots), 0),
             xycoords=("data", "axes fraction"),
             xytext=(0, -28),
@@ -323,7 +324,7 @@ def _label_bar_groups(
         )
     ax.set_xlabel(
         "workers, per backend (* = 1 rank x all cores)" if any(r.baseline for r in rows) else "workers, per backend",
-        labelpad=30,
+        labelpad=30 + 14 * max(backend.count(" ") for backend in groups),
     )
     ax.grid(False, axis="x")
 
