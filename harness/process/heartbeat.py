@@ -33,9 +33,9 @@ Design, and why:
 A rank whose latest heartbeat is older than `stale_after(--timeout)` stopped (SIGSTOP, a lost node,
 a dead process). A survivor ends such a rank with SIGKILL when it runs on the survivor's own host
 (`end_frozen_here`): a frozen process cannot act on the SIGTERM that torchrun and the DeepSpeed
-launcher send it when the survivor exits, and both launchers then wait 30 s before their own SIGKILL,
-so the job would outlast --timeout + 30 s. When none stopped, a rank stuck inside a collective or on its device still beats, and
-the line names the rank furthest behind instead. `--no-heartbeat` turns all of this off.
+launcher send it when the survivor exits, and both launchers then wait 30 s before their own
+SIGKILL, so the job would outlast --timeout + 30 s. When none stopped, a rank stuck inside a
+collective or on its device still beats, and the line names the rank furthest behind instead. `--no-heartbeat` turns all of this off.
 """
 
 from __future__ import annotations
@@ -152,8 +152,8 @@ def end_frozen_here(stale: list[Seen], host: str) -> list[int]:
                 if b"harness" not in handle.read():
                     continue  # the rank ended and its pid went to another process
             os.kill(entry.pid, signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            continue  # it ended meanwhile, or is not ours to end
+        except OSError:  # ProcessLookupError included: it ended meanwhile, or is not ours to end
+            continue
         log.warning(f"harness: ended rank {entry.rank} (pid {entry.pid} on this host), which stopped answering")
         ended.append(entry.rank)
     return ended
@@ -283,9 +283,9 @@ class Heartbeat:
             return None
         assert self._tcp is not None
         cluster = self.cluster
-        seen = read_store(*self._tcp)
-        if seen is not None and cluster.rank in seen and seen[cluster.rank].age <= stale_after(timeout):
-            end_frozen_here(stopped(seen, cluster.world_size, stale_after(timeout))[0], self._host)
+        seen, threshold = read_store(*self._tcp), stale_after(timeout)
+        if seen is not None and cluster.rank in seen and seen[cluster.rank].age <= threshold:
+            end_frozen_here(stopped(seen, cluster.world_size, threshold)[0], self._host)
         return describe(seen, cluster.world_size, timeout, cluster.master_addr, cluster.rank)
 
     def stop(self) -> None:
