@@ -39,6 +39,10 @@ LOST = "rank 0 lost contact with a peer"
 # torchrun ends the other ranks itself (SIGTERM) as soon as one dies, often before the survivor's
 # collective has failed: then torchrun's own report is the message, naming the killed rank.
 TORCHRUN_REPORT = re.compile(r"rank\s*:\s*1 \(local_rank: 1\)\s*exitcode\s*:\s*-9")
+# horovodrun, too, ends the other ranks when one dies (SIGTERM, then SIGKILL 5 s later). On a loaded
+# machine Horovod's survivor can still be inside the collective its dead peer left when the SIGKILL
+# comes (1 run in 5 beside four CPU burners): then horovodrun's report names the killed rank.
+HOROVODRUN_REPORT = re.compile(r"The first process to do so was:\s*Process name: 1\s*Exit code: 137")
 
 
 class Failed(NamedTuple):
@@ -51,10 +55,12 @@ class Failed(NamedTuple):
 
 
 def _failure_is_named(command: list[str], output: str, timeout_s: int) -> bool:
-    """The survivor says why it stopped, or (torchrun only) the launcher names the killed rank."""
+    """The survivor says why it stopped, or (torchrun and horovodrun only) the launcher names the killed rank."""
     if f"(collectives wait at most --timeout {timeout_s} s), so the job stops here" in output:
         return True
-    return "torch.distributed.run" in command and TORCHRUN_REPORT.search(output) is not None
+    if "torch.distributed.run" in command:
+        return TORCHRUN_REPORT.search(output) is not None
+    return Path(command[0]).name == "horovodrun" and HOROVODRUN_REPORT.search(output) is not None
 
 
 def _start_failure(directory: Path, backend: str, signal_name: str, timeout_s: int) -> Callable[[], Failed]:
