@@ -5,7 +5,16 @@ ranks x 1 thread, and the single-process baseline at 1 rank. Goal: on / off >= 0
 Runs are paired: each round runs a configuration on and off back to back, in an order that swaps
 every round, so drift in the machine's load hits both alike. Each round gives one ratio on / off;
 the figure is the geometric mean of the rounds' ratios with a 95% Student's t interval over their
-logarithms. A shared or loaded machine widens the interval: say so beside the figures. Usage:
+logarithms. A shared or loaded machine widens the interval: say so beside the figures.
+
+Whole runs on this machine vary by 3-5% from one to the next, far more than the 1% at stake, so the
+table also bounds the cost from what the breakdown adds to one step, measured in this process (as
+benchmarks/heartbeat.py does): a step's four phase marks with the breakdown on against off, and one
+metered collective (torch_distributed_wrappers on a one-rank gloo group) against the bare call, each
+the best of interleaved rounds. Per configuration: the marks plus its runs' collectives per step
+(from their records) times the metered call's extra, over its step time. On a GPU each mark also
+records a CUDA event; this CPU bound does not cover that (benchmarks/gpu_throughput.py runs there).
+Usage:
     .venv/bin/python benchmarks/breakdown_cost.py [--repeats 5] [--steps 60] [--backends ddp,fsdp]
 """
 
@@ -14,20 +23,92 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
 
 from harness.backends import BACKENDS
+from harness.backends.collectives import CollectiveMeter, torch_distributed_wrappers
 from harness.training.launch import launched_record
 from harness.training.record import mean_and_ci95
+from harness.training.timing import StepTimer
 
 
-def throughput(backend: str, flags: list[str], steps: int, breakdown: bool) -> float:
-    """Samples per second of the timed window of one run."""
+def record_of(backend: str, flags: list[str], steps: int, breakdown: bool) -> dict[str, Any]:
+    """The record of one run (its timed window's throughput, collectives and step time)."""
     ranks = 1 if BACKENDS[backend].max_world_size == 1 else 2
     args = [*flags, "--dataset", "synthetic", "--model", "cnn", "--batch-size", "32", "--threads", "1"]
     args += ["--max-steps", str(steps + 5), "--eval-every", "0"]
     if not breakdown:
         args.append("--no-step-breakdown")
-    return launched_record(ranks, backend, args)["throughput"]
+    return launched_record(ranks, backend, args)
+
+
+def best_of(rounds: int, variants: dict[bool, Callable[[], float]]) -> dict[bool, float]:
+    """Each variant's least disturbed seconds per call over `rounds` interleaved rounds."""
+    best = {variant: float("inf") for variant in variants}
+    for _ in range(rounds):
+        for variant, measure in variants.items():
+            best[variant] = min(best[variant], measure())
+    return best
+
+
+def marks_added(steps: int = 20000, rounds: int = 7) -> float:
+    """What a step's four phase marks add with the breakdown on (a meter attached, a window open)."""
+
+    def per_step(enabled: bool) -> Callable[[], float]:
+        timer = StepTimer(0, enabled=enabled)
+        timer.collectives = CollectiveMeter()
+
+        def measure() -> float:
+            timer.open_window()
+            started = time.perf_counter()
+            for _ in range(steps):
+                timer.waiting_for_data()
+                timer.data_ready()
+                timer.gradients_ready()
+                timer.stepped()
+            seconds = (time.perf_counter() - started) / steps
+            timer.close_window()
+            return seconds
+
+        return measure
+
+    best = best_of(rounds, {True: per_step(True), False: per_step(False)})
+    return best[True] - best[False]
+
+
+def metered_call_added(calls: int = 5000, rounds: int = 7) -> float:
+    """What the meter adds to one collective: an async allreduce and its wait on a one-rank gloo
+    group, through the stand-ins against the bare functions."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        wrappers, wait = torch_distributed_wrappers(CollectiveMeter(), dist)
+        tensor = torch.zeros(1)
+
+        def per_call(metered: bool) -> Callable[[], float]:
+            def measure() -> float:
+                started = time.perf_counter()
+                for _ in range(calls):
+                    if metered:
+                        wait(wrappers["all_reduce"](tensor, async_op=True))
+                    else:
+                        dist.all_reduce(tensor, async_op=True).wait()
+                return (time.perf_counter() - started) / calls
+
+            return measure
+
+        best = best_of(rounds, {True: per_call(True), False: per_call(False)})
+    finally:
+        dist.destroy_process_group()
+    return best[True] - best[False]
+
+
+def collectives_per_step(record: dict[str, Any]) -> float:
+    """Collectives one rank issued per step in the record's timed window."""
+    return sum(kind["count"] for kind in record["step_breakdown"].get("collectives", {}).values())
 
 
 def ratio_interval(ratios: list[float]) -> tuple[float, float, float]:
@@ -54,20 +135,33 @@ def main() -> None:
     rows = []
     for backend, flags in configurations(names):
         label = " ".join([backend, *flags])
-        on: list[float] = []
-        off: list[float] = []
+        runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
         for repeat in range(args.repeats):
             order = (True, False) if repeat % 2 == 0 else (False, True)
             for breakdown in order:
-                (on if breakdown else off).append(throughput(backend, flags, args.steps, breakdown))
-            print(f"{label}, round {repeat + 1}: on {on[-1]:.0f}, off {off[-1]:.0f} samples/s", flush=True)
-        rows.append(
-            (label, statistics.median(on), statistics.median(off), ratio_interval([a / b for a, b in zip(on, off)]))
+                runs[breakdown].append(record_of(backend, flags, args.steps, breakdown))
+            on, off = (runs[variant][-1]["throughput"] for variant in (True, False))
+            print(f"{label}, round {repeat + 1}: on {on:.0f}, off {off:.0f} samples/s", flush=True)
+        rows.append((label, runs))
+    marks, call = marks_added(), metered_call_added()
+    print(f"\nCNN, batch 32 per rank, {args.steps} timed steps, {args.repeats} paired rounds")
+    print(
+        f"added in this process: {marks * 1e6:.1f} us per step's marks, {call * 1e6:.1f} us per metered collective\n"
+    )
+    print(
+        "| configuration | on (samples/s) | off (samples/s) | on / off | 95% interval | collectives per step "
+        "| added per step (us) | bound on on / off |\n|---|---|---|---|---|---|---|---|"
+    )
+    for label, runs in rows:
+        on, off = ([run["throughput"] for run in runs[variant]] for variant in (True, False))
+        ratio, low, high = ratio_interval([a / b for a, b in zip(on, off)])
+        calls = statistics.median(collectives_per_step(run) for run in runs[True])
+        added = marks + calls * call
+        step = statistics.median(run["global_batch"] / run["throughput"] for run in runs[False])
+        print(
+            f"| {label} | {statistics.median(on):.0f} | {statistics.median(off):.0f} | {ratio:.3f} | {low:.3f} - "
+            f"{high:.3f} | {calls:.1f} | {added * 1e6:.1f} | {1 - added / step:.5f} |"
         )
-    print(f"\nCNN, batch 32 per rank, {args.steps} timed steps, {args.repeats} paired rounds\n")
-    print("| configuration | on (samples/s) | off (samples/s) | on / off | 95% interval |\n|---|---|---|---|---|")
-    for label, on_median, off_median, (ratio, low, high) in rows:
-        print(f"| {label} | {on_median:.0f} | {off_median:.0f} | {ratio:.3f} | {low:.3f} - {high:.3f} |")
 
 
 if __name__ == "__main__":

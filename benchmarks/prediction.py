@@ -11,7 +11,7 @@ core k-1), the 1-node run to core 0; the machine's other load shares those cores
 contention section says how much (the table counts the contended runs). What 2 cores cannot show:
 more ranks per node than one, intra-node links, a third node without sharing a core.
 Usage (as root):
-    .venv/bin/python benchmarks/prediction.py [--repeats 2] [--steps 25] [--out runs/prediction]
+    .venv/bin/python benchmarks/prediction.py [--repeats 2] [--steps 25] [--rates 50,300,2000] [--out runs/prediction]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ TRAIN = [
     "--eval-every",
     "0",
 ]
-BENCH_SIZES = "64K,256K,1M,4M"
+BENCH_SIZES = "16K,64K,256K,1M,4M,8M"  # around every call of the CNN (the largest: 4.8 MB)
 
 
 def _torchrun(nodes: int, node: int, program: list[str]) -> list[str]:
@@ -211,13 +211,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=25, help="steps per run (5 of them warm-up)")
     parser.add_argument("--out", default="runs/prediction", help="directory for records, benchmarks and the summary")
+    parser.add_argument("--rates", default=",".join(f"{rate:g}" for rate in RATES_MBIT), help="link rates, Mbit/s")
     parser.add_argument("--compare-only", action="store_true", help="compare what OUT holds, measure nothing")
     args = parser.parse_args()
+    try:
+        rates = [float(rate) for rate in args.rates.split(",")]
+    except ValueError:
+        parser.error(f"--rates takes rates in Mbit/s such as 50,300,2000; got {args.rates!r}")
+    if not rates or min(rates) <= 0:
+        parser.error(f"--rates takes positive rates in Mbit/s such as 50,300,2000; got {args.rates!r}")
     os.makedirs(args.out, exist_ok=True)
     if not args.compare_only:
-        measure(args.out, args.repeats, args.steps)
+        measure(args.out, args.repeats, args.steps, rates)
     with open(os.path.join(args.out, "summary.json"), "w") as handle:
-        json.dump(compare(args.out), handle, indent=1, default=str)
+        json.dump(compare(args.out, rates), handle, indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -310,9 +310,10 @@ class Backend(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def traffic(self, shape: ModelShape) -> list[Collective]:
+    def traffic(self, shape: ModelShape, on_gpu: bool = True) -> list[Collective]:
         """The collectives one optimizer step runs under this backend's options on a model of
-        `shape`, in the order they are issued (harness.backends.traffic): what a cost model prices."""
+        `shape`, in the order they are issued (harness.backends.traffic): what a cost model prices.
+        `on_gpu` False: ranks on CPUs, where a framework that overlaps through device streams cannot."""
 
     def versions(self) -> dict[str, str]:
         """Versions of the libraries this backend used."""

@@ -17,7 +17,9 @@ from . import compat
 from .base import OptimizerFactory
 from .options import BackendOptions, option
 from .torch_distributed import TorchDistributedBackend
-from .traffic import Collective, ModelShape, in_buckets
+from .traffic import Collective, ModelShape
+
+FIRST_BUCKET_BYTES = 2**20  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES, which DDP uses unless told
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -98,11 +100,20 @@ class DDPBackend(TorchDistributedBackend):
         # DDP decides in forward whether backward will reduce, so the context spans both.
         return super().no_sync(sync) if sync and self.reduces else self.model.no_sync()
 
-    def traffic(self, shape: ModelShape) -> list[Collective]:
+    def traffic(self, shape: ModelShape, on_gpu: bool = True) -> list[Collective]:
         # The reducer fills buckets in the reverse order of the parameters (the order backward
-        # produces gradients) and launches each allreduce as its bucket is full.
+        # produces gradients), closes one once it holds its limit and launches its allreduce then.
+        # The first bucket's limit is torch's _DEFAULT_FIRST_BUCKET_BYTES (1 MiB), so that the
+        # first allreduce starts early; the others' is bucket_cap_mb.
         bucket = int(self.options.bucket_cap_mb * 2**20)
-        return in_buckets("all_reduce", shape.modules()[::-1], bucket, "backward_reduce", overlapped=True)
+        sizes, filling = [], 0
+        for size in shape.modules()[::-1]:
+            filling += size
+            if filling >= (bucket if sizes else min(FIRST_BUCKET_BYTES, bucket)):
+                sizes.append(filling)
+                filling = 0
+        sizes += [filling] if filling else []
+        return [Collective("all_reduce", size, 1, "backward_reduce", True) for size in sizes]
 
     def tuning(self) -> dict[str, Any]:
         return {

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 NO_PRINT = 1 << 30
 DEEPSPEED_BUCKET_ELEMENTS = 500_000_000  # reduce_bucket_size and allgather_bucket_size by default
 FLOAT32_BYTES = 4  # the harness trains float32 weights (autocast for bf16/fp16): ZeRO buckets hold float32
+# ZeRO-3 frees a gathered weight only when it will not be reused within stage3_max_reuse_distance
+# elements, or when more than stage3_max_live_parameters are gathered; both default to 1e9
+# (deepspeed/runtime/zero/config.py). Below that size a model's weights, gathered in forward, stay
+# for its backward: a 2-rank run of the workshop CNN gathers each weight once a step.
+ZERO3_KEEP_GATHERED_ELEMENTS = 1_000_000_000
 # DeepSpeed's names for the autocast dtypes of --precision.
 AUTOCAST_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -298,12 +303,13 @@ class DeepSpeedBackend(TorchDistributedBackend):
         # each evaluates a plain copy instead.
         return self._plain_copy(make_model)
 
-    def traffic(self, shape: ModelShape) -> list[Collective]:
+    def traffic(self, shape: ModelShape, on_gpu: bool = True) -> list[Collective]:
         # ZeRO-0 allreduces the gradients after backward; ZeRO-1 reduce-scatters them after backward,
         # ZeRO-2 in buckets during it (overlap_comm is off by default below ZeRO-3: the backward waits
         # for each), and both all-gather the updated slices after the step. ZeRO-3 gathers each
-        # module's weights before its forward and again before its backward (prefetched, overlap_comm
-        # on by default) and reduce-scatters the gradients in buckets as backward produces them.
+        # module's weights before its forward (prefetched, overlap_comm on by default), again before
+        # its backward only for a model too large to keep them (ZERO3_KEEP_GATHERED_ELEMENTS), and
+        # reduce-scatters the gradients in buckets as backward produces them.
         stage, total = self.options.zero_stage, shape.parameter_bytes
         mib = self.options.zero_bucket_mb
         bucket = int(mib * 2**20) if mib is not None else DEEPSPEED_BUCKET_ELEMENTS * FLOAT32_BYTES
@@ -315,9 +321,10 @@ class DeepSpeedBackend(TorchDistributedBackend):
                 "all_gather", total, bucket, "after_step", overlapped=False
             )
         modules = shape.modules()
+        regathered = modules[::-1] if total // FLOAT32_BYTES > ZERO3_KEEP_GATHERED_ELEMENTS else ()
         return (
             [Collective("all_gather", size, 1, "forward_gather", True) for size in modules]
-            + [Collective("all_gather", size, 1, "backward_gather", True) for size in modules[::-1]]
+            + [Collective("all_gather", size, 1, "backward_gather", True) for size in regathered]
             + evenly("reduce_scatter", total, bucket, "backward_reduce", overlapped=True)
         )
 

@@ -166,15 +166,16 @@ class FSDPBackend(TorchDistributedBackend):
     def math_settings(self, config: TrainConfig) -> dict[str, Any]:
         return {**super().math_settings(config), "fsdp": fsdp_math(dist.get_world_size())}
 
-    def traffic(self, shape: ModelShape) -> list[Collective]:
+    def traffic(self, shape: ModelShape, on_gpu: bool = True) -> list[Collective]:
         # Per unit (a top-level child): its weights gathered before its forward, gathered again
-        # before its backward unless kept, and its gradients reduce-scattered after; FSDP2 prefetches
-        # the next unit's gathers and reduce-scatters on its own streams (overlapped with compute).
+        # before its backward unless kept, and its gradients reduce-scattered after. FSDP2 issues
+        # them without async_op and overlaps them through its own CUDA streams (prefetching the next
+        # unit's gathers); on CPUs there are no streams, so each call holds the compute.
         units = shape.units()
-        calls = [Collective("all_gather", size, 1, "forward_gather", True) for size in units]
+        calls = [Collective("all_gather", size, 1, "forward_gather", on_gpu) for size in units]
         if self.options.reshard_after_forward:
-            calls += [Collective("all_gather", size, 1, "backward_gather", True) for size in units[::-1]]
-        return calls + [Collective("reduce_scatter", size, 1, "backward_reduce", True) for size in units[::-1]]
+            calls += [Collective("all_gather", size, 1, "backward_gather", on_gpu) for size in units[::-1]]
+        return calls + [Collective("reduce_scatter", size, 1, "backward_reduce", on_gpu) for size in units[::-1]]
 
     def tuning(self) -> dict[str, Any]:
         return {

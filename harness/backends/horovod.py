@@ -297,7 +297,7 @@ class HorovodBackend(Backend):
             settings["gradient_compression"] = "fp16"
         return settings
 
-    def traffic(self, shape: ModelShape) -> list[Collective]:
+    def traffic(self, shape: ModelShape, on_gpu: bool = True) -> list[Collective]:
         # The background thread fuses the gradients ready in one cycle into buffers of at most the
         # fusion threshold; a cycle (1 ms on GPU) is shorter than a backward, so the threshold is
         # an upper bound on a call's size. fp16 compression halves the bytes sent.

@@ -35,7 +35,7 @@ class SingleProcessBackend(Backend):
     def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
         """Nothing to join."""
 
-    def traffic(self, shape: ModelShape) -> list[Collective]:
+    def traffic(self, shape: ModelShape, on_gpu: bool = True) -> list[Collective]:
         return []
 
     def wrap(

@@ -11,8 +11,10 @@ The model, per optimizer step on each of n = nodes x ranks_per_node ranks (weak 
   kind as the record measured where it did (step_breakdown.collectives); without a backend, the
   gradient allreduced in buckets of `bucket_bytes`;
 - each call priced by NCCL's tuner where the site profile has an `nccl` section (harness.study.nccl:
-  ring or tree, LL, LL128 or Simple, per size and node count), else by a ring fitted to
-  `harness bench allreduce` (one fit per collective measured);
+  ring or tree, LL, LL128 or Simple, per size and node count), else by `harness bench allreduce`'s
+  measured times (one curve per collective measured), read between its sizes: a single alpha-beta
+  line through them missed its own points by up to 32% on the shaped links of
+  benchmarks/prediction.py, where a link's burst lets small messages through faster than its rate;
 - the calls laid out on the step's compute (harness.study.stepmodel): the step waits for what
   compute does not hide;
 - efficiency = step time of one rank (no communication) / step time on n ranks.
@@ -36,6 +38,21 @@ from .stepmodel import BACKWARD_SHARE, step_communication
 
 GB = 1e9
 DEFAULT_NODES = tuple(2**k for k in range(10))  # 1 .. 512
+Curve = tuple[tuple[float, float], ...]  # (bytes, seconds) of one call, by size
+
+
+def interpolated_seconds(curve: Curve, size: float) -> float:
+    """Seconds of one call of `size` bytes on a measured curve: linear between the measured sizes,
+    the smallest one's time below them (a latency-bound call costs no less), the last segment's
+    slope beyond the largest."""
+    points = sorted(curve)
+    if size <= points[0][0] or len(points) == 1:
+        return points[0][1] if size <= points[0][0] else points[0][1] * size / points[0][0]
+    for (low, low_s), (high, high_s) in zip(points, points[1:]):
+        if size <= high:
+            return low_s + (high_s - low_s) * (size - low) / (high - low)
+    (low, low_s), (high, high_s) = points[-2], points[-1]
+    return high_s + (high_s - low_s) * (size - high) / (high - low)
 
 
 @dataclass(frozen=True)
@@ -52,6 +69,8 @@ class Network:
     source: str
     # (collective, alpha_s, busbw) fitted by `harness bench allreduce --collective` across nodes
     fits: tuple[tuple[str, float, float], ...] = ()
+    # (collective, ranks, across nodes, its measured times): the same benchmarks' own points
+    curves: tuple[tuple[str, int, bool, Curve], ...] = ()
 
     def busbw(self, nodes: int) -> float:
         return self.busbw_intra if nodes <= 1 else min(self.busbw_intra, self.busbw_inter)
@@ -61,12 +80,34 @@ class Network:
         the allreduce's steps and bytes (an assumption where `harness bench` measured only allreduce)."""
         if ranks < 2:
             return Choice(0.0, "none", "-")
+        for collective, measured_ranks, across, points in self.curves:
+            if collective == kind and across == (nodes > 1):
+                return self._on_curve(kind, size, ranks, measured_ranks, points)
         for collective, alpha, busbw in self.fits:
             if collective == kind:
                 steps = RING_STEPS[kind] * (ranks - 1)
                 return Choice(steps * alpha + steps / ranks * size / busbw, f"ring (fitted {kind})", "-")
         seconds = self.allreduce_seconds(size, ranks, nodes)
         return Choice(seconds if kind == "all_reduce" else seconds / 2, "ring (fitted)", "-")
+
+    def _on_curve(self, kind: str, size: float, ranks: int, measured_ranks: int, points: Curve) -> Choice:
+        """A call priced from the measured curve; at another rank count, its bus bandwidth held
+        (nccl-tests' busbw does not depend on the rank count) and the ring's extra latency steps
+        priced at the fitted alpha."""
+        seconds = interpolated_seconds(points, size)
+        if ranks == measured_ranks:
+            return Choice(seconds, f"measured {kind}", "-")
+        steps = RING_STEPS[kind]
+        alpha = next((a for collective, a, _ in self.fits if collective == kind), self.alpha_inter_s)
+        scaled = seconds * ((ranks - 1) / ranks) / ((measured_ranks - 1) / measured_ranks)
+        extra_latency = steps * (ranks - measured_ranks) * alpha
+        return Choice(max(scaled + extra_latency, 0.0), f"measured {kind}, scaled from {measured_ranks} ranks", "-")
+
+    def assumptions(self) -> list[str]:
+        """How this network prices a call, printed with every prediction."""
+        measured = ", ".join(sorted({kind for kind, *_ in self.curves}))
+        lines = [f"{measured} priced from the benchmark's measured times, read between its sizes"] if measured else []
+        return lines + ["other collectives priced by a ring alpha-beta model fitted to the benchmark"]
 
     def allreduce_seconds(self, size: float, ranks: int, nodes: int) -> float:
         """NCCL's ring model for one allreduce of `size` bytes over `ranks` ranks on `nodes` nodes."""
@@ -213,6 +254,8 @@ def network_from_bench(result: Mapping[str, Any], ranks_per_node: Optional[int] 
         raise UsageError("this benchmark has no fit (one rank); run `harness bench allreduce` on 2 or more ranks")
     alpha, busbw = fit["alpha_s"], fit["busbw_bytes_per_s"]
     across = result.get("nodes", 1) > 1
+    points = tuple((size["bytes"], size["seconds"]) for size in result.get("sizes", ()) if size.get("seconds"))
+    curves = ((result.get("collective", "all_reduce"), result["world_size"], across, points),) if points else ()
     source = (
         f"harness bench allreduce --collective {result.get('collective', 'all_reduce')}, {result['backend']}, {result['world_size']} ranks on {result.get('nodes', 1)} "
         f"node(s): alpha {alpha * 1e6:.1f} us, busbw {busbw / GB:.3f} GB/s"
@@ -226,6 +269,7 @@ def network_from_bench(result: Mapping[str, Any], ranks_per_node: Optional[int] 
         busbw_intra=within.busbw_intra if within and across else busbw,
         busbw_inter=busbw,
         source=source,
+        curves=curves,
     )
 
 
@@ -237,13 +281,14 @@ def network_from_benches(
     kinds = [result.get("collective", "all_reduce") for result in results]
     main = results[kinds.index("all_reduce")] if "all_reduce" in kinds else results[0]
     network = network_from_bench(main, ranks_per_node, within)
+    curves = tuple(curve for result in results for curve in network_from_bench(result, ranks_per_node, within).curves)
     fits = tuple(
         (kind, result["fit"]["alpha_s"], result["fit"]["busbw_bytes_per_s"])
         for kind, result in zip(kinds, results)
         if result.get("fit") and kind != "all_reduce"
     )
     own = "; ".join(f"{kind}: alpha {alpha * 1e6:.1f} us, busbw {busbw / GB:.3f} GB/s" for kind, alpha, busbw in fits)
-    return replace(network, fits=fits, source=f"{network.source}; {own}" if fits else network.source)
+    return replace(network, fits=fits, curves=curves, source=f"{network.source}; {own}" if fits else network.source)
 
 
 def _baseline_runs(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -311,12 +356,14 @@ def model_shape(model: str, channels: int = 3, size: int = 224, classes: int = 1
     return ModelShape(own(built, True), tuple(b for b in units if b), tuple(b for b in modules if b))
 
 
-def backend_traffic(name: str, options: Mapping[str, Any], shape: ModelShape) -> tuple[Collective, ...]:
+def backend_traffic(
+    name: str, options: Mapping[str, Any], shape: ModelShape, on_gpu: bool = True
+) -> tuple[Collective, ...]:
     """The collectives of backend `name` with `options` on a model of `shape` (the backend's own declaration)."""
     from ..backends import backend_class
 
     cls = backend_class(name)
-    return tuple(cls(cls.parse_options(options)).traffic(shape))
+    return tuple(cls(cls.parse_options(options)).traffic(shape, on_gpu))
 
 
 def scaled_to_measured(calls: Sequence[Collective], measured: Mapping[str, Any]) -> tuple[Collective, ...]:

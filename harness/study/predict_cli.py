@@ -275,7 +275,7 @@ def with_node_and_traffic(
         return workload
     options = options or {}
     shape = _shape_for(model or first.get("model"), workload.gradient_bytes)
-    calls = backend_traffic(backend, options, shape)
+    calls = backend_traffic(backend, options, shape, on_gpu=first.get("device", "cuda") != "cpu")
     # Measured bytes stand for the traffic only where ranks had peers: alone, a backend sends little
     # or nothing (DDP and FSDP skip their reductions at one rank), which is not what N ranks send.
     measured = first.get("step_breakdown", {}).get("collectives") if first.get("world_size", 1) > 1 else None
@@ -315,7 +315,7 @@ def describe(network: Any, workload: Workload) -> list[str]:
         f"traffic per step ({workload.traffic_source}): "
         + "; ".join(f"{kind} x{t['count']}, {t['bytes'] / 2**20:.1f} MiB" for kind, t in traffic.items()),
     ]
-    assumptions = getattr(network, "assumptions", lambda: ["collectives priced by a ring alpha-beta model"])()
+    assumptions = network.assumptions()
     if workload.node_step_s is not None:
         assumptions.append(
             f"one full node measured: {workload.node_step_s * 1e3:.2f} ms per step; only the traffic across "

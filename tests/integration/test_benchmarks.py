@@ -71,3 +71,14 @@ def test_the_heartbeat_benchmark_reports_the_ratio_on_over_off():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for row in ("| on |", "| off |", "ratio on/off: median ", "added per step: "):
         assert row in result.stdout, result.stdout
+
+
+@pytest.mark.slow
+def test_the_breakdown_cost_benchmark_bounds_the_ratio_from_what_a_step_adds():
+    command = [sys.executable, os.path.join(BENCHMARKS, "breakdown_cost.py"), "--repeats", "1", "--steps", "5"]
+    result = run([*command, "--backends", "ddp"], timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "added in this process: " in result.stdout and "| ddp | " in result.stdout, result.stdout
+    row = next(line for line in result.stdout.splitlines() if line.startswith("| ddp | "))
+    calls, bound = float(row.split("|")[6]), float(row.split("|")[8])
+    assert calls >= 2 and 0.9 < bound < 1.0  # DDP's buckets and the preemption vote, each metered

@@ -128,3 +128,72 @@ def test_bytes_per_kind_come_from_the_record_where_it_measured_them():
     for kind, totals in per_step(measured.collectives()).items():
         assert totals["bytes"] == pytest.approx(3 * SHAPE.parameter_bytes, rel=1e-6)
         assert totals["count"] == per_step(modelled.collectives())[kind]["count"]
+
+
+def test_zero3_gathers_a_weight_again_in_backward_only_when_deepspeed_would_free_it():
+    from harness.backends.deepspeed import ZERO3_KEEP_GATHERED_ELEMENTS, DeepSpeedBackend
+
+    zero3 = DeepSpeedBackend(DeepSpeedBackend.parse_options({"zero_stage": 3}))
+    phases = [call.phase for call in zero3.traffic(SHAPE)]
+    # The workshop CNN's 2-rank run gathers each weight once a step (DeepSpeed's reuse distance).
+    assert phases.count("forward_gather") == len(SHAPE.modules()) and "backward_gather" not in phases
+    huge = ModelShape(8 * ZERO3_KEEP_GATHERED_ELEMENTS, module_bytes=(4 * ZERO3_KEEP_GATHERED_ELEMENTS,) * 2)
+    assert [call.phase for call in zero3.traffic(huge)].count("backward_gather") == 2
+
+
+def test_fsdp_overlaps_its_calls_on_gpus_only():
+    from harness.backends.fsdp import FSDPBackend
+
+    fsdp = FSDPBackend(FSDPBackend.parse_options({}))
+    assert all(call.overlapped for call in fsdp.traffic(SHAPE, on_gpu=True))
+    assert not any(call.overlapped for call in fsdp.traffic(SHAPE, on_gpu=False))  # no CUDA streams
+
+
+def test_a_measured_curve_is_read_between_its_sizes_and_extended_by_its_last_slope():
+    from harness.study.predict import interpolated_seconds
+
+    curve = ((1000, 0.002), (3000, 0.004), (5000, 0.010))
+    assert interpolated_seconds(curve, 10) == 0.002  # latency-bound: no faster than the smallest
+    assert interpolated_seconds(curve, 2000) == pytest.approx(0.003)
+    assert interpolated_seconds(curve, 5000) == pytest.approx(0.010)
+    assert interpolated_seconds(curve, 7000) == pytest.approx(0.016)
+
+
+def test_a_benchmark_prices_its_own_sizes_as_it_measured_them():
+    from harness.study.predict import network_from_benches
+
+    def bench(kind, points):
+        sizes = [{"bytes": size, "seconds": seconds} for size, seconds in points]
+        fit = {"alpha_s": 1e-3, "busbw_bytes_per_s": 1e6}
+        return {
+            "backend": "ddp",
+            "world_size": 2,
+            "nodes": 2,
+            "ranks_per_node": 1,
+            "collective": kind,
+            "sizes": sizes,
+            "fit": fit,
+        }
+
+    network = network_from_benches(
+        [bench("all_reduce", [(1e6, 0.5), (4e6, 3.0)]), bench("all_gather", [(1e6, 0.2), (4e6, 1.4)])]
+    )
+    assert network.seconds("all_gather", 4e6, 2, 2).seconds == pytest.approx(1.4)
+    assert network.seconds("all_reduce", 2.5e6, 2, 2).seconds == pytest.approx(1.75)
+    assert network.seconds("all_reduce", 2.5e6, 2, 2).algorithm == "measured all_reduce"
+    # At 4 ranks: the bus bandwidth held ((n-1)/n from 1/2 to 3/4) and two more ring steps at alpha.
+    assert network.seconds("all_gather", 4e6, 4, 4).seconds == pytest.approx(1.4 * 1.5 + 2 * 1e-3)
+    assert any("measured times" in line for line in network.assumptions())
+
+
+def test_ddp_closes_its_first_bucket_at_one_mib_as_its_reducer_does():
+    import torch.distributed
+
+    from harness.backends.ddp import FIRST_BUCKET_BYTES, DDPBackend
+
+    assert FIRST_BUCKET_BYTES == torch.distributed._DEFAULT_FIRST_BUCKET_BYTES  # still torch's
+    ddp = DDPBackend(DDPBackend.parse_options({}))
+    # The workshop CNN's modules (conv1, conv2, fc1, fc2): fc2 and fc1 fill the first bucket, the
+    # convolutions the second: the two allreduces a 2-rank run records.
+    cnn = ModelShape(4_799_528, module_bytes=(1280, 73984, 4_719_104, 5160))
+    assert [call.bytes for call in ddp.traffic(cnn)] == [5160 + 4_719_104, 73984 + 1280]
