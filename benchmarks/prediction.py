@@ -120,8 +120,10 @@ def measure(
     steps: int,
     rates: Sequence[float] = RATES_MBIT,
     backends: Sequence[tuple[str, list[str]]] = BACKENDS,
+    sizes: str = BENCH_SIZES,
 ) -> None:
-    """Benchmarks and training runs for every rate, appended to OUT/runs.jsonl and OUT/bench-*.json."""
+    """Benchmarks (of `sizes`) and training runs for every rate, appended to OUT/runs.jsonl and
+    OUT/bench-*.json."""
     results = os.path.join(out, "runs.jsonl")
     train = [*TRAIN, "--max-steps", str(steps), "--results", results]
     for repeat in range(repeats):
@@ -136,7 +138,7 @@ def measure(
                 for collective in COLLECTIVES:
                     if not os.path.exists(_bench(out, rate, collective)):
                         program = ["bench", "allreduce", "--backend", "ddp", "--collective", collective]
-                        program += ["--sizes", BENCH_SIZES, "--seconds-per-size", "1"]
+                        program += ["--sizes", sizes, "--seconds-per-size", "1"]
                         _across(cluster, [*program, "--results", _bench(out, rate, collective)])
                 for label, flags in backends:
                     if (f"{rate:g}", label, str(repeat)) not in _done(results):

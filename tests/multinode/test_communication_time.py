@@ -6,10 +6,14 @@ bytes its record says each rank sent:
 
 - never less than the rate allows in a ring (2(n-1)/n x bytes for all_reduce, (n-1)/n for all_gather
   and reduce_scatter, the whole buffer for broadcast): less would mean collectives went unseen;
-- within 25% of what the same collectives take bare on the same link (probe_collectives.py, per
-  kind, scaled by bytes). Gloo does not reach the ring's rate on a shaped TCP link (measured at
-  20 Mbit/s: all_reduce 1.3-1.45x, all_gather 1.6-1.9x, reduce_scatter 2.5-2.8x the ring's time,
-  its reduce-scatter moving the whole buffer), so the rate alone cannot be the reference.
+- from 0.75x to 1.4x what the same collectives take bare on the same link (probe_collectives.py,
+  per kind, scaled by bytes): a collective unseen or counted twice falls outside. Gloo does not
+  reach the ring's rate on a shaped TCP link (measured at 40 Mbit/s: all_reduce 1.1-1.25x,
+  all_gather 1.15-1.7x, reduce_scatter 2.35-2.7x the ring's time, its reduce-scatter moving the
+  whole buffer), so the rate alone cannot be the reference. The bound above is wider than the one
+  below by what was measured: three probes of one link differed by up to 45% (all_gather 0.55-0.80
+  s at 40 Mbit/s), and at 20 Mbit/s a training's reduce-scatters took 1.2-1.3x the probe's (a 25%
+  bound failed one full run in three there; at 40 Mbit/s every backend measured 1.0-1.14x).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from tests.helpers.backend_cases import with_options
 from .jobs import ClusterJob, _tool
 from .netns_cluster import NetnsCluster
 
-RATE_MBIT = 20.0  # a 4.8 MB gradient of the workshop CNN: ~2 s per allreduce, against ~0.1 s of compute
+RATE_MBIT = 40.0  # a 4.8 MB gradient of the workshop CNN: ~1.2 s per allreduce, against ~0.1 s of compute
 RANKS = 2
 TRAIN_LIMIT_S = 240
 PROBE_LIMIT_S = 120
@@ -108,7 +112,7 @@ class ShapedLink(NamedTuple):
 
 @pytest.fixture(scope="module")
 def shaped_link(tmp_path_factory) -> Iterator[ShapedLink]:
-    """One shaped cluster and one probe for every backend (the probe alone takes ~30 s at RATE_MBIT):
+    """One shaped cluster and one probe for every backend (the probe alone takes ~15 s at RATE_MBIT):
     every job on it has ended before the next starts (ClusterJob.wait), so they share the link only in turn."""
     with NetnsCluster(2, str(tmp_path_factory.mktemp("shaped") / "cluster")) as cluster:
         cluster.shape(rate_mbit=RATE_MBIT)
@@ -140,4 +144,4 @@ def test_a_slow_link_is_communication_as_long_as_its_rate_allows(shaped_link, tm
     )
     assert per_step["communication"] >= 0.5 * per_step["runtime"], seen
     assert per_step["communication"] >= 0.95 * ring, seen
-    assert per_step["communication"] == pytest.approx(bare, rel=0.25), seen
+    assert 0.75 * bare <= per_step["communication"] <= 1.4 * bare, seen
