@@ -104,7 +104,9 @@ class DDPBackend(TorchDistributedBackend):
         # The reducer fills buckets in the reverse order of the parameters (the order backward
         # produces gradients), closes one once it holds its limit and launches its allreduce then.
         # The first bucket's limit is torch's _DEFAULT_FIRST_BUCKET_BYTES (1 MiB), so that the
-        # first allreduce starts early; the others' is bucket_cap_mb.
+        # first allreduce starts early; the others' is bucket_cap_mb. On GPUs NCCL runs them beside
+        # backward; on CPUs gloo barely does: 2-node runs of the workshop CNN, a core per rank, hid
+        # 2 ms of 31 and of 85 ms in flight (benchmarks/results/prediction.json), so there they hold.
         bucket = int(self.options.bucket_cap_mb * 2**20)
         sizes, filling = [], 0
         for size in shape.modules()[::-1]:
@@ -113,7 +115,7 @@ class DDPBackend(TorchDistributedBackend):
                 sizes.append(filling)
                 filling = 0
         sizes += [filling] if filling else []
-        return [Collective("all_reduce", size, 1, "backward_reduce", True) for size in sizes]
+        return [Collective("all_reduce", size, 1, "backward_reduce", on_gpu) for size in sizes]
 
     def tuning(self) -> dict[str, Any]:
         return {

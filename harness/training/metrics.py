@@ -68,6 +68,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
+from .contention import CLOCK_TICKS
+
 
 def _definitions(doc: str) -> dict[str, str]:
     """name -> definition text (whitespace collapsed) of the `- **name**: text` items above."""
@@ -259,12 +261,24 @@ def _node_load(per_rank: Mapping[str, Ranks], ranks: list[int]) -> dict[str, Opt
     )
     own = [per_rank["own_seconds"][rank] for rank in ranks]
     demand = [per_rank["demand_per_rank"][rank] for rank in ranks]
-    outside = None
+    outside, unmeasured = None, None
     if busy is not None and cpu and None not in own:
-        outside = max(busy - sum(own), 0.0) / cpu  # type: ignore[arg-type]
+        # /proc counts CPU time in clock ticks (10 ms on Linux): each core's busy time and each
+        # rank's own time is known to a tick at each end of the window. Where that leaves the share
+        # uncertain by more than half the threshold (under ~0.6 s on 2 cores), it is not measured.
+        cpus = sum(per_rank["cpus"][members[0]] or 0 for members in sets.values())
+        uncertainty = 2 * (cpus + len(ranks)) / CLOCK_TICKS / cpu
+        if uncertainty > OUTSIDE_LOAD_ABOVE / 2:
+            unmeasured = (
+                f"the window held {cpu:.2f} CPU seconds of the job's cores: /proc's {1e3 / CLOCK_TICKS:g} ms ticks "
+                f"leave the outside share uncertain by {uncertainty:.0%}"
+            )
+        else:
+            outside = max(busy - sum(own), 0.0) / cpu  # type: ignore[arg-type]
     return {
         "ranks": len(ranks),
         "outside_cpu_share": outside,
+        "outside_unmeasured": unmeasured,
         "steal_share": steal / cpu if steal is not None and cpu else None,
         "usable_cores": cores,
         "threads_demanded": None if None in demand else sum(demand),  # type: ignore[arg-type]

@@ -66,6 +66,21 @@ def test_each_threshold_alone_flags_a_run(outside, steal, throttled, reason):
     assert len(reasons) == 1 and reasons[0].startswith(reason)
 
 
+def test_a_window_shorter_than_procs_ticks_can_resolve_is_not_judged():
+    """Two timed steps of a tiny run (notebook 06's): 0.1 s on 2 cores, where one 10 ms tick of
+    another process is already 5% of the cores' time. The share is not measured, and says why."""
+    ticks = 1 / contention.CLOCK_TICKS
+    short = contention_measures(1, 0.0, cpu_seconds=[0.2], window_seconds=[0.1], busy_seconds=[1.0 + 4 * ticks])
+    summary = contention_summary(short)
+    assert summary["outside_cpu_share"] is None and summary["flagged"] is False
+    assert "ticks leave the outside share uncertain by 30%" in summary["nodes"][0]["outside_unmeasured"]
+    # From about 0.6 s on 2 cores for one rank (1.2 CPU seconds), load is judged.
+    long = contention_measures(1, 0.0, cpu_seconds=[1.5], window_seconds=[0.75], busy_seconds=[1.0 + 30 * ticks])
+    judged = contention_summary(long)
+    assert judged["outside_cpu_share"] == pytest.approx(0.2) and judged["flagged"]
+    assert judged["nodes"][0]["outside_unmeasured"] is None
+
+
 def test_what_a_machine_does_not_measure_flags_nothing():
     assert contention_reasons(None, None, None) == []
     unmeasured = contention_summary({name: [None] for name in contention.CpuMeter.FIELDS})

@@ -197,3 +197,12 @@ def test_ddp_closes_its_first_bucket_at_one_mib_as_its_reducer_does():
     # convolutions the second: the two allreduces a 2-rank run records.
     cnn = ModelShape(4_799_528, module_bytes=(1280, 73984, 4_719_104, 5160))
     assert [call.bytes for call in ddp.traffic(cnn)] == [5160 + 4_719_104, 73984 + 1280]
+
+
+def test_ddp_overlaps_its_buckets_on_gpus_only():
+    from harness.backends.ddp import DDPBackend
+
+    ddp = DDPBackend(DDPBackend.parse_options({}))
+    assert all(call.overlapped for call in ddp.traffic(SHAPE)) and not any(
+        call.overlapped for call in ddp.traffic(SHAPE, on_gpu=False)
+    )
