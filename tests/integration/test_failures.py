@@ -41,7 +41,7 @@ LOST = "rank 0 lost contact with a peer"
 TORCHRUN_REPORT = re.compile(r"rank\s*:\s*1 \(local_rank: 1\)\s*exitcode\s*:\s*-9")
 # horovodrun, too, ends the other ranks when one dies (SIGTERM, then SIGKILL 5 s later). On a loaded
 # machine Horovod's survivor can still be inside the collective its dead peer left when the SIGKILL
-# comes (1 run in 5 beside four CPU burners): then horovodrun's report names the killed rank.
+# comes (1 run in 13 beside four CPU burners): then horovodrun's report names the killed rank.
 HOROVODRUN_REPORT = re.compile(r"The first process to do so was:\s*Process name: 1\s*Exit code: 137")
 
 

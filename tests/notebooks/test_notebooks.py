@@ -86,7 +86,10 @@ def test_notebook_runs(notebook: str, notebook_environment: dict[str, str]) -> N
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
         pytest.fail(f"{os.path.basename(notebook)} did not finish within {NOTEBOOK_TIMEOUT_S} s:\n{output[-5000:]}")
-    assert process.returncode == 0, f"{os.path.basename(notebook)} failed:\n{output[-8000:]}"
+    # The first failing cell is the cause; later ones often fail only for what it left undefined.
+    first = output.find("= FAILURES =")
+    shown = output[first : first + 6000] + "\n...\n" if first >= 0 else ""
+    assert process.returncode == 0, f"{os.path.basename(notebook)} failed:\n{shown}{output[-4000:]}"
     # The notebook's last cell stops its cluster: nothing it started may still run (the kernel
     # gets a few seconds to exit after nbval shuts it down).
     deadline = time.monotonic() + EXIT_GRACE_S
