@@ -46,8 +46,10 @@ def interpolated_seconds(curve: Curve, size: float) -> float:
     the smallest one's time below them (a latency-bound call costs no less), the last segment's
     slope beyond the largest."""
     points = sorted(curve)
-    if size <= points[0][0] or len(points) == 1:
-        return points[0][1] if size <= points[0][0] else points[0][1] * size / points[0][0]
+    if size <= points[0][0]:
+        return points[0][1]
+    if len(points) == 1:
+        return points[0][1] * size / points[0][0]
     for (low, low_s), (high, high_s) in zip(points, points[1:]):
         if size <= high:
             return low_s + (high_s - low_s) * (size - low) / (high - low)
@@ -254,8 +256,6 @@ def network_from_bench(result: Mapping[str, Any], ranks_per_node: Optional[int] 
         raise UsageError("this benchmark has no fit (one rank); run `harness bench allreduce` on 2 or more ranks")
     alpha, busbw = fit["alpha_s"], fit["busbw_bytes_per_s"]
     across = result.get("nodes", 1) > 1
-    points = tuple((size["bytes"], size["seconds"]) for size in result.get("sizes", ()) if size.get("seconds"))
-    curves = ((result.get("collective", "all_reduce"), result["world_size"], across, points),) if points else ()
     source = (
         f"harness bench allreduce --collective {result.get('collective', 'all_reduce')}, {result['backend']}, {result['world_size']} ranks on {result.get('nodes', 1)} "
         f"node(s): alpha {alpha * 1e6:.1f} us, busbw {busbw / GB:.3f} GB/s"
@@ -269,8 +269,15 @@ def network_from_bench(result: Mapping[str, Any], ranks_per_node: Optional[int] 
         busbw_intra=within.busbw_intra if within and across else busbw,
         busbw_inter=busbw,
         source=source,
-        curves=curves,
+        curves=_curves(result),
     )
+
+
+def _curves(result: Mapping[str, Any]) -> tuple[tuple[str, int, bool, Curve], ...]:
+    """The benchmark's measured times as the one curve of its collective (none without any)."""
+    points = tuple((size["bytes"], size["seconds"]) for size in result.get("sizes", ()) if size.get("seconds"))
+    kind, across = result.get("collective", "all_reduce"), result.get("nodes", 1) > 1
+    return ((kind, result["world_size"], across, points),) if points else ()
 
 
 def network_from_benches(
@@ -281,7 +288,7 @@ def network_from_benches(
     kinds = [result.get("collective", "all_reduce") for result in results]
     main = results[kinds.index("all_reduce")] if "all_reduce" in kinds else results[0]
     network = network_from_bench(main, ranks_per_node, within)
-    curves = tuple(curve for result in results for curve in network_from_bench(result, ranks_per_node, within).curves)
+    curves = tuple(curve for result in results for curve in _curves(result))
     fits = tuple(
         (kind, result["fit"]["alpha_s"], result["fit"]["busbw_bytes_per_s"])
         for kind, result in zip(kinds, results)
