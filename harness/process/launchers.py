@@ -13,6 +13,7 @@ train` ranks through these).
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import sys
@@ -174,11 +175,44 @@ def local_launcher(name: str) -> Launcher:
     return launcher
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now, for one job's rendezvous."""
+# Rendezvous ports come from below the kernel's ephemeral range (as torchrun's 29500 does): a port in
+# that range can be taken at any moment as the local end of an outgoing connection (gloo's, the
+# engines' ZeroMQ sockets), and a process that makes several groups meets on the ports above its
+# first (harness.backends.compat.rendezvous_port), which nothing reserves.
+RENDEZVOUS_PORTS_FROM = 20000
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_DEFAULT_EPHEMERAL_START = 32768  # Linux's default, where the range cannot be read
+# The system's randomness: jobs started side by side from processes seeded alike pick apart, and no
+# run's random state is touched.
+_PORT_PICKER = random.SystemRandom()
+
+
+def free_port(span: int = 1) -> int:
+    """A TCP port nobody listens on right now, with the `span - 1` ports above it free as well, for
+    one job's rendezvous (span: the process groups the job's processes may make, one port each).
+    Picked at random below the ephemeral range; the kernel's choice where nothing there is free."""
+    try:
+        with open(_EPHEMERAL_RANGE) as handle:
+            ephemeral_start = int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_start = _DEFAULT_EPHEMERAL_START
+    candidates = range(RENDEZVOUS_PORTS_FROM, ephemeral_start - span)
+    for _ in range(50 if candidates else 0):
+        first = _PORT_PICKER.choice(candidates)
+        if all(_bindable(port) for port in range(first, first + span)):
+            return first
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("0.0.0.0", port))  # where a TCP store listens
+        except OSError:
+            return False
+        return True
 
 
 def _tool(name: str) -> str:

@@ -49,6 +49,7 @@ from ..errors import UsageError, require, unknown_choice
 from ..process.launchers import OPENMPI_ENV, free_port, site_launcher
 
 ENGINE_TIMEOUT_S = 180  # engines registering, cold imports on a busy node included
+ENGINE_RENDEZVOUS_PORTS = 128  # the groups the engines may make, a port each (compat.rendezvous_port)
 RUN_TIMEOUT_S = 900  # one call on the engines (a training run); harness collectives time out sooner
 STOP_GRACE_S = 10.0  # after stopping the cluster, how long its processes get to exit before SIGKILL
 CLUSTER_VARIABLE = "IPP_CLUSTER_ID"  # ipyparallel sets it in the environment of every process it starts
@@ -232,7 +233,7 @@ def start_engines(
 
     gpus = _gpu_count()
     count, procs_per_gpu = default_placement(gpus, n)
-    port = free_port()
+    port = free_port(span=ENGINE_RENDEZVOUS_PORTS)
     config = Config()
     config.Cluster.engine_timeout = int(timeout)
     _configure_launcher(config, launcher, port, mpiexec, directives, launch_args)

@@ -1,4 +1,9 @@
-"""Preemption and exact resume, for every backend under its own launcher.
+"""Preemption and exact resume, for every backend and option set.
+
+Each backend's default options run under its own launcher, whose exit status is the documented one;
+its other option sets (DeepSpeed's ZeRO stages, FSDP's keep-gathered) change what is written and
+read, not how the ranks start, and run under torchrun where the backend allows it (DeepSpeed's
+launcher adds about 5 s of start-up and shutdown polling to each of the case's three runs).
 
 A SIGTERM reaches one rank mid-epoch (HARNESS_TEST_SIGNAL: a real os.kill at an exact step, see
 harness.process.preemption). The ranks finish their step and the next (they vote on the signal
@@ -44,7 +49,7 @@ def uninterrupted(tmp_path_factory):
     """Weights and record of the uninterrupted run, per (backend, flags), computed once."""
     cache = {}
 
-    def get(backend, flags):
+    def get(backend, flags, launcher=None):
         key = (backend, *flags)
         if key not in cache:
             out = tmp_path_factory.mktemp("reference")
@@ -52,6 +57,7 @@ def uninterrupted(tmp_path_factory):
                 RANKS,
                 backend,
                 [*COMMON, *flags, "--save-model", str(out / "model.pt"), "--results", str(out / "results.jsonl")],
+                launcher,
             )
             cache[key] = load_weights(out / "model.pt"), records(out / "results.jsonl")[0]
         return cache[key]
@@ -59,7 +65,20 @@ def uninterrupted(tmp_path_factory):
     return get
 
 
-def _assert_resumes_exactly(tmp_path, backend, flags, checkpoints, results, reference, stopped_after):
+def _preemption_cases() -> list:
+    """(backend, flags, launcher): the default options under the backend's own launcher, the others
+    under torchrun where the backend runs there."""
+    cases = []
+    for case in with_options():
+        backend, flags = case.values
+        cls = BACKENDS[backend]
+        own = not flags or "torchrun" not in cls.local_launchers
+        launcher = cls.local_launcher if own else "torchrun"
+        cases.append(pytest.param(backend, flags, launcher, id=f"{case.id}-{launcher}"))
+    return cases
+
+
+def _assert_resumes_exactly(tmp_path, backend, flags, checkpoints, results, reference, stopped_after, launcher=None):
     model = tmp_path / "resumed.pt"
     launch(
         RANKS,
@@ -78,6 +97,7 @@ def _assert_resumes_exactly(tmp_path, backend, flags, checkpoints, results, refe
             "--results",
             str(results),
         ],
+        launcher,
     )
     reference_weights, reference_record = reference
     difference = max_abs_difference(load_weights(model), reference_weights)
@@ -92,16 +112,19 @@ def _assert_resumes_exactly(tmp_path, backend, flags, checkpoints, results, refe
 @pytest.mark.slow
 # Under every option set a backend's Options.examples name (DeepSpeed's ZeRO stages write other files:
 # from ZeRO-2 on, the optimizer state partitioned, one file per rank).
-@pytest.mark.parametrize("backend, flags", with_options())
-def test_sigterm_on_one_rank_checkpoints_and_the_run_resumes_exactly(tmp_path, uninterrupted, backend, flags):
+@pytest.mark.parametrize("backend, flags, launcher", _preemption_cases())
+def test_sigterm_on_one_rank_checkpoints_and_the_run_resumes_exactly(
+    tmp_path, uninterrupted, backend, flags, launcher
+):
     checkpoints, results = tmp_path / "checkpoints", tmp_path / "results.jsonl"
     stopped = launch_may_fail(
         backend,
         [*COMMON, *flags, "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "4", "--results", str(results)],
         env={"HARNESS_TEST_SIGNAL": f"TERM@{SIGNAL_AFTER}:1"},
+        launcher=launcher,
     )
-    # The documented status through the backend's own launcher (tests/integration/test_exit_status.py: the others).
-    assert stopped.returncode == PREEMPTED_STATUS[BACKENDS[backend].local_launcher], output(stopped)
+    # The documented status through this launcher (tests/integration/test_exit_status.py: every launcher's).
+    assert stopped.returncode == PREEMPTED_STATUS[launcher], output(stopped)
     message = (
         f"stopped by a signal another rank received after step {STOP_AFTER} of {TOTAL_STEPS}; checkpoint "
         f"{checkpoints}/step-{STOP_AFTER:08d} is written; resubmit with --resume auto"
@@ -110,7 +133,8 @@ def test_sigterm_on_one_rank_checkpoints_and_the_run_resumes_exactly(tmp_path, u
     # Every 4 steps and at the epoch end (11), the newest 3 kept; the last one where the ranks stopped.
     assert checkpoint_steps(checkpoints) == [STEPS_PER_EPOCH, 12, STOP_AFTER]
     assert records(results) == []
-    _assert_resumes_exactly(tmp_path, backend, flags, checkpoints, results, uninterrupted(backend, flags), STOP_AFTER)
+    reference = uninterrupted(backend, flags, launcher)
+    _assert_resumes_exactly(tmp_path, backend, flags, checkpoints, results, reference, STOP_AFTER, launcher)
 
 
 @pytest.mark.slow

@@ -115,3 +115,33 @@ def test_every_launcher_name_in_the_package_is_a_row_of_the_one_table():
     )
     for scheduler, template in BATCH_TEMPLATES.items():
         assert f"\n{schedulers[scheduler].executable} " in template, scheduler
+
+
+def test_a_rendezvous_port_is_below_the_ephemeral_range_with_its_span_free(monkeypatch):
+    """Ports above a job's first serve its later process groups (notebook engines): all must be free,
+    and none in the range the kernel hands to outgoing connections."""
+    import socket
+
+    from harness.process import launchers
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+        ephemeral_start = int(handle.read().split()[0])
+    for span in (1, 128):
+        port = launchers.free_port(span=span)
+        assert launchers.RENDEZVOUS_PORTS_FROM <= port and port + span <= ephemeral_start
+        assert all(launchers._bindable(candidate) for candidate in range(port, port + span))
+    free = launchers.free_port(span=4)
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        picks = iter([busy - 2, free])  # first a start whose span holds the listening port
+
+        class Picker:
+            def choice(self, candidates: range) -> int:
+                return next(picks)
+
+        monkeypatch.setattr(launchers, "_PORT_PICKER", Picker())
+        monkeypatch.setattr(launchers, "_EPHEMERAL_RANGE", "/nonexistent")  # the default range then
+        monkeypatch.setattr(launchers, "_DEFAULT_EPHEMERAL_START", 65536)
+        assert launchers.free_port(span=4) == free
