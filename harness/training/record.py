@@ -189,13 +189,18 @@ def append_record(path: str, record: dict[str, Any]) -> None:
     """Append one record as one line: a single write under an exclusive lock, then fsync.
 
     A reader never sees half a record, and concurrent jobs appending to one file do not interleave.
+    A last line a killed job left cut short is ended first, so that the new record is a line of its
+    own (a continued study appends to the file its killed job cut).
     """
     line = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode()
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
         os.write(fd, line)
         os.fsync(fd)
     finally:
@@ -232,8 +237,9 @@ def read_results(paths: Iterable[str]) -> list[dict[str, Any]]:
 def read_records(paths: Iterable[str]) -> list[dict[str, Any]]:
     """All records of the given JSONL files, in file order.
 
-    A last line that is not a whole record (a job stopped while appending it) is left out with a
-    warning on stderr naming the file and line; a bad line before the last raises UsageError naming it."""
+    A line that is a record cut short (a job stopped while appending it: the last line, or a line
+    before records a continued job appended after it) is left out with a warning on stderr naming the
+    file and line, as is any bad last line; another bad line raises UsageError naming it."""
     records = []
     for path in paths:
         with open(path, errors="replace") as handle:
@@ -241,19 +247,26 @@ def read_records(paths: Iterable[str]) -> list[dict[str, Any]]:
         for index, (number, line) in enumerate(lines):
             try:
                 record = json.loads(line)
-            except ValueError:
-                record = None
+            except ValueError as exc:
+                record = exc
             if isinstance(record, dict):
                 records.append(record)
             else:
-                _bad_line(path, number, last=index == len(lines) - 1)
+                _bad_line(path, number, skip=index == len(lines) - 1 or _cut_short(line, record))
     return records
 
 
-def _bad_line(path: str, number: int, last: bool) -> None:
+def _cut_short(line: str, error: Any) -> bool:
+    """Whether a line that failed to parse is the start of a JSON object that ends too soon."""
+    if not (isinstance(error, json.JSONDecodeError) and line.lstrip().startswith("{")):
+        return False
+    return error.msg.startswith("Unterminated string") or error.pos >= len(line.rstrip())
+
+
+def _bad_line(path: str, number: int, skip: bool) -> None:
     from ..errors import UsageError
 
-    if not last:
+    if not skip:
         raise UsageError(
             f"results file {path} line {number} is not a JSON record; remove that line (or use another results file)"
         )

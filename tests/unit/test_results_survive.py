@@ -57,6 +57,23 @@ def test_read_results_skips_the_cut_line_and_names_it(tmp_path, capsys):
     assert len(warning) == 1 and path in warning[0] and "line 3" in warning[0]
 
 
+def test_a_continued_study_appends_after_the_cut_line_and_every_record_is_read(tmp_path, capsys):
+    """The study's next job appends to the file its killed job cut: the new record gets a line of its
+    own, and the cut line, no longer the last, is still only a warning."""
+    path = _cut_file(tmp_path)
+    append_record(path, _measured(8, 7000.0))
+    append_record(path, _measured(16, 12000.0))
+    records = harness.read_results([path])
+    assert [r["world_size"] for r in records] == [1, 2, 8, 16]
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and path in warning[0] and "line 3 is cut off" in warning[0]
+    with open(path, "a") as handle:
+        handle.write("not a record at all\n")
+    append_record(path, _measured(32, 20000.0))
+    with pytest.raises(UsageError, match="line 6 is not a JSON record"):  # damage, not a cut, still stops
+        harness.read_results([path])
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_command_reads_a_cut_file(command, tmp_path, capsys):
     path = _cut_file(tmp_path)
