@@ -337,3 +337,29 @@ def test_frontier_warns_about_job_data_in_home(tmp_path):
     home = tmp_path / "home"
     result = frontier("-A", "p", environ={"HOME": str(home), "JOB_DIR": str(home / "study")})
     assert result.ok and result.warnings[0].startswith(f"JOB_DIR={home / 'study'}: home (NFS, 50 GB quota) is not")
+
+
+@pytest.mark.parametrize(
+    "check, args, kind",
+    [
+        (polaris, ["-q", "ATPESC"], "training queue (e.g. ATPESC)"),
+        (polaris, ["-q", "R1234567"], "reservation queue"),
+        (polaris, ["-q", "preemptable"], "preemptable queue"),
+        (aurora, ["-q", "ATPESC"], "training queue (e.g. ATPESC)"),
+        (aurora, ["-q", "R98765"], "reservation queue"),
+        (perlmutter, ["-q", "shared"], None),
+    ],
+)
+def test_workshop_queues_pass_with_one_warning_that_their_limits_are_unknown(check, args, kind):
+    """A workshop runs in queues the profile cannot list: accepted, and said so in one line."""
+    result = check("-A", "DLscaling", *args)
+    assert result.ok, result.problems
+    (warning,) = result.warnings
+    queue = args[1]
+    assert warning.startswith(f"queue {queue} is a ") and "limits are unknown here and not checked" in warning
+    assert kind is None or f"is a {kind}," in warning
+
+
+def test_a_lowercase_queue_the_profile_does_not_know_is_still_refused():
+    result = polaris("-A", "DLscaling", "-q", "prodd")
+    assert not result.ok and any("prodd" in line for line in result.problems), result.problems
