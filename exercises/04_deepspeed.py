@@ -65,8 +65,8 @@ model = workshop.build_model(args.dropout).to(device)
 # --lr is the rate for one process's batch of --batch-size, and the global batch is world_size of
 # them. For SGD, as here, the rate grows in proportion to the global batch (the linear rule of Goyal
 # et al. 2017), so that a step moves the weights as one process with the whole global batch would.
-# For Adam, harness check accepts the linear rule or the square-root one: notebook 02's runs do not
-# tell them apart.
+# For Adam, harness check accepts the square-root rule, and the linear one with a warmup: in notebook
+# 02, Adam at the linearly scaled LR stalled from its first step unless warmed up.
 workshop.todo(4, "scale the learning rate with the global batch: linearly, for SGD")
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 # TODO 5: write DeepSpeed's config: per-GPU and global batch, and no gradient clipping

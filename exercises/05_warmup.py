@@ -83,8 +83,8 @@ torch.manual_seed(args.seed * 1000 + rank + 1)
 # --lr is the rate for one process's batch of --batch-size, and the global batch is world_size of
 # them. For SGD, as here, the rate grows in proportion to the global batch (the linear rule of Goyal
 # et al. 2017), so that a step moves the weights as one process with the whole global batch would.
-# For Adam, harness check accepts the linear rule or the square-root one: notebook 02's runs do not
-# tell them apart.
+# For Adam, harness check accepts the square-root rule, and the linear one with a warmup: in notebook
+# 02, Adam at the linearly scaled LR stalled from its first step unless warmed up.
 lr = args.lr * world_size
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 warmup_steps = round(args.warmup_epochs * len(train_loader))

@@ -236,18 +236,18 @@ def test_check_reports_a_framework_error_at_its_line(tmp_path):
     "name, replacements",
     [
         ("02_ddp.py", [ADAM, ("lr = args.lr * world_size", "lr = args.lr * world_size ** 0.5")]),
-        ("02_ddp.py", [ADAM]),
+        ("05_warmup.py", [ADAM]),
         ("03_horovod.py", []),
         (
             "02_ddp.py",
             [SAME_SEED, (PROCESS_GROUP_JOINED, PROCESS_GROUP_JOINED + "torch.manual_seed(args.seed + rank)\n")],
         ),
     ],
-    ids=["ddp-adam-sqrt", "ddp-adam-linear", "horovod", "ddp-seeded-per-rank-before-the-model"],
+    ids=["ddp-adam-sqrt", "warmup-adam-linear", "horovod", "ddp-seeded-per-rank-before-the-model"],
 )
 def test_check_accepts_what_the_exercise_asks_done_otherwise(name, replacements, tmp_path):
-    """What the exercise asks passes: Adam's LR by the square-root or the linear rule (notebook 02 cannot tell
-    them apart), the GPU by the local rank on 2 nodes, ranks seeded apart before the model is built (the
+    """What the exercise asks passes: Adam's LR by the square-root rule, or by the linear one with a warmup
+    (notebook 02 cannot tell them apart then), the GPU by the local rank on 2 nodes, ranks seeded apart before the model is built (the
     broadcast gives them rank 0's weights, their dropout draws its own)."""
     result = check_script(
         str(broken_variant(tmp_path, name, name, replacements)), timeout=CHECK_TIMEOUT_S, simulate_nodes=2

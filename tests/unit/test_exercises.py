@@ -467,14 +467,19 @@ BROKEN: dict[str, tuple[str, list[tuple[str, str]], dict[str, tuple[str, str]]]]
         [("min(1.0, step / warmup_steps)", "min(1.0, (step + 1) / warmup_steps)")],
         {"learning rate": ("warmup", "0.05 at step 6 (5 steps later), then stay there: step 1 trains at 0.025")},
     ),
+    "ddp-adam-linear-without-warmup": (  # notebook 02: Adam at the linear LR stalls unless warmed up
+        "02_ddp.py",
+        [ADAM],
+        {"learning rate": ("lr", "for Adam the exercise scales it by the square-root rule, --lr x sqrt(2)")},
+    ),
     "ddp-adam-lr-unscaled-gpu-by-global-rank": (  # a GPU by the global rank: at 2 simulated nodes
         "02_ddp.py",
         [ADAM, ("lr = args.lr * world_size", "lr = args.lr"), GPU_BY_GLOBAL_RANK],
         {
             "learning rate": (
                 "lr",
-                "for Adam the exercise scales it by the square-root rule, --lr x sqrt(2) = 0.03536, or the "
-                "linear one, --lr x 2 = 0.05",
+                "for Adam the exercise scales it by the square-root rule, --lr x sqrt(2) = 0.03536; the linear "
+                "one, --lr x 2 = 0.05, only with a warmup (notebook 02: without, Adam stalls)",
             ),
             "device": ("process-group", "rank 1 picks GPU 1, its global rank (line "),
         },

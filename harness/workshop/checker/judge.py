@@ -8,7 +8,8 @@ What must hold (one Failure each, with the TODO keys that govern it):
    clipped at norm 1.0 (DeepSpeed's default);
 3. the LR is --lr scaled to the global batch by a rule the exercise accepts for its optimizer: the
    linear rule (--lr x ranks) for SGD; for Adam and the other adaptive optimizers the square-root
-   rule (--lr x sqrt(ranks)) or the linear one, which notebook 02's runs do not tell apart; a warmup script climbs linearly per step from --lr at
+   rule (--lr x sqrt(ranks)), or the linear one where the script warms up (notebook 02's Adam runs
+   stalled at the linear LR without warmup, and with it do not tell the rules apart); a warmup script climbs linearly per step from --lr at
    step 0 to that at step round(--warmup-epochs x steps per epoch), then stays there (step 5's text);
 4. every epoch the ranks train on disjoint samples that leave out fewer than one global batch,
    in a new order each epoch; every evaluation scores each test image exactly once;
@@ -174,22 +175,27 @@ def _check_weights(observations: list[Observation], framework: Framework) -> tup
     return [], True
 
 
-def lr_rules(optimizer: Optional[dict[str, Any]]) -> tuple[str, ...]:
+def lr_rules(optimizer: Optional[dict[str, Any]], warms_up: bool) -> tuple[str, ...]:
     """The LR scaling rules (harness.training.lr's names) the exercise accepts for this optimizer:
-    the linear rule for SGD (Goyal et al.); for the adaptive ones the square-root rule or the linear
-    one, both with warmup where the script warms up: notebook 02's Adam runs do not tell them apart."""
-    return ("sqrt", "linear") if optimizer and optimizer["class"] in SQUARE_ROOT_OPTIMIZERS else ("linear",)
+    the linear rule for SGD (Goyal et al.); for the adaptive ones the square-root rule, and the
+    linear one only with warmup: notebook 02's Adam at the linear LR stalled from its first step
+    without it, and with it does not tell the two rules apart."""
+    if not (optimizer and optimizer["class"] in SQUARE_ROOT_OPTIMIZERS):
+        return ("linear",)
+    return ("sqrt", "linear") if warms_up else ("sqrt",)
 
 
-def _rule_text(optimizer: Optional[dict[str, Any]], ranks: int, base: float) -> str:
+def _rule_text(optimizer: Optional[dict[str, Any]], ranks: int, base: float, warms_up: bool) -> str:
     name = optimizer["class"] if optimizer else "its optimizer"
-    if len(lr_rules(optimizer)) > 1:
-        return (
-            f"for {name} the exercise scales it by the square-root rule, --lr x sqrt({ranks}) = "
-            f"{scaled_lr(base, ranks, 1, 'sqrt'):.4g}, or the linear one, --lr x {ranks} = "
-            f"{scaled_lr(base, ranks, 1, 'linear'):.4g}"
-        )
-    return f"for {name} the exercise scales it by the linear rule: --lr x {ranks} = {base * ranks:.4g}"
+    rules = lr_rules(optimizer, warms_up)
+    if rules == ("linear",):
+        return f"for {name} the exercise scales it by the linear rule: --lr x {ranks} = {base * ranks:.4g}"
+    square_root = f"for {name} the exercise scales it by the square-root rule, --lr x sqrt({ranks}) = "
+    square_root += f"{scaled_lr(base, ranks, 1, 'sqrt'):.4g}"
+    linear = f"--lr x {ranks} = {scaled_lr(base, ranks, 1, 'linear'):.4g}"
+    if "linear" in rules:
+        return f"{square_root}, or the linear one, {linear}"
+    return f"{square_root}; the linear one, {linear}, only with a warmup (notebook 02: without, {name} stalls)"
 
 
 def _check_lr(observations: list[Observation], ranks: int) -> list[Failure]:
@@ -204,7 +210,8 @@ def _check_lr(observations: list[Observation], ranks: int) -> list[Failure]:
                 ("lr",),
             )
         ]
-    verdicts = [_lr_failures(observations, ranks, rule) for rule in lr_rules(first.optimizer)]
+    rules = lr_rules(first.optimizer, warms_up=_warmup_steps(first) > 0)
+    verdicts = [_lr_failures(observations, ranks, rule) for rule in rules]
     return [] if not all(verdicts) else verdicts[0]
 
 
@@ -230,7 +237,7 @@ def _lr_failures(observations: list[Observation], ranks: int, rule: str) -> list
                     Failure(
                         "learning rate",
                         f"rank {observation.rank} used LR {lr:g} at step {step + 1} "
-                        f"(--lr {base:g}); {_rule_text(first.optimizer, ranks, base)}",
+                        f"(--lr {base:g}); {_rule_text(first.optimizer, ranks, base, warmup > 0)}",
                         ("lr",),
                     )
                 ]
