@@ -12,7 +12,10 @@ table also bounds the cost from what the breakdown adds to one step, measured in
 benchmarks/heartbeat.py does): a step's four phase marks with the breakdown on against off, and one
 metered collective (torch_distributed_wrappers on a one-rank gloo group) against the bare call, each
 the best of interleaved rounds. Per configuration: the marks plus its runs' collectives per step
-(from their records) times the metered call's extra, over its step time. On a GPU each mark also
+(from their records) times the metered call's extra, over its step time. DDP's buckets take one
+more path with the breakdown on: DDP's Python allreduce_hook, so that the meter sees them, instead of
+the reducer's C++ allreduce. Its extra is measured alone, a step of the CNN under DDP on a one-rank
+gloo group with the metered hook against the built-in allreduce, and added to DDP's rows. On a GPU each mark also
 records a CUDA event; this CPU bound does not cover that (benchmarks/gpu_throughput.py runs there).
 Usage:
     .venv/bin/python benchmarks/breakdown_cost.py [--repeats 5] [--steps 60] [--backends ddp,fsdp]
@@ -106,6 +109,48 @@ def metered_call_added(calls: int = 5000, rounds: int = 7) -> float:
     return best[True] - best[False]
 
 
+def ddp_hook_added(steps: int = 40, rounds: int = 7) -> tuple[float, float]:
+    """What DDP's metered Python allreduce_hook adds to a step against the reducer's built-in C++
+    allreduce (the CNN, batch 32, one-rank gloo group), and the built-in step's seconds."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    from harness.data.builtin import synthetic_shape
+    from harness.training.models import build_model
+
+    (channels, size, _), classes = synthetic_shape("cnn")
+    images, labels = torch.randn(32, channels, size, size), torch.randint(0, classes, (32,))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    bare = dist.all_reduce
+    try:
+        meter = CollectiveMeter()
+        wrappers, _ = torch_distributed_wrappers(meter, dist)
+
+        def per_step(hooked: bool) -> Callable[[], float]:
+            model = DistributedDataParallel(build_model("cnn", channels, size, classes, seed=0))
+            if hooked:
+                model.register_comm_hook(None, allreduce_hook)
+
+            def measure() -> float:
+                dist.all_reduce = wrappers["all_reduce"] if hooked else bare  # as the backend meters it
+                started = time.perf_counter()
+                for _ in range(steps):
+                    model.zero_grad(set_to_none=True)
+                    torch.nn.functional.cross_entropy(model(images), labels).backward()
+                seconds = (time.perf_counter() - started) / steps
+                dist.all_reduce = bare
+                return seconds
+
+            return measure
+
+        best = best_of(rounds, {True: per_step(True), False: per_step(False)})
+        assert any(meter.snapshot()["all_reduce"]), "the hook's allreduces did not reach the meter"
+    finally:
+        dist.all_reduce = bare
+        dist.destroy_process_group()
+    return best[True] - best[False], best[False]
+
+
 def collectives_per_step(record: dict[str, Any]) -> float:
     """Collectives one rank issued per step in the record's timed window."""
     return sum(kind["count"] for kind in record["step_breakdown"].get("collectives", {}).values())
@@ -144,9 +189,12 @@ def main() -> None:
             print(f"{label}, round {repeat + 1}: on {on:.0f}, off {off:.0f} samples/s", flush=True)
         rows.append((label, runs))
     marks, call = marks_added(), metered_call_added()
+    hook, builtin_step = ddp_hook_added()
     print(f"\nCNN, batch 32 per rank, {args.steps} timed steps, {args.repeats} paired rounds")
+    print(f"added in this process: {marks * 1e6:.1f} us per step's marks, {call * 1e6:.1f} us per metered collective")
     print(
-        f"added in this process: {marks * 1e6:.1f} us per step's marks, {call * 1e6:.1f} us per metered collective\n"
+        f"DDP's metered allreduce_hook against the built-in allreduce (one rank): {hook * 1e6:+.1f} us per step "
+        f"of {builtin_step * 1e3:.2f} ms ({hook / builtin_step:+.2%}), added to the DDP rows\n"
     )
     print(
         "| configuration | on (samples/s) | off (samples/s) | on / off | 95% interval | collectives per step "
@@ -156,7 +204,8 @@ def main() -> None:
         on, off = ([run["throughput"] for run in runs[variant]] for variant in (True, False))
         ratio, low, high = ratio_interval([a / b for a, b in zip(on, off)])
         calls = statistics.median(collectives_per_step(run) for run in runs[True])
-        added = marks + calls * call
+        hooked = any(run.get("tuning", {}).get("comm_hook") for run in runs[True])  # its buckets took the hook
+        added = marks + calls * call + (hook if hooked else 0.0)
         step = statistics.median(run["global_batch"] / run["throughput"] for run in runs[False])
         print(
             f"| {label} | {statistics.median(on):.0f} | {statistics.median(off):.0f} | {ratio:.3f} | {low:.3f} - "

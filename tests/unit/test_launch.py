@@ -131,9 +131,7 @@ def test_a_rendezvous_port_is_below_the_ephemeral_range_with_its_span_free(monke
         assert launchers.RENDEZVOUS_PORTS_FROM <= port and port + span <= ephemeral_start
         assert all(launchers._bindable(candidate) for candidate in range(port, port + span))
     free = launchers.free_port(span=4)
-    with socket.socket() as taken:
-        taken.bind(("0.0.0.0", 0))
-        taken.listen()
+    with socket.create_server(("0.0.0.0", 0)) as taken:  # a port someone listens on, not a port finder
         busy = taken.getsockname()[1]
         picks = iter([busy - 2, free])  # first a start whose span holds the listening port
 
