@@ -12,7 +12,7 @@
 A new job is the same submission, after this one ends (harness.study.submit): PBS to the queue the
 job was submitted to (a routing queue stays a routing queue), Slurm with every resource it asked
 for (at Frontier its partition and its QOS) and --requeue where the queue allows it. RESUBMIT=0
-never does it, a queue or QOS that forbids job chaining (OLCF's debug QOS) never gets it, and
+never does it, nor a job the scheduler could not describe at its start, a queue or QOS that forbids job chaining (OLCF's debug QOS) never gets it, and
 MAX_RESUBMISSIONS bounds the chain.
 """
 
@@ -25,11 +25,16 @@ from typing import Optional
 
 from ..errors import EXIT_PREEMPTED, UsageError
 from .jobdir import StudyJob, say
-from .scheduler import read_job, termination_cause
+from .scheduler import ReadBound, read_job, termination_cause
 from .sites import Queue
 from .submit import qsub_resubmission, sbatch_resubmission
 
 SUBMIT_TIMEOUT_S = 120
+# The read that tells why SIGTERM came runs in the grace time before SIGKILL (Slurm's GraceTime, PBS's
+# kill_delay: often 30 to 120 s), which must also hold the decision and a resubmission: 2 tries of
+# 10 s with one 2 s pause, ~22 s a query at most (a fallback's second query follows a first that
+# answered), not the job start's 4 tries of 60 s (~4 min).
+SIGNAL_READ = ReadBound(attempts=2, timeout_s=10.0)
 RESUBMITTED = "resubmitted as "
 
 
@@ -55,7 +60,7 @@ def _qos(job: StudyJob) -> Optional[Queue]:
 def _cause(job: StudyJob) -> str:
     """Why SIGTERM came, from the job's record read now (the grace time is running)."""
     try:
-        record = read_job(job.profile.scheduler, job.job_id, job.profile.queue_field, os.environ)
+        record = read_job(job.profile.scheduler, job.job_id, job.profile.queue_field, os.environ, bound=SIGNAL_READ)
     except UsageError as exc:
         say(f"cannot tell why SIGTERM came ({exc}); taking it as a cancellation")
         return "cancelled"
@@ -100,6 +105,8 @@ def _blocked(job: StudyJob, queue: Optional[Queue]) -> Optional[str]:
     """Why this job may not queue its continuation, if it may not."""
     if job.settings.resubmit == "0":
         return "RESUBMIT=0"
+    if not job.record.known:  # a resubmission repeats what this job asked for, which is not known
+        return "the scheduler could not be read at this job's start, so what it asked for is unknown"
     for what, limits in (("queue", queue), ("QOS", _qos(job))):
         if limits is not None and not limits.chaining:
             return f"{what} {limits.name} allows no job chaining" + (f" ({limits.note})" if limits.note else "")

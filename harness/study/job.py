@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from ..errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, UsageError
+from ..errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, UsageError, first_line
 from ..process.accelerator import detect_accelerator
 from ..process.discovery import RENDEZVOUS_DOMAIN_VARIABLE
 from ..process.imports import IMPORT_FIRST_VARIABLE
@@ -44,7 +44,7 @@ from .continuation import continue_study
 from .jobdir import StudyJob, say
 from .network import apply_network_plugin
 from .placement import placement_problem
-from .scheduler import pbs_allocation, read_job, slurm_allocation
+from .scheduler import JobRecord, pbs_allocation, read_job, slurm_allocation
 from .settings import kit_directory, load_settings, resolve_settings, site_launch, sweep_settings
 from .sites import SiteProfile, load_site
 from .sweep import SweepSettings, run_sweep, template_command
@@ -54,6 +54,15 @@ MPS_TIMEOUT_S = 120
 # MPS makes AF_UNIX sockets in its pipe directory, and a socket path holds at most 107 bytes; under
 # mpiexec a job's long TMPDIR (/local/scratch/pbs.<job id>...) leaves too little for their names.
 MPS_PIPE_LIMIT = 80
+# What the job's start reads from the scheduler, judged field by field: why a read that failed every
+# try does not end the job. Informative: the account, queue, QOS, walltime and file systems (checks
+# of what the scheduler has already accepted), the name and output files (moved into JOB_DIR), the
+# script's path (names the default JOB_DIR; the template's own stands in), and at PBS the walltime
+# and start time (the timer that warns the job before its walltime: without it PBS's SIGTERM at the
+# walltime still has the run checkpoint, and the study stops there rather than continuing). Needed
+# for correctness: the submit options and the queue submitted to, without which a continuation would
+# ask for other resources; the job goes on but does not resubmit itself (continuation._blocked).
+UNKNOWN_WITHOUT_RECORD = "account, queue, QOS, walltime, start time, file systems, output files and submit options"
 
 
 def gpus_on_this_node() -> int:
@@ -72,7 +81,7 @@ def open_job(profile: SiteProfile, environ: dict[str, str], kit_dir: str, script
             "on a login node use --check or --submit"
         )
     allocation = pbs_allocation(environ) if profile.scheduler == "pbs" else slurm_allocation(environ)
-    record = read_job(profile.scheduler, job_id, profile.queue_field, environ)
+    record = read_own_record(profile, job_id, environ)
     submitted = record.script or script
     if submitted and record.workdir and not os.path.isabs(submitted):
         submitted = os.path.join(record.workdir, submitted)
@@ -85,6 +94,22 @@ def open_job(profile: SiteProfile, environ: dict[str, str], kit_dir: str, script
         profile, {**environ, "JOB_DIR": job_dir}, allocation, gpus_on_this_node(), job_dir
     )
     return StudyJob(profile, job_id, record, allocation, settings, kit_dir, submitted, saved is not None)
+
+
+def read_own_record(profile: SiteProfile, job_id: str, environ: dict[str, str]) -> JobRecord:
+    """This job's record from the scheduler; where every try failed, one that knows only the job id
+    (`known` False), with a warning naming what is unknown (see UNKNOWN_WITHOUT_RECORD for why)."""
+    try:
+        return read_job(profile.scheduler, job_id, profile.queue_field, environ)
+    except UsageError as exc:
+        timer = "no timer before the walltime, " if profile.warning == "timer" else ""
+        print(
+            f"harness study: warning: cannot read job {job_id} from the scheduler ({first_line(exc)}); going on "
+            f"without its {UNKNOWN_WITHOUT_RECORD}: {timer}no resubmission",
+            file=sys.stderr,
+            flush=True,
+        )
+        return JobRecord(job_id, known=False)
 
 
 def mps_directories(environ: dict[str, str], number: str) -> dict[str, str]:

@@ -5,10 +5,12 @@ and a wrapped `Submit_arguments` or `select` read line by line loses its tail). 
 JSON for some exported values (openpbs #2541, #1255): then `qstat -f JOBID` is read instead, its
 folded values joined again (a continuation line starts with a tab), with a warning. Slurm:
 `scontrol show job --json JOBID`, and where that is not built in (Slurm < 23, or without the JSON
-plugins) `scontrol show job -o JOBID`, one line of NAME=VALUE fields. Both become a `JobRecord`.
+plugins) `scontrol show job -o JOBID`, one line of NAME=VALUE fields; where it prints invalid JSON,
+or JSON without the job, `-o` too, with a warning. Both become a `JobRecord`.
 
 Every query is retried (QUERY_ATTEMPTS, with a doubling pause) before it counts as failed: qstat
-and scontrol fail now and then while the server is busy (seen on Aurora).
+and scontrol fail now and then while the server is busy (seen on Aurora). A read made while the
+job's grace time runs passes a tighter `ReadBound` (harness.study.continuation).
 
 The allocation itself comes from the job's environment: PBS_NODEFILE lists a host once per MPI
 process it may run (`mpiprocs`), so nodes are its distinct hosts; Slurm counts them in
@@ -23,7 +25,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -33,6 +35,11 @@ from .walltime import parse_walltime
 QUERY_TIMEOUT_S = 60
 QUERY_ATTEMPTS = 4  # a query that fails is tried again, QUERY_PAUSE_S, then twice that, ... later
 QUERY_PAUSE_S = 2.0
+# scontrol's words where this Slurm cannot print JSON at all (no --json before 21.08, JSON plugins not
+# built): trying again cannot help, so `-o` is read at once. Any other failure ("Socket timed out",
+# "Unable to contact slurm controller") may pass, and is retried as every query is. Its stderr only:
+# the JSON scontrol prints on stdout names its own "plugin".
+_NO_SLURM_JSON = re.compile(r"json|plugin|serializ|(invalid|unrecognized|unknown) option", re.IGNORECASE)
 # qsub options that take a value (the rest of PBS Pro's, -h -I -V -X -z, take none).
 QSUB_VALUE_OPTIONS = frozenset("AacCeJjklMmNoPpqrRSuvW")
 _SLURM_FIELD = re.compile(r"^[A-Za-z][A-Za-z0-9_/:]*=")
@@ -61,6 +68,7 @@ class JobRecord:
     submit_options: list[tuple[str, Optional[str]]] = field(default_factory=list)  # PBS: qsub's, as submitted
     variables: dict[str, str] = field(default_factory=dict)  # PBS: Variable_List (PBS_O_*, -v), values whole
     options: dict[str, str] = field(default_factory=dict)  # Slurm: sbatch option -> value, as requested
+    known: bool = True  # False: the scheduler could not be read; only job_id is known (harness.study.job)
 
 
 @dataclass(frozen=True)
@@ -73,24 +81,49 @@ class Allocation:
     hosts: tuple[str, ...] = ()
 
 
-def _run(command: Sequence[str], attempts: Optional[int] = None) -> subprocess.CompletedProcess:
-    """`command`'s result, tried up to `attempts` (QUERY_ATTEMPTS) times while it fails or times
-    out, with a doubling pause between tries; the last result when every try failed."""
-    attempts = attempts or QUERY_ATTEMPTS
+@dataclass(frozen=True)
+class ReadBound:
+    """How long one scheduler query may take: its tries, and seconds for each (plus the pauses)."""
+
+    attempts: int = QUERY_ATTEMPTS
+    timeout_s: float = QUERY_TIMEOUT_S
+
+
+FULL_READ = ReadBound()
+
+
+def _run(
+    command: Sequence[str],
+    bound: ReadBound = FULL_READ,
+    final: Optional[Callable[[subprocess.CompletedProcess], bool]] = None,
+) -> subprocess.CompletedProcess:
+    """`command`'s result, tried up to `bound.attempts` times while it fails or times out, with a
+    doubling pause between tries; the last result when every try failed, or at once a failure that
+    `final` says trying again cannot mend."""
+    attempts = bound.attempts
     for attempt in range(attempts):
         if attempt:
             time.sleep(QUERY_PAUSE_S * 2 ** (attempt - 1))
         try:
-            result = subprocess.run(list(command), capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
+            result = subprocess.run(list(command), capture_output=True, text=True, timeout=bound.timeout_s)
         except FileNotFoundError as exc:
             raise UsageError(f"`{shlex.join(command)}` failed ({first_line(exc)}); is {command[0]} on PATH?") from exc
         except (OSError, subprocess.TimeoutExpired) as exc:
             if attempt + 1 == attempts:
                 raise UsageError(f"`{shlex.join(command)}` failed {attempts} times ({first_line(exc)})") from exc
             continue
-        if result.returncode == 0 or attempt + 1 == attempts:
+        if result.returncode == 0 or attempt + 1 == attempts or (final is not None and final(result)):
             return result
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _said(result: subprocess.CompletedProcess) -> str:
+    """What a failed command said, on one line."""
+    return " ".join((result.stderr or result.stdout).split())[:300]
+
+
+def _warn(message: str) -> None:
+    print(f"harness study: warning: {message}", file=sys.stderr, flush=True)
 
 
 # -- PBS --------------------------------------------------------------------------------------------
@@ -248,23 +281,19 @@ def _ctime(text: Optional[str]) -> Optional[float]:
         return None
 
 
-def read_pbs_job(job_id: str, environ: Mapping[str, str]) -> JobRecord:
+def read_pbs_job(job_id: str, environ: Mapping[str, str], bound: ReadBound = FULL_READ) -> JobRecord:
     """`qstat -fF json JOBID`, parsed; where PBS printed invalid JSON, `qstat -f JOBID` (with a
     warning on stderr)."""
-    result = _run(["qstat", "-fF", "json", job_id])
+    result = _run(["qstat", "-fF", "json", job_id], bound)
     if result.returncode != 0:
-        raise UsageError(f"qstat -fF json {job_id} failed: {(result.stderr or result.stdout).strip()[:300]}")
+        raise UsageError(f"qstat -fF json {job_id} failed: {_said(result)}")
     try:
         return parse_qstat_json(result.stdout, job_id, environ)
     except InvalidQstatJson as exc:
-        print(
-            f"harness study: warning: {exc} (a known PBS defect, openpbs #2541); reading `qstat -f {job_id}` instead",
-            file=sys.stderr,
-            flush=True,
-        )
-    result = _run(["qstat", "-f", job_id])
+        _warn(f"{exc} (a known PBS defect, openpbs #2541); reading `qstat -f {job_id}` instead")
+    result = _run(["qstat", "-f", job_id], bound)
     if result.returncode != 0:
-        raise UsageError(f"qstat -f {job_id} failed: {(result.stderr or result.stdout).strip()[:300]}")
+        raise UsageError(f"qstat -f {job_id} failed: {_said(result)}")
     return parse_qstat_full(result.stdout, job_id, environ)
 
 
@@ -299,12 +328,19 @@ def _int(value: Any) -> Optional[int]:
     return int(match[1]) if match else None
 
 
+class InvalidScontrolJson(UsageError):
+    """`scontrol show job --json` printed something that is not JSON, or JSON without the job."""
+
+
 def parse_scontrol_json(text: str, profile_queue_field: str) -> JobRecord:
-    """A JobRecord from `scontrol show job --json JOBID` (Slurm 21.08 to 25.x field shapes)."""
+    """A JobRecord from `scontrol show job --json JOBID` (Slurm 21.08 to 25.x field shapes).
+    Raises InvalidScontrolJson where the text is not JSON or lists no job."""
     try:
         job = json.loads(text)["jobs"][0]
+        if not isinstance(job, dict):
+            raise TypeError(f"a job is {type(job).__name__}, not an object")
     except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise UsageError(f"scontrol show job --json gave no job ({first_line(exc)})") from exc
+        raise InvalidScontrolJson(f"scontrol show job --json gave no job ({first_line(exc)})") from exc
     states = job.get("job_state", [])
     states = tuple(states if isinstance(states, list) else [states])
     limit = _number(job.get("time_limit"))
@@ -407,22 +443,36 @@ def _slurm_record(job_id: str, fields: dict[str, Any], queue_field: str, **known
     )
 
 
-def read_slurm_job(job_id: str, queue_field: str) -> JobRecord:
-    """`scontrol show job --json JOBID`, or `-o` where this Slurm has no JSON output."""
-    result = _run(["scontrol", "show", "job", "--json", job_id], attempts=1)  # fails for good where not built in
-    if result.returncode == 0 and result.stdout.lstrip().startswith("{"):
-        return parse_scontrol_json(result.stdout, queue_field)
-    result = _run(["scontrol", "show", "job", "-o", job_id])
+def _no_slurm_json(result: subprocess.CompletedProcess) -> bool:
+    """scontrol failed because this Slurm cannot print JSON (see _NO_SLURM_JSON)."""
+    return result.returncode != 0 and bool(_NO_SLURM_JSON.search(result.stderr or ""))
+
+
+def read_slurm_job(job_id: str, queue_field: str, bound: ReadBound = FULL_READ) -> JobRecord:
+    """`scontrol show job --json JOBID`, or `-o` where this Slurm has no JSON output (at once) or
+    printed invalid JSON (with a warning on stderr). A failure of another kind is retried, and
+    after the last try is an error: `-o` would ask the same controller."""
+    result = _run(["scontrol", "show", "job", "--json", job_id], bound, final=_no_slurm_json)
+    if result.returncode == 0:
+        try:
+            return parse_scontrol_json(result.stdout, queue_field)
+        except InvalidScontrolJson as exc:
+            _warn(f"{exc}; reading `scontrol show job -o {job_id}` instead")
+    elif not _no_slurm_json(result):
+        raise UsageError(f"scontrol show job --json {job_id} failed: {_said(result)}")
+    result = _run(["scontrol", "show", "job", "-o", job_id], bound)
     if result.returncode != 0:
-        raise UsageError(f"scontrol show job {job_id} failed: {(result.stderr or result.stdout).strip()[:300]}")
+        raise UsageError(f"scontrol show job -o {job_id} failed: {_said(result)}")
     return parse_scontrol_oneliner(result.stdout, queue_field)
 
 
-def read_job(scheduler: str, job_id: str, queue_field: str, environ: Mapping[str, str]) -> JobRecord:
-    """The job's record from its batch system ("pbs" or "slurm")."""
+def read_job(
+    scheduler: str, job_id: str, queue_field: str, environ: Mapping[str, str], bound: ReadBound = FULL_READ
+) -> JobRecord:
+    """The job's record from its batch system ("pbs" or "slurm"), each query within `bound`."""
     if scheduler == "pbs":
-        return read_pbs_job(job_id, environ)
-    return read_slurm_job(job_id, queue_field)
+        return read_pbs_job(job_id, environ, bound)
+    return read_slurm_job(job_id, queue_field, bound)
 
 
 def termination_cause(record: JobRecord) -> str:

@@ -1,20 +1,35 @@
-"""Scheduler reads that survive: qstat and scontrol retried with backoff, PBS's invalid JSON read
-from plain `qstat -f` (folded lines joined again), and a workshop's reservation or reservation
-queue kept when the study continues in a new job."""
+"""Scheduler reads that survive: qstat and scontrol retried with backoff (scontrol's JSON only where
+the failure may pass), invalid JSON read again from plain `qstat -f` (folded lines joined again) or
+`scontrol show job -o`, reads under a signal bounded to fit a grace time, a job that goes on without
+its record where the scheduler cannot be read, and a workshop's reservation or reservation queue
+kept when the study continues in a new job."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 
 import pytest
 
-from harness.errors import UsageError
-from harness.study import scheduler
-from harness.study.scheduler import parse_qstat_full, parse_qstat_json, parse_scontrol_oneliner, read_pbs_job
+from harness.errors import EXIT_PREEMPTED, UsageError
+from harness.study import continuation, scheduler
+from harness.study.job import read_own_record, warning_delay
+from harness.study.scheduler import (
+    JobRecord,
+    ReadBound,
+    parse_qstat_full,
+    parse_qstat_json,
+    parse_scontrol_json,
+    parse_scontrol_oneliner,
+    read_pbs_job,
+    read_slurm_job,
+)
+from harness.study.sites import load_site
 from harness.study.submit import qsub_resubmission, sbatch_resubmission
 from tests.conftest import REPO
+from tests.helpers.study_helpers import make_job
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,14 +43,17 @@ def data(name: str) -> str:
 
 
 class FakeQstat:
-    """Answers in turn, as subprocess.run would; records the commands it was given."""
+    """Answers in turn, as subprocess.run would (qstat's or scontrol's); records the commands it was
+    given and the timeouts they were given."""
 
     def __init__(self, *answers: tuple[int, str]) -> None:
         self.answers = list(answers)
         self.commands: list[list[str]] = []
+        self.timeouts: list[float] = []
 
     def __call__(self, command, **kwargs):
         self.commands.append(command)
+        self.timeouts.append(kwargs["timeout"])
         status, text = self.answers.pop(0)
         return subprocess.CompletedProcess(command, status, text if status == 0 else "", "" if status == 0 else text)
 
@@ -110,3 +128,135 @@ def test_the_json_record_keeps_the_reservation_too():
     document["jobs"][0]["resv_name"] = "atpesc_day2"
     record = scheduler.parse_scontrol_json(json.dumps(document), "qos")
     assert record.options["reservation"] == "atpesc_day2"
+
+
+# -- Slurm ------------------------------------------------------------------------------------------
+
+SLURM_JOB = "1234567"
+SOCKET_TIMEOUT = "slurm_load_jobs error: Socket timed out on send/recv operation"
+
+
+def options(command: list[str]) -> str:
+    """`--json` or `-o`: which form of `scontrol show job` a command asked for."""
+    return command[3]
+
+
+def test_a_transient_scontrol_json_failure_is_retried_with_a_doubling_pause(monkeypatch, no_pause):
+    fake = FakeQstat(
+        (1, SOCKET_TIMEOUT),
+        (1, "scontrol: error: Unable to contact slurm controller (connect failure)"),
+        (0, data("scontrol_perlmutter_regular.json")),
+    )
+    monkeypatch.setattr(scheduler.subprocess, "run", fake)
+    record = read_slurm_job(SLURM_JOB, "qos")
+    assert [options(command) for command in fake.commands] == ["--json"] * 3
+    assert no_pause == [scheduler.QUERY_PAUSE_S, 2 * scheduler.QUERY_PAUSE_S]
+    assert dataclasses.asdict(record) == dataclasses.asdict(
+        parse_scontrol_json(data("scontrol_perlmutter_regular.json"), "qos")
+    )
+
+
+def test_an_scontrol_that_keeps_failing_is_one_line_after_a_bounded_number_of_tries(monkeypatch, no_pause):
+    # -o is not tried: it would ask the same controller.
+    fake = FakeQstat(*[(1, SOCKET_TIMEOUT + "\nmore detail")] * scheduler.QUERY_ATTEMPTS)
+    monkeypatch.setattr(scheduler.subprocess, "run", fake)
+    with pytest.raises(UsageError, match="scontrol show job --json 1234567 failed: .*Socket timed out") as caught:
+        read_slurm_job(SLURM_JOB, "qos")
+    assert "\n" not in str(caught.value)
+    assert [options(command) for command in fake.commands] == ["--json"] * scheduler.QUERY_ATTEMPTS
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "scontrol: unrecognized option '--json'",  # Slurm before 21.08
+        "scontrol: error: Unable to load serializer plugin for application/json",  # no JSON plugins built
+        "scontrol: invalid option -- 'json'",
+    ],
+)
+def test_a_slurm_without_json_reads_o_at_once(monkeypatch, no_pause, capsys, said):
+    fake = FakeQstat((1, said), (0, data("scontrol_oneliner_2205.txt")))
+    monkeypatch.setattr(scheduler.subprocess, "run", fake)
+    record = read_slurm_job(SLURM_JOB, "qos")
+    assert [options(command) for command in fake.commands] == ["--json", "-o"] and no_pause == []
+    assert record.job_id == SLURM_JOB and record.queue == "regular"
+    assert capsys.readouterr().err == ""  # expected where Slurm has no JSON: nothing to warn of
+
+
+@pytest.mark.parametrize(
+    "printed", ['{"jobs": [{"job_id": 1234567, "name": "a "b""}]}', '{"jobs": []}', '{"errors": [], "meta": {}}']
+)
+def test_invalid_scontrol_json_falls_back_to_o_with_a_warning(monkeypatch, no_pause, capsys, printed):
+    fake = FakeQstat((0, printed), (0, data("scontrol_oneliner_2205.txt")))
+    monkeypatch.setattr(scheduler.subprocess, "run", fake)
+    record = read_slurm_job(SLURM_JOB, "qos")
+    assert [options(command) for command in fake.commands] == ["--json", "-o"]
+    assert record.job_id == SLURM_JOB and record.options["account"] == "m4321"
+    [warning] = capsys.readouterr().err.strip().splitlines()
+    assert "gave no job" in warning and "scontrol show job -o 1234567" in warning
+
+
+def test_a_failing_o_fallback_is_retried_then_one_line(monkeypatch, no_pause):
+    fake = FakeQstat((1, "scontrol: unrecognized option '--json'"), *[(1, SOCKET_TIMEOUT)] * scheduler.QUERY_ATTEMPTS)
+    monkeypatch.setattr(scheduler.subprocess, "run", fake)
+    with pytest.raises(UsageError, match="scontrol show job -o 1234567 failed: .*Socket timed out"):
+        read_slurm_job(SLURM_JOB, "qos")
+    assert [options(command) for command in fake.commands] == ["--json"] + ["-o"] * scheduler.QUERY_ATTEMPTS
+
+
+# -- reads under a signal ---------------------------------------------------------------------------
+
+
+def test_the_read_under_sigterm_is_bounded_to_fit_a_grace_time(tmp_path, monkeypatch):
+    bounds = []
+
+    def read(*args, bound=scheduler.FULL_READ):
+        bounds.append(bound)
+        return parse_scontrol_json(data("scontrol_perlmutter_preempted.json"), "qos")
+
+    monkeypatch.setattr(continuation, "read_job", read)
+    job = make_job("perlmutter", str(tmp_path / "job"), record=JobRecord("1"), gpus=4)
+    assert continuation._cause(job) == "preempted"
+    assert bounds == [continuation.SIGNAL_READ]
+    bound = continuation.SIGNAL_READ
+    worst = bound.attempts * bound.timeout_s + scheduler.QUERY_PAUSE_S * (2 ** (bound.attempts - 1) - 1)
+    assert bound.attempts == 2 and bound.timeout_s == 10 and worst <= 30  # a query within a 30 s grace time
+
+
+def test_a_bounded_read_passes_its_bound_to_every_try(monkeypatch, no_pause):
+    fake = FakeQstat(*[(1, SOCKET_TIMEOUT)] * 2)
+    monkeypatch.setattr(scheduler.subprocess, "run", fake)
+    with pytest.raises(UsageError, match="Socket timed out"):
+        scheduler.read_job("slurm", SLURM_JOB, "qos", {}, bound=ReadBound(attempts=2, timeout_s=10))
+    assert fake.timeouts == [10, 10] and no_pause == [scheduler.QUERY_PAUSE_S]
+
+
+# -- a job that cannot read itself ------------------------------------------------------------------
+
+
+def test_a_job_goes_on_without_its_record_and_says_what_is_unknown(monkeypatch, no_pause, capsys):
+    fake = FakeQstat(*[(1, "cannot connect to server")] * scheduler.QUERY_ATTEMPTS)
+    monkeypatch.setattr(scheduler.subprocess, "run", fake)
+    record = read_own_record(load_site("polaris"), JOB, {})
+    assert record == JobRecord(JOB, known=False)
+    [warning] = capsys.readouterr().err.strip().splitlines()
+    assert f"cannot read job {JOB} from the scheduler (qstat -fF json" in warning
+    assert (
+        "going on without its account, queue, QOS, walltime" in warning and "no timer before the walltime" in warning
+    )
+
+
+def test_a_job_without_its_record_runs_unwarned_and_does_not_resubmit(tmp_path, monkeypatch, capsys):
+    # Informative fields missing: no timer, the study runs. Needed ones missing: no resubmission,
+    # one line that says how to continue.
+    monkeypatch.setattr(continuation, "_cause", lambda job: "preempted")
+    monkeypatch.setattr(continuation, "resubmit", lambda job, queue: pytest.fail("resubmitted without a record"))
+    job = make_job(
+        "polaris", str(tmp_path / "job"), {"STOP_BEFORE_WALLTIME": "300"}, record=JobRecord(JOB, known=False), gpus=4
+    )
+    job.script = "/kit/submissions/polaris.sc"
+    assert warning_delay(job) is None
+    assert continuation.continue_study(job, signal.SIGUSR1) == EXIT_PREEMPTED
+    [line] = capsys.readouterr().out.strip().splitlines()
+    assert "not resubmitting (the scheduler could not be read at this job's start" in line
+    assert f"submit /kit/submissions/polaris.sc again with JOB_DIR={job.settings.job_dir} to continue" in line
