@@ -15,8 +15,8 @@ the best of interleaved rounds. Per configuration: the marks plus its runs' coll
 (from their records) times the metered call's extra, over its step time. DDP's buckets take one
 more path with the breakdown on: DDP's Python allreduce_hook, so that the meter sees them, instead of
 the reducer's C++ allreduce. Its extra is measured alone, a step of the CNN under DDP on a one-rank
-gloo group with the metered hook against the built-in allreduce, and added to DDP's rows. On a GPU each mark also
-records a CUDA event; this CPU bound does not cover that (benchmarks/gpu_throughput.py runs there).
+gloo group with the metered hook against the built-in allreduce, and added to the rows whose buckets
+took the hook (their records' tuning.comm_hook). On a GPU each mark also records a CUDA event; this CPU bound does not cover that (benchmarks/gpu_throughput.py runs there).
 Usage:
     .venv/bin/python benchmarks/breakdown_cost.py [--repeats 5] [--steps 60] [--backends ddp,fsdp]
 """
@@ -109,9 +109,10 @@ def metered_call_added(calls: int = 5000, rounds: int = 7) -> float:
     return best[True] - best[False]
 
 
-def ddp_hook_added(steps: int = 40, rounds: int = 7) -> tuple[float, float]:
-    """What DDP's metered Python allreduce_hook adds to a step against the reducer's built-in C++
-    allreduce (the CNN, batch 32, one-rank gloo group), and the built-in step's seconds."""
+def ddp_hook_steps(steps: int = 40, rounds: int = 7) -> dict[str, float]:
+    """Seconds per step of the CNN (batch 32) under DDP on a one-rank gloo group, best of interleaved
+    rounds: with the reducer's built-in C++ allreduce ("builtin"), with DDP's Python allreduce_hook
+    ("hook"), and with that hook's allreduce through the meter, as the breakdown runs it ("metered")."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
 
@@ -124,15 +125,19 @@ def ddp_hook_added(steps: int = 40, rounds: int = 7) -> tuple[float, float]:
     bare = dist.all_reduce
     try:
         meter = CollectiveMeter()
-        wrappers, _ = torch_distributed_wrappers(meter, dist)
+        functions = {
+            "builtin": bare,
+            "hook": bare,
+            "metered": torch_distributed_wrappers(meter, dist)[0]["all_reduce"],
+        }
 
-        def per_step(hooked: bool) -> Callable[[], float]:
+        def per_step(variant: str) -> Callable[[], float]:
             model = DistributedDataParallel(build_model("cnn", channels, size, classes, seed=0))
-            if hooked:
+            if variant != "builtin":
                 model.register_comm_hook(None, allreduce_hook)
 
             def measure() -> float:
-                dist.all_reduce = wrappers["all_reduce"] if hooked else bare  # as the backend meters it
+                dist.all_reduce = functions[variant]  # what allreduce_hook calls, as the backend meters it
                 started = time.perf_counter()
                 for _ in range(steps):
                     model.zero_grad(set_to_none=True)
@@ -143,12 +148,12 @@ def ddp_hook_added(steps: int = 40, rounds: int = 7) -> tuple[float, float]:
 
             return measure
 
-        best = best_of(rounds, {True: per_step(True), False: per_step(False)})
+        best = best_of(rounds, {variant: per_step(variant) for variant in functions})
         assert any(meter.snapshot()["all_reduce"]), "the hook's allreduces did not reach the meter"
     finally:
         dist.all_reduce = bare
         dist.destroy_process_group()
-    return best[True] - best[False], best[False]
+    return best
 
 
 def collectives_per_step(record: dict[str, Any]) -> float:
@@ -189,13 +194,15 @@ def main() -> None:
             print(f"{label}, round {repeat + 1}: on {on:.0f}, off {off:.0f} samples/s", flush=True)
         rows.append((label, runs))
     marks, call = marks_added(), metered_call_added()
-    hook, builtin_step = ddp_hook_added()
+    ddp = ddp_hook_steps()
+    hook = ddp["metered"] - ddp["builtin"]
     print(f"\nCNN, batch 32 per rank, {args.steps} timed steps, {args.repeats} paired rounds")
     print(f"added in this process: {marks * 1e6:.1f} us per step's marks, {call * 1e6:.1f} us per metered collective")
     print(
-        f"DDP's metered allreduce_hook against the built-in allreduce (one rank): {hook * 1e6:+.1f} us per step "
-        f"of {builtin_step * 1e3:.2f} ms ({hook / builtin_step:+.2%}), added to the DDP rows\n"
+        "DDP on one rank, ms per step: built-in allreduce {builtin:.2f}, Python allreduce_hook {hook:.2f}, "
+        "metered hook {metered:.2f}".format(**{variant: seconds * 1e3 for variant, seconds in ddp.items()})
     )
+    print(f"the metered hook's extra, added to the rows whose buckets took it: {hook * 1e6:+.0f} us per step\n")
     print(
         "| configuration | on (samples/s) | off (samples/s) | on / off | 95% interval | collectives per step "
         "| added per step (us) | bound on on / off |\n|---|---|---|---|---|---|---|---|"
