@@ -6,6 +6,11 @@ node, every core, one partition, free ports), starts the three daemons and waits
 idle; `environ()` is the environment for `sbatch`/`squeue`/`scancel` (SLURM_CONF set); `stop()` ends
 each daemon by the pid in its pid file and waits for it, so nothing keeps running after a test,
 failed or not. Needs root (slurmd starts jobs as any user) and the packages `make setup` installs.
+
+`SlurmCluster(directory, nodes=2)` stands several nodes on this host, one slurmd each (`slurmd -N`,
+a port, spool, pid and log file of its own; Debian's Slurm allows it): the first node is named after
+this host, the others `<host>-2`, ... with this host's address, so a job's first node, where rank 0
+meets the others, resolves. Every node has every core; they share them.
 """
 
 from __future__ import annotations
@@ -85,12 +90,19 @@ class SlurmClient(Protocol):
 class SlurmCluster:
     """munged + slurmctld + slurmd with every file under `directory`."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, nodes: int = 1) -> None:
         self.directory = os.path.abspath(directory)
         self.host = socket.gethostname()
         self.conf = os.path.join(self.directory, "slurm.conf")
         self.munge_socket = os.path.join(self.directory, "munge", "munge.socket")
+        # The node names: this host, then <host>-2, ... (nodes > 1), each with a slurmd of its own.
+        self.nodes = [self.host, *(f"{self.host}-{index}" for index in range(2, nodes + 1))]
         self._pid_files = {name: os.path.join(self.directory, f"{name}.pid") for name in DAEMONS}
+        if nodes > 1:  # SlurmdPidFile's %n: the node's name
+            del self._pid_files["slurmd"]
+            self._pid_files.update(
+                {f"slurmd.{node}": os.path.join(self.directory, f"slurmd.{node}.pid") for node in self.nodes}
+            )
 
     def environ(self, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
         """This process's environment with SLURM_CONF pointing at the private cluster (plus `extra`)."""
@@ -108,12 +120,28 @@ class SlurmCluster:
         )
 
     def _write_conf(self) -> None:
-        for sub in ("munge", "state", "spool", "log"):
+        several = len(self.nodes) > 1
+        spools = [os.path.join("spool", node) for node in self.nodes] if several else ["spool"]
+        tmps = [os.path.join("tmp", node) for node in self.nodes] if several else []
+        for sub in ("munge", "state", "log", *spools, *tmps):
             os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
-        ctld_port, slurmd_port = free_port(), free_port()
-        while slurmd_port == ctld_port:
-            slurmd_port = free_port()
+        ports: list[int] = []
+        while len(ports) < 1 + len(self.nodes):
+            port = free_port()
+            if port not in ports:
+                ports.append(port)
+        ctld_port, slurmd_port = ports[0], ports[1]
         path = self.directory
+        # One node: its slurmd at SlurmdPort. Several on this host: each at a port of its own, and
+        # its spool, pid and log file by its name (%n), and a /tmp of its own, as on a cluster: mpi/pmix
+        # makes its step directories there by job and step, so in one shared /tmp the nodes' collide.
+        per_node = "/%n" if several else ""
+        suffix = ".%n" if several else ""
+        node_lines = [
+            f"NodeName={node}{f' NodeHostname={self.host} Port={port}' if several else ''} "
+            f"CPUs={os.cpu_count() or 1} Features=gpu State=UNKNOWN"  # perlmutter.sbatch asks -C gpu
+            for node, port in zip(self.nodes, ports[1:])
+        ]
         lines = [
             f"ClusterName=harness{ctld_port}",
             f"SlurmctldHost={self.host}",
@@ -125,14 +153,16 @@ class SlurmCluster:
             f"SlurmctldPort={ctld_port}",
             f"SlurmdPort={slurmd_port}",
             f"StateSaveLocation={path}/state",
-            f"SlurmdSpoolDir={path}/spool",
+            f"SlurmdSpoolDir={path}/spool{per_node}",
             f"SlurmctldPidFile={self._pid_files['slurmctld']}",
-            f"SlurmdPidFile={self._pid_files['slurmd']}",
+            f"SlurmdPidFile={path}/slurmd{suffix}.pid",
             f"SlurmctldLogFile={path}/log/slurmctld.log",
-            f"SlurmdLogFile={path}/log/slurmd.log",
+            f"SlurmdLogFile={path}/log/slurmd{suffix}.log",
+            *([f"TmpFS={path}/tmp/%n"] if several else []),
             *COMMON_SETTINGS,
-            f"NodeName={self.host} CPUs={os.cpu_count() or 1} Features=gpu State=UNKNOWN",  # perlmutter.sbatch asks -C gpu
-            f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4",
+            *node_lines,
+            f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP "
+            "OverSubscribe=FORCE:4",
         ]
         write_conf_and_key(self.conf, os.path.join(self.directory, "munge"), lines)
 
@@ -149,7 +179,11 @@ class SlurmCluster:
                 f"--seed-file={munge}/munged.seed",
             ],
             "slurmctld": ["slurmctld", "-f", self.conf],
-            "slurmd": ["slurmd", "-f", self.conf],
+            **(
+                {"slurmd": ["slurmd", "-f", self.conf]}
+                if len(self.nodes) == 1
+                else {f"slurmd.{node}": ["slurmd", "-f", self.conf, "-N", node] for node in self.nodes}
+            ),
         }
 
     def start(self) -> SlurmCluster:
@@ -197,7 +231,7 @@ class SlurmCluster:
     def log_tail(self, lines: int = 30) -> str:
         """The end of slurmctld's and slurmd's logs, for failure messages."""
         tails = []
-        for name in ("slurmctld", "slurmd"):
+        for name in ("slurmctld", *(name for name in self._pid_files if name.startswith("slurmd"))):
             path = os.path.join(self.directory, "log", f"{name}.log")
             if os.path.exists(path):
                 with open(path, errors="replace") as handle:
@@ -232,10 +266,10 @@ class SlurmCluster:
             time.sleep(0.5)
 
     def stop(self) -> None:
-        """Cancel the jobs, then end every daemon this cluster started (slurmd first, munged last) and
-        wait until each is gone."""
+        """Cancel the jobs, then end every daemon this cluster started (the slurmds first, munged last)
+        and wait until each is gone."""
         self.cancel_all_jobs()
-        for name in reversed(DAEMONS):
+        for name in reversed(list(self._pid_files)):  # munged, slurmctld, then the slurmd(s)
             pid = self._pid(name)
             if pid is None or not _alive(pid):
                 continue
