@@ -109,7 +109,7 @@ def metered_call_added(calls: int = 5000, rounds: int = 7) -> float:
     return best[True] - best[False]
 
 
-def ddp_hook_steps(steps: int = 40, rounds: int = 7) -> dict[str, float]:
+def ddp_hook_steps(steps: int = 40, rounds: int = 15) -> dict[str, float]:
     """Seconds per step of the CNN (batch 32) under DDP on a one-rank gloo group, best of interleaved
     rounds: with the reducer's built-in C++ allreduce ("builtin"), with DDP's Python allreduce_hook
     ("hook"), and with that hook's allreduce through the meter, as the breakdown runs it ("metered")."""
@@ -121,6 +121,8 @@ def ddp_hook_steps(steps: int = 40, rounds: int = 7) -> dict[str, float]:
 
     (channels, size, _), classes = synthetic_shape("cnn")
     images, labels = torch.randn(32, channels, size, size), torch.randint(0, classes, (32,))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the runs above (--threads 1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     bare = dist.all_reduce
     try:
@@ -153,6 +155,7 @@ def ddp_hook_steps(steps: int = 40, rounds: int = 7) -> dict[str, float]:
     finally:
         dist.all_reduce = bare
         dist.destroy_process_group()
+        torch.set_num_threads(threads)
     return best
 
 
