@@ -57,6 +57,9 @@ class CollectiveMeter:
     exposed: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _region: Optional[list[InFlight]] = None  # the collectives issued inside `waited_inside`
+    # Told the kind when the host starts waiting for a collective, None when it stops (the heartbeat:
+    # a rank hung in a collective names it to its peers). Called on the waiting thread only.
+    listener: Optional[Callable[[Optional[str]], None]] = None
 
     def issued(self, kind: str, nbytes: int, at: Optional[float] = None) -> InFlight:
         """A collective of `kind` on a buffer of `nbytes` has been issued (now, or `at`)."""
@@ -87,10 +90,14 @@ class CollectiveMeter:
     def waiting(self, one: InFlight) -> Iterator[None]:
         """The host blocks inside this block until `one` completes: exposed time, and its completion."""
         start = self.clock()
+        if self.listener is not None:
+            self.listener(one.kind)
         try:
             yield
         finally:
             end = self.clock()
+            if self.listener is not None:
+                self.listener(None)
             self.add_exposed(one.kind, end - start)
             self.completed(one, end)
 

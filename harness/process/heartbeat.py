@@ -79,6 +79,8 @@ EPOCH_END = "epoch end (barrier, all_reduce of losses)"
 EVALUATION = "evaluation"
 FINISH = "finish (all_reduce of timings)"
 PHASES = (START, DATA, FORWARD_BACKWARD, GRADIENT_SYNC, OPTIMIZER, VOTE, CHECKPOINT, EPOCH_END, EVALUATION, FINISH)
+# A phase's suffix while the rank waits for a collective inside it: "optimizer, waiting in all_gather".
+WAITING_IN = ", waiting in "
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,12 @@ class Seen:
 
     def describe(self) -> str:
         return f"rank {self.rank} (host {self.host}, step {self.step}, {self.phase}, last seen {self.age:.1f} s ago)"
+
+
+def _phase_order(phase: str) -> int:
+    """Where `phase` falls in a step (a collective waited for inside it: where its phase falls)."""
+    within = phase.split(WAITING_IN)[0]
+    return PHASES.index(within) if within in PHASES else 0
 
 
 def stale_after(timeout: float) -> float:
@@ -130,9 +138,7 @@ def describe(seen: Optional[dict[int, Seen]], world_size: int, timeout: float, s
         alive = [entry.age for entry in seen.values() if entry.age <= threshold]
         others = f"; the other ranks were seen within {max(alive):.1f} s" if alive else ""
         return f"stopped answering: {listed}{more}{others}"
-    behind = min(
-        seen.values(), key=lambda entry: (entry.step, PHASES.index(entry.phase) if entry.phase in PHASES else 0)
-    )
+    behind = min(seen.values(), key=lambda entry: (entry.step, _phase_order(entry.phase)))
     return (
         f"every rank was seen within {threshold:.0f} s (as are one that just died and one stuck inside a "
         f"collective or on its device); furthest behind: {behind.describe()}"
@@ -257,6 +263,12 @@ class Heartbeat:
         self._latest = (step, phase)
         if self._sock is not None and (step != self._sent_step() or time.monotonic() - self._sent_at >= MIN_GAP_S):
             self._send()
+
+    def in_collective(self, kind: Optional[str]) -> None:
+        """This rank now waits for a collective of `kind` inside its phase (None: no longer)."""
+        step, phase = self._latest
+        within = phase.split(WAITING_IN)[0]
+        self.beat(step, within if kind is None else f"{within}{WAITING_IN}{kind}")
 
     def _sent_step(self) -> int:
         return self._sent[0] if self._sent is not None else -1

@@ -165,6 +165,7 @@ class RunState:
         timer.profiler = make_profiler(config.profile_trace, plan.placement.cluster.rank, device)
         timer.memory = WindowPeak(device, lambda: model_state_bytes(backend.model, backend))
         heartbeat.connect(backend.all_reduce_sum, device)
+        backend.collectives.listener = heartbeat.in_collective  # a rank hung in a collective names it
         return cls(
             heartbeat=heartbeat,
             step=resumed.step if resumed else 0,

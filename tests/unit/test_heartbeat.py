@@ -143,3 +143,24 @@ def test_only_a_stopped_rank_on_this_host_that_is_still_a_harness_process_is_end
         Seen(3, here, 5, heartbeat.OPTIMIZER, 12.0),  # an old store's beat without a pid
     ]
     assert heartbeat.end_frozen_here(stale, here) == []
+
+
+def test_a_rank_waiting_in_a_collective_names_it_in_its_phase():
+    """The meter tells the heartbeat when the host waits for a collective: its phase then names the
+    collective, and the rank furthest behind is judged by the phase the collective is in."""
+    from harness.backends.collectives import CollectiveMeter
+
+    pulse = heartbeat.Heartbeat()  # not started: beats only set where this rank is
+    meter = CollectiveMeter(listener=pulse.in_collective)
+    pulse.beat(4, heartbeat.OPTIMIZER)
+    with meter.waiting(meter.issued("all_gather", 1024)):
+        assert pulse._latest == (4, "optimizer, waiting in all_gather")
+    assert pulse._latest == (4, heartbeat.OPTIMIZER)
+    seen = {
+        0: _seen(0, 0.3, step=6, phase=f"{heartbeat.VOTE}{heartbeat.WAITING_IN}all_reduce"),
+        1: _seen(1, 0.5, step=6, phase=f"{heartbeat.FORWARD_BACKWARD}{heartbeat.WAITING_IN}all_reduce"),
+    }
+    line = describe(seen, world_size=2, timeout=10, store_host="node1", reader=0)
+    assert line.endswith(
+        "furthest behind: rank 1 (host node1, step 6, forward/backward, waiting in all_reduce, last seen 0.5 s ago)"
+    )
