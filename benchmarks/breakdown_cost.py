@@ -18,7 +18,7 @@ the reducer's C++ allreduce. Its extra is measured alone, a step of the CNN unde
 gloo group with the metered hook against the built-in allreduce, and added to the rows whose buckets
 took the hook (their records' tuning.comm_hook). On a GPU each mark also records a CUDA event; this CPU bound does not cover that (benchmarks/gpu_throughput.py runs there).
 Usage:
-    .venv/bin/python benchmarks/breakdown_cost.py [--repeats 5] [--steps 60] [--backends ddp,fsdp]
+    .venv/bin/python benchmarks/breakdown_cost.py [--repeats 5] [--steps 60] [--backends ddp,fsdp] [--hook-rounds 15]
 """
 
 from __future__ import annotations
@@ -180,6 +180,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--backends", default=",".join(BACKENDS), help="backends (default: every registered one)")
+    parser.add_argument("--hook-rounds", type=int, default=15, help="interleaved rounds of DDP's three ways")
     args = parser.parse_args()
     names = [name for name in args.backends.split(",") if name]
     unknown = sorted(set(names) - set(BACKENDS))
@@ -197,7 +198,7 @@ def main() -> None:
             print(f"{label}, round {repeat + 1}: on {on:.0f}, off {off:.0f} samples/s", flush=True)
         rows.append((label, runs))
     marks, call = marks_added(), metered_call_added()
-    ddp = ddp_hook_steps()
+    ddp = ddp_hook_steps(rounds=args.hook_rounds)
     hook = ddp["metered"] - ddp["builtin"]
     print(f"\nCNN, batch 32 per rank, {args.steps} timed steps, {args.repeats} paired rounds")
     print(f"added in this process: {marks * 1e6:.1f} us per step's marks, {call * 1e6:.1f} us per metered collective")
