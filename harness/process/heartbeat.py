@@ -98,10 +98,14 @@ class Seen:
         return f"rank {self.rank} (host {self.host}, step {self.step}, {self.phase}, last seen {self.age:.1f} s ago)"
 
 
+def _within(phase: str) -> str:
+    """The phase a heartbeat's phase is in, without the collective waited for inside it."""
+    return phase.split(WAITING_IN)[0]
+
+
 def _phase_order(phase: str) -> int:
     """Where `phase` falls in a step (a collective waited for inside it: where its phase falls)."""
-    within = phase.split(WAITING_IN)[0]
-    return PHASES.index(within) if within in PHASES else 0
+    return PHASES.index(_within(phase)) if _within(phase) in PHASES else 0
 
 
 def stale_after(timeout: float) -> float:
@@ -267,8 +271,7 @@ class Heartbeat:
     def in_collective(self, kind: Optional[str]) -> None:
         """This rank now waits for a collective of `kind` inside its phase (None: no longer)."""
         step, phase = self._latest
-        within = phase.split(WAITING_IN)[0]
-        self.beat(step, within if kind is None else f"{within}{WAITING_IN}{kind}")
+        self.beat(step, _within(phase) if kind is None else f"{_within(phase)}{WAITING_IN}{kind}")
 
     def _sent_step(self) -> int:
         return self._sent[0] if self._sent is not None else -1

@@ -12,7 +12,8 @@
 A new job is the same submission, after this one ends (harness.study.submit): PBS to the queue the
 job was submitted to (a routing queue stays a routing queue), Slurm with every resource it asked
 for (at Frontier its partition and its QOS) and --requeue where the queue allows it. RESUBMIT=0
-never does it, nor a job the scheduler could not describe at its start, a queue or QOS that forbids job chaining (OLCF's debug QOS) never gets it, and
+never does it; neither does a job the scheduler could not describe at its start (what it asked for
+is unknown); a queue or QOS that forbids job chaining (OLCF's debug QOS) never gets it; and
 MAX_RESUBMISSIONS bounds the chain.
 """
 

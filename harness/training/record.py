@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     import torch
@@ -246,17 +246,17 @@ def read_records(paths: Iterable[str]) -> list[dict[str, Any]]:
             lines = [(number, line) for number, line in enumerate(handle, 1) if line.strip()]
         for index, (number, line) in enumerate(lines):
             try:
-                record = json.loads(line)
+                record, error = json.loads(line), None
             except ValueError as exc:
-                record = exc
+                record, error = None, exc
             if isinstance(record, dict):
                 records.append(record)
             else:
-                _bad_line(path, number, skip=index == len(lines) - 1 or _cut_short(line, record))
+                _bad_line(path, number, skip=index == len(lines) - 1 or _cut_short(line, error))
     return records
 
 
-def _cut_short(line: str, error: Any) -> bool:
+def _cut_short(line: str, error: Optional[ValueError]) -> bool:
     """Whether a line that failed to parse is the start of a JSON object that ends too soon."""
     if not (isinstance(error, json.JSONDecodeError) and line.lstrip().startswith("{")):
         return False

@@ -9,8 +9,9 @@ What must hold (one Failure each, with the TODO keys that govern it):
 3. the LR is --lr scaled to the global batch by a rule the exercise accepts for its optimizer: the
    linear rule (--lr x ranks) for SGD; for Adam and the other adaptive optimizers the square-root
    rule (--lr x sqrt(ranks)), or the linear one where the script warms up (notebook 02's Adam runs
-   stalled at the linear LR without warmup, and with it do not tell the rules apart); a warmup script climbs linearly per step from --lr at
-   step 0 to that at step round(--warmup-epochs x steps per epoch), then stays there (step 5's text);
+   stalled at the linear LR without warmup, and with it do not tell the rules apart); a warmup
+   script climbs linearly per step from --lr at step 0 to that at step round(--warmup-epochs x
+   steps per epoch), then stays there (step 5's text);
 4. every epoch the ranks train on disjoint samples that leave out fewer than one global batch,
    in a new order each epoch; every evaluation scores each test image exactly once;
 5. only rank 0 writes files, and it saves the model to --save;
