@@ -14,9 +14,13 @@ metered collective (torch_distributed_wrappers on a one-rank gloo group) against
 the best of interleaved rounds. Per configuration: the marks plus its runs' collectives per step
 (from their records) times the metered call's extra, over its step time. DDP's buckets take one
 more path with the breakdown on: DDP's Python allreduce_hook, so that the meter sees them, instead of
-the reducer's C++ allreduce. Its extra is measured alone, a step of the CNN under DDP on a one-rank
-gloo group with the metered hook against the built-in allreduce, and added to the rows whose buckets
-took the hook (their records' tuning.comm_hook). On a GPU each mark also records a CUDA event; this CPU bound does not cover that (benchmarks/gpu_throughput.py runs there).
+the reducer's C++ allreduce. Its extra is measured alone, as the 2-rank rows run it: DDP (buckets as
+gradient views, as harness.backends.ddp wraps) on two ranks of a gloo group, a core each, the
+metered hook against the built-in allreduce in interleaved rounds; the mean of the rounds' paired
+differences, with its bootstrap interval, is added to the rows whose buckets took the hook (their
+records' tuning.comm_hook). On a GPU each mark also records a CUDA event; this CPU bound does not
+cover that (benchmarks/gpu_throughput.py runs there).
+
 Usage:
     .venv/bin/python benchmarks/breakdown_cost.py [--repeats 5] [--steps 60] [--backends ddp,fsdp] [--hook-rounds 15]
 """
@@ -25,15 +29,22 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
+import os
+import random
 import statistics
 import time
-from typing import Any, Callable
+from contextlib import nullcontext
+from datetime import timedelta
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
 from harness.backends import BACKENDS
 from harness.backends.collectives import CollectiveMeter, torch_distributed_wrappers
+from harness.process.launchers import free_port
+from harness.study.intervals import mean_interval
 from harness.training.launch import launched_record
 from harness.training.record import mean_and_ci95
 from harness.training.timing import StepTimer
@@ -109,54 +120,82 @@ def metered_call_added(calls: int = 5000, rounds: int = 7) -> float:
     return best[True] - best[False]
 
 
-def ddp_hook_steps(steps: int = 40, rounds: int = 15) -> dict[str, float]:
-    """Seconds per step of the CNN (batch 32) under DDP on a one-rank gloo group, best of interleaved
-    rounds: with the reducer's built-in C++ allreduce ("builtin"), with DDP's Python allreduce_hook
-    ("hook"), and with that hook's allreduce through the meter, as the breakdown runs it ("metered")."""
+HOOK_VARIANTS = ("builtin", "hook", "metered")
+ORDER_SEED = 0  # the variants' order within each round (printed with the table)
+
+
+def _ddp_hook_rank(rank: int, port: int, steps: int, rounds: int, results: Any) -> None:
+    """One of the two ranks of ddp_hook_steps, on a core of its own, one thread, as the runs above."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
 
+    from harness.backends import compat
     from harness.data.builtin import synthetic_shape
     from harness.training.models import build_model
 
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[rank % len(cores)]})
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     (channels, size, _), classes = synthetic_shape("cnn")
     images, labels = torch.randn(32, channels, size, size), torch.randint(0, classes, (32,))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the runs above (--threads 1)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    bare = dist.all_reduce
-    try:
-        meter = CollectiveMeter()
-        functions = {
-            "builtin": bare,
-            "hook": bare,
-            "metered": torch_distributed_wrappers(meter, dist)[0]["all_reduce"],
-        }
-
-        def per_step(variant: str) -> Callable[[], float]:
-            model = DistributedDataParallel(build_model("cnn", channels, size, classes, seed=0))
-            if variant != "builtin":
-                model.register_comm_hook(None, allreduce_hook)
-
-            def measure() -> float:
-                dist.all_reduce = functions[variant]  # what allreduce_hook calls, as the backend meters it
-                started = time.perf_counter()
-                for _ in range(steps):
-                    model.zero_grad(set_to_none=True)
+    bare, meter = dist.all_reduce, CollectiveMeter()
+    functions = {"builtin": bare, "hook": bare, "metered": torch_distributed_wrappers(meter, dist)[0]["all_reduce"]}
+    models = {}
+    for variant in HOOK_VARIANTS:  # as harness.backends.ddp wraps the model
+        model = build_model("cnn", channels, size, classes, seed=0)
+        models[variant] = DistributedDataParallel(
+            model, gradient_as_bucket_view=True, **compat.ddp_without_buffer_sync()
+        )
+        if variant != "builtin":
+            models[variant].register_comm_hook(None, allreduce_hook)
+    seconds: dict[str, list[float]] = {variant: [] for variant in HOOK_VARIANTS}
+    order = random.Random(ORDER_SEED)  # the same order on both ranks: every step is collective
+    for _ in range(rounds):
+        for variant in order.sample(HOOK_VARIANTS, len(HOOK_VARIANTS)):
+            model = models[variant]
+            dist.all_reduce = functions[variant]  # what allreduce_hook calls, as the backend meters it
+            dist.barrier()
+            started = time.perf_counter()
+            for _ in range(steps):
+                model.zero_grad(set_to_none=True)
+                with meter.waited_inside() if variant == "metered" else nullcontext():  # as DDPBackend.backward
                     torch.nn.functional.cross_entropy(model(images), labels).backward()
-                seconds = (time.perf_counter() - started) / steps
-                dist.all_reduce = bare
-                return seconds
+            seconds[variant].append((time.perf_counter() - started) / steps)
+            dist.all_reduce = bare
+    assert meter.snapshot()["all_reduce"][0] > 0, "the hook's allreduces did not reach the meter"
+    if rank == 0:
+        results.put(seconds)
+    dist.destroy_process_group()
 
-            return measure
 
-        best = best_of(rounds, {variant: per_step(variant) for variant in functions})
-        assert any(meter.snapshot()["all_reduce"]), "the hook's allreduces did not reach the meter"
+def ddp_hook_steps(steps: int = 30, rounds: int = 15) -> dict[str, list[float]]:
+    """Seconds per step of the CNN (batch 32) under DDP on two ranks of a gloo group (two processes,
+    a core each), round by round: with the reducer's built-in C++ allreduce ("builtin"), with DDP's
+    Python allreduce_hook ("hook"), and with that hook's allreduce through the meter, as the breakdown
+    runs it ("metered"). The variants take turns within each round in a seeded random order."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    ranks = [context.Process(target=_ddp_hook_rank, args=(rank, port, steps, rounds, results)) for rank in (0, 1)]
+    for process in ranks:
+        process.start()
+    try:
+        seconds = results.get(timeout=60 + 3 * rounds * steps)
     finally:
-        dist.all_reduce = bare
-        dist.destroy_process_group()
-        torch.set_num_threads(threads)
-    return best
+        for process in ranks:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    return seconds
+
+
+def hook_extra(seconds: dict[str, list[float]]) -> tuple[float, Optional[tuple[float, float]]]:
+    """The metered hook's extra per step over the built-in allreduce: the mean of the rounds' paired
+    differences and its bootstrap interval (harness.study.intervals)."""
+    differences = [metered - builtin for metered, builtin in zip(seconds["metered"], seconds["builtin"])]
+    return statistics.fmean(differences), mean_interval(differences)
 
 
 def collectives_per_step(record: dict[str, Any]) -> float:
@@ -199,16 +238,22 @@ def main() -> None:
         rows.append((label, runs))
     marks, call = marks_added(), metered_call_added()
     ddp = ddp_hook_steps(rounds=args.hook_rounds)
-    # A bound on a cost: a difference below zero is the rounds' noise (the hook cannot be faster than
-    # the built-in allreduce it adds to), counted as no extra.
-    hook = max(ddp["metered"] - ddp["builtin"], 0.0)
+    extra, interval = hook_extra(ddp)
+    # A bound on a cost: a mean difference below zero is the rounds' noise (the hook adds to the
+    # built-in allreduce's work), counted as no extra.
+    hook = max(extra, 0.0)
     print(f"\nCNN, batch 32 per rank, {args.steps} timed steps, {args.repeats} paired rounds")
     print(f"added in this process: {marks * 1e6:.1f} us per step's marks, {call * 1e6:.1f} us per metered collective")
+    medians = {variant: statistics.median(seconds) * 1e3 for variant, seconds in ddp.items()}
     print(
-        "DDP on one rank, ms per step: built-in allreduce {builtin:.2f}, Python allreduce_hook {hook:.2f}, "
-        "metered hook {metered:.2f}".format(**{variant: seconds * 1e3 for variant, seconds in ddp.items()})
+        f"DDP on two ranks (a core each), {args.hook_rounds} rounds in a random order (seed {ORDER_SEED}), median ms "
+        "per step: built-in allreduce {builtin:.2f}, Python allreduce_hook {hook:.2f}, metered hook {metered:.2f}".format(
+            **medians
+        )
     )
-    print(f"the metered hook's extra, added to the rows whose buckets took it: {hook * 1e6:+.0f} us per step\n")
+    spread = f" (95% interval {interval[0] * 1e6:+.0f} to {interval[1] * 1e6:+.0f})" if interval else ""
+    print(f"the metered hook's extra, mean of the rounds' paired differences: {extra * 1e6:+.0f} us per step{spread}")
+    print(f"added to the rows whose buckets took it: {hook * 1e6:.0f} us per step\n")
     print(
         "| configuration | on (samples/s) | off (samples/s) | on / off | 95% interval | collectives per step "
         "| added per step (us) | bound on on / off |\n|---|---|---|---|---|---|---|---|"

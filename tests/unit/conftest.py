@@ -24,6 +24,13 @@ _MOVE_IT = "a test that starts a process belongs in tests/integration/ (tests/un
 # names; asking here, before the guard, keeps that one cached answer from counting as the test's.
 platform.platform()
 
+# matplotlib lists the system's fonts with `fc-list` the first time it is imported on a machine
+# (then caches them): a fresh clone on a fresh machine would fail every figure test here on it.
+try:
+    import matplotlib.font_manager  # noqa: F401
+except ImportError:  # the figure tests say what to install
+    pass
+
 
 def _refuse(owner: object, name: str, shown_as: str):
     original = getattr(owner, name)
