@@ -76,7 +76,7 @@ def test_the_heartbeat_benchmark_reports_the_ratio_on_over_off():
 @pytest.mark.slow
 def test_the_breakdown_cost_benchmark_bounds_the_ratio_from_what_a_step_adds():
     command = [sys.executable, os.path.join(BENCHMARKS, "breakdown_cost.py"), "--repeats", "1", "--steps", "5"]
-    command += ["--hook-rounds", "2"]
+    command += ["--hook-rounds", "2", "--hook-steps", "5"]
     result = run([*command, "--backends", "ddp"], timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "added in this process: " in result.stdout and "| ddp | " in result.stdout, result.stdout
