@@ -32,6 +32,7 @@ import argparse
 import math
 import multiprocessing
 import os
+import queue
 import random
 import statistics
 import time
@@ -182,14 +183,25 @@ def ddp_hook_steps(steps: int = 30, rounds: int = 15) -> dict[str, list[float]]:
     ranks = [context.Process(target=_ddp_hook_rank, args=(rank, port, steps, rounds, results)) for rank in (0, 1)]
     for process in ranks:
         process.start()
+    deadline = time.monotonic() + 60 + 3 * rounds * steps
     try:
-        seconds = results.get(timeout=60 + 3 * rounds * steps)
+        while True:  # until rank 0's timings come, a rank stops, or the time a slow run could take is up
+            try:
+                return results.get(timeout=1.0)
+            except queue.Empty:
+                stopped = [rank for rank, process in enumerate(ranks) if process.exitcode not in (None, 0)]
+                if stopped or time.monotonic() > deadline:
+                    reason = (
+                        f"rank {stopped[0]} stopped with exit status {ranks[stopped[0]].exitcode}"
+                        if stopped
+                        else "timed out"
+                    )
+                    raise RuntimeError(f"DDP's hook timing on two ranks {reason}") from None
     finally:
         for process in ranks:
             process.join(timeout=30)
             if process.is_alive():
                 process.kill()
-    return seconds
 
 
 def hook_extra(seconds: dict[str, list[float]]) -> tuple[float, Optional[tuple[float, float]]]:
