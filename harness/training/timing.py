@@ -401,6 +401,12 @@ def _contention(columns: dict[str, list[float]], meter: CpuMeter) -> dict[str, A
     return contention_summary({name: _measured(columns[name]) for name in CpuMeter.FIELDS}, meter.demand_words)
 
 
+def process_contention(meter: CpuMeter) -> dict[str, Any]:
+    """The `contention` section of a measurement made in this one process (a workshop lesson's
+    timed loop): the same verdict a record carries, from this process's windows alone."""
+    return _contention({name: [value] for name, value in zip(CpuMeter.FIELDS, meter.values())}, meter)
+
+
 def _timeline(instants: torch.Tensor, trace_steps: int, world_size: int) -> dict[str, Any]:
     table = instants.view(trace_steps, 5, world_size)
     return {

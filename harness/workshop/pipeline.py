@@ -14,7 +14,8 @@ textbook way, decoding and transforming every sample in a torchvision `ImageFold
 `DataLoader`, or the harness's way, from the arrays `harness data prepare` decoded once. Both go
 through the same timed loop, so throughput and AU (harness.training.metrics's one definition, with
 the compute of each step and the timed steps' elapsed time) compare like with like; `compare_loading` measures several
-configurations in interleaved rounds, so that a shared machine's drifting load falls on all alike.
+configurations in interleaved rounds, so that a shared machine's drifting load falls on all alike,
+and gives each the contention verdict a record carries, read over its timed steps.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
 import numpy as np
@@ -33,7 +34,9 @@ import torch.nn.functional as F
 from ..config import TrainConfig
 from ..data import DataOptions, ImageArrays, load_split
 from ..errors import UsageError, unknown_choice
+from ..training.contention import CpuMeter, own_demand
 from ..training.metrics import accelerator_utilisation
+from ..training.timing import process_contention
 
 LOADING_SOURCES = ("per-sample", "prepared")
 IMAGE_TREE_SPLITS = (("train", "train"), ("test", "val"))  # harness split -> directory of the tree
@@ -168,6 +171,9 @@ class LoadingMeasurement:
     round_throughputs: tuple[float, ...] = ()
     round_data_wait_ms: tuple[float, ...] = ()
     round_compute_ms: tuple[float, ...] = ()
+    # harness.training.metrics's contention verdict over the timed windows of every round (the
+    # section a record carries): whether other programs used the cores while this configuration ran.
+    contention: Optional[dict[str, Any]] = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -280,8 +286,11 @@ def compare_loading(
     target = torch.device(
         "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
     )
-    # per configuration, per round: data wait, compute, elapsed (s)
+    # per configuration, per round: data wait, compute, elapsed (s); and its CPU meter over every round
     totals: dict[tuple[str, int], list[np.ndarray]] = {configuration: [] for configuration in configurations}
+    meters = {
+        (source, workers): CpuMeter(threads, own_demand(threads, (), workers)) for source, workers in configurations
+    }
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -293,12 +302,17 @@ def compare_loading(
                     else _prepared_batches(arrays, batch_size, workers, prefetch, seed, warmup_steps + steps)
                 )
                 totals[source, workers].append(
-                    _timed_steps(batches, arrays, image_size, target, warmup_steps, steps, seed)
+                    _timed_steps(
+                        batches, arrays, image_size, target, (warmup_steps, steps), seed, meters[source, workers]
+                    )
                 )
     finally:
         torch.set_num_threads(previous_threads)
     return [
-        _measurement(source, workers, prefetch, batch_size, steps, np.array(per_round))
+        replace(
+            _measurement(source, workers, prefetch, batch_size, steps, np.array(per_round)),
+            contention=process_contention(meters[source, workers]),
+        )
         for (source, workers), per_round in totals.items()
     ]
 
@@ -330,12 +344,14 @@ def _timed_steps(
     arrays: ImageArrays,
     image_size: int,
     target: torch.device,
-    warmup_steps: int,
-    steps: int,
+    warmup_and_timed: tuple[int, int],
     seed: int,
+    meter: CpuMeter,
 ) -> np.ndarray:
     """Train a fresh workshop CNN for `warmup_steps` + `steps` steps from `batches`, then close them;
-    the data wait, compute and elapsed seconds of the last `steps`."""
+    the data wait, compute and elapsed seconds of the last `steps`. `meter` reads the CPU over the
+    timed steps: it opens after the warmup and closes before the loader's workers stop, so that
+    their CPU time is read while they live and counts as the job's own."""
     from ..training.models import build_model
     from ..training.timing import device_waiter
 
@@ -343,12 +359,14 @@ def _timed_steps(
     torch.manual_seed(seed)
     model = build_model("cnn", arrays.shape[0], image_size, arrays.num_classes).to(target)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    warmup_steps, steps = warmup_and_timed
     waited = computed = 0.0
     try:
         started = time.perf_counter()
         for step in range(warmup_steps + steps):
             if step == warmup_steps:  # worker start-up and first allocations left out
                 waited = computed = 0.0
+                meter.open()
                 started = time.perf_counter()
             before = time.perf_counter()
             images, labels = next(batches)
@@ -364,6 +382,7 @@ def _timed_steps(
             waited += ready - before
             computed += done - ready
         elapsed = time.perf_counter() - started
+        meter.close()
     finally:
         batches.close()  # stops the loader's workers
     return np.array([waited, computed, elapsed])
@@ -385,5 +404,14 @@ def loading_table(measurements: list[LoadingMeasurement]) -> str:
             ("AU", lambda r: r["au"]),
             ("data wait ms/step", lambda r: r["data_wait_ms"]),
             ("compute ms/step", lambda r: r["compute_ms"]),
+            ("outside load", lambda r: _outside_load(r["contention"])),
         ),
     )
+
+
+def _outside_load(contention: Optional[dict[str, Any]]) -> str:
+    """A row's contention verdict in a few words: the share other programs used, and the flag."""
+    share = None if contention is None else contention["outside_cpu_share"]
+    if share is None:
+        return "not measured"
+    return f"{share:.0%}" + (" FLAGGED" if contention["flagged"] else "")

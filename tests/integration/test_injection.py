@@ -12,16 +12,16 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from harness.process.launchers import launcher_command
-from harness.training.contention import _cpu_times, usable_cpus
+from harness.training.contention import usable_cpus
 from harness.training.metrics import OUTSIDE_LOAD_ABOVE
 from harness.training.record import read_records
 from tests.conftest import launch, run
 from tests.helpers.backend_cases import DISTRIBUTED
+from tests.helpers.machine_load import outside_share
 
 SLOW_RANK_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "helpers", "slow_rank_model.py")
 DELAY = 0.15  # s per forward pass on rank 1: many times the CNN's compute on 8 digits
@@ -65,16 +65,6 @@ def test_a_delay_in_one_ranks_compute_lowers_load_balance_by_the_amount_expected
     assert record["load_balance"] < 0.75  # far from the balanced run's ~1.0 (test_pop_measurement)
 
 
-def _outside_share(seconds: float) -> float:
-    """Other processes' share of this process's usable CPUs over `seconds` while the test idles."""
-    cpus = usable_cpus()
-    before = _cpu_times(cpus)
-    time.sleep(seconds)
-    after = _cpu_times(cpus)
-    assert before is not None and after is not None, "no /proc/stat on this machine"
-    return (after[0] - before[0]) / (after[2] - before[2])
-
-
 def _contention(tmp_path, name: str) -> dict:
     results = tmp_path / f"{name}.jsonl"
     launch(2, DISTRIBUTED[0], [*RUN_FLAGS, "--results", str(results)])
@@ -86,9 +76,9 @@ def test_an_idle_two_rank_run_is_flagged_only_as_far_as_other_processes_load_the
     """Two ranks on two cores oversubscribe them with their own communication threads: never a
     flag. The machine may be shared: the verdict must agree with the outside load measured by the
     test just before and just after the run."""
-    before = _outside_share(3.0)
+    before = outside_share(3.0)
     contention = _contention(tmp_path, "idle")
-    after = _outside_share(3.0)
+    after = outside_share(3.0)
     measured = contention["outside_cpu_share"]
     print(f"outside load: {before:.0%} before, {measured:.0%} in the run, {after:.0%} after: {contention['reasons']}")
     assert "oversubscription" in contention and "rank(s) x" in contention["oversubscription"]

@@ -127,5 +127,7 @@ def test_compare_loading_adds_up_each_configurations_interleaved_rounds(image_tr
         assert sum(m.round_data_wait_ms) / 2 == pytest.approx(m.data_wait_ms)
         assert sum(m.round_compute_ms) / 2 == pytest.approx(m.compute_ms)
         assert min(m.round_throughputs) <= m.throughput <= max(m.round_throughputs)
+        # the verdict every record carries, over this configuration's timed windows
+        assert {"outside_cpu_share", "flagged", "reasons", "oversubscription"} <= set(m.contention)
     with pytest.raises(UsageError, match="once"):
         compare_loading(image_tree[0], configurations * 2)
