@@ -303,7 +303,7 @@ def compare_loading(
                 )
                 totals[source, workers].append(
                     _timed_steps(
-                        batches, arrays, image_size, target, (warmup_steps, steps), seed, meters[source, workers]
+                        batches, arrays, image_size, target, warmup_steps, steps, seed, meters[source, workers]
                     )
                 )
     finally:
@@ -344,7 +344,8 @@ def _timed_steps(
     arrays: ImageArrays,
     image_size: int,
     target: torch.device,
-    warmup_and_timed: tuple[int, int],
+    warmup_steps: int,
+    steps: int,
     seed: int,
     meter: CpuMeter,
 ) -> np.ndarray:
@@ -359,7 +360,6 @@ def _timed_steps(
     torch.manual_seed(seed)
     model = build_model("cnn", arrays.shape[0], image_size, arrays.num_classes).to(target)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    warmup_steps, steps = warmup_and_timed
     waited = computed = 0.0
     try:
         started = time.perf_counter()
