@@ -237,7 +237,7 @@ def packing_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     row's with its 95% interval paired by interleave round ("speedup interval",
     intervals.ratio_interval; None for the first row or without two shared rounds); "apart" says
     whether that interval leaves out 1, so that the difference is larger than the run-to-run spread
-    (None where there is no interval)."""
+    (None where there is no interval); "records" holds the placement's runs, in the order given."""
     from ..study.intervals import mean_interval, overlap, ratio_interval
 
     groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
@@ -262,6 +262,7 @@ def packing_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "per step ms": _per_step_ms(runs),
                 "mps": runs[0].get("tags", {}).get("mps"),
                 "rounds": _rounds(runs),
+                "records": runs,
             }
         )
     for row in rows:

@@ -24,7 +24,7 @@ import math
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -309,18 +309,16 @@ def compare_loading(
     finally:
         torch.set_num_threads(previous_threads)
     return [
-        replace(
-            _measurement(source, workers, prefetch, batch_size, steps, np.array(per_round)),
-            contention=process_contention(meters[source, workers]),
-        )
+        _measurement(source, workers, prefetch, batch_size, steps, np.array(per_round), meters[source, workers])
         for (source, workers), per_round in totals.items()
     ]
 
 
 def _measurement(
-    source: str, workers: int, prefetch: int, batch_size: int, steps: int, per_round: np.ndarray
+    source: str, workers: int, prefetch: int, batch_size: int, steps: int, per_round: np.ndarray, meter: CpuMeter
 ) -> LoadingMeasurement:
-    """One configuration's rounds (rows: data wait, compute, elapsed seconds) added up, and each kept."""
+    """One configuration's rounds (rows: data wait, compute, elapsed seconds) added up, and each kept;
+    its contention verdict from `meter`, which read the CPU over those rounds."""
     waited, computed, elapsed = per_round.sum(axis=0)
     timed = len(per_round) * steps
     return LoadingMeasurement(
@@ -336,6 +334,7 @@ def _measurement(
         tuple(float(steps * batch_size / row[2]) for row in per_round),
         tuple(float(1000 * row[0] / steps) for row in per_round),
         tuple(float(1000 * row[1] / steps) for row in per_round),
+        process_contention(meter),
     )
 
 
