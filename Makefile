@@ -13,10 +13,13 @@ demo: setup
 # tests/test_architecture.py checks that every test module is in one of them.
 TIERS := tests/unit tests/integration tests/scheduler tests/notebooks tests/multinode
 
-# Everything in one pytest process (not the GPU tests): the tiers one after another, so that a test that
-# times itself or reads machine-wide state never runs beside another.
+# Everything but the GPU tests, in two passes. First two lanes side by side (pytest-xdist; each test file
+# whole in one lane, so a module's fixture is made once): one test's process start-up leaves the second
+# core of a 2-core machine idle most of the time. Then, one at a time, the tests marked `alone`: they
+# time themselves, read machine-wide load or pin cores, so nothing may run beside them.
 test: setup lint
-	@$(PY) -m pytest -q -ra --durations=50 tests/test_architecture.py $(TIERS)
+	@$(PY) -m pytest -q -ra -n 2 --dist loadfile --durations=20 -m "not gpu and not alone" tests/test_architecture.py $(TIERS)
+	@$(PY) -m pytest -q -ra --durations=30 -m "not gpu and alone" $(TIERS)
 
 # Lint and format check (ruff, configured in pyproject.toml); `make test` runs it first.
 lint: setup

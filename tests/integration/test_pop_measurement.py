@@ -13,6 +13,9 @@ from tests.conftest import REPO, launch, run
 from tests.helpers.backend_cases import ALL, with_options
 from tests.helpers.sleepy_data import outside_window_seconds
 
+# Alone: the injected delay's attribution is asserted against shares of the step's time.
+pytestmark = pytest.mark.alone
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend, flags", with_options(ALL))
