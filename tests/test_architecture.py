@@ -261,6 +261,10 @@ def test_tests_that_read_the_machines_load_run_alone():
     # machine-wide load or pins a core would see the other lane's load as another program's.
     makefile = open(os.path.join(REPO, "Makefile")).read()
     assert '-m "not gpu and not alone"' in makefile and '-m "not gpu and alone"' in makefile
+    tiers, lane_order = (
+        re.search(rf"^{name} := (.+)$", makefile, re.M).group(1).split() for name in ("TIERS", "LANE_ORDER")
+    )
+    assert sorted(lane_order) == sorted(tiers), "the lanes run every tier"
     unmarked = [
         path
         for path in _test_modules()
