@@ -50,7 +50,6 @@ def test_one_rank_communicates_nothing_on_every_backend(tmp_path, backend, flags
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # the injected delay's attribution is asserted against shares of the step's time
 def test_two_ddp_ranks_outside_clock_and_waiting_for_a_slow_peer(tmp_path):
     """Rank 1 sleeps 60 ms per fetch, rank 0 not at all: rank 0 spends that time in the allreduce."""
     slow = 0.06
