@@ -8,15 +8,24 @@ setup:
 demo: setup
 	@$(PY) -m harness demo
 
-# The test tiers, one directory each, fastest first: in-process; real launchers and several processes;
-# Slurm and emulated PBS; the notebooks and the lab in a browser; nodes as network namespaces.
+# The test tiers, one directory each: in-process; real launchers and several processes; Slurm and
+# emulated PBS; the notebooks and the lab in a browser; nodes as network namespaces.
 # tests/test_architecture.py checks that every test module is in one of them.
 TIERS := tests/unit tests/integration tests/scheduler tests/notebooks tests/multinode
+# The same, longest-running first, so that the two lanes finish together (the unit tier's short tests last).
+LANE_ORDER := tests/scheduler tests/multinode tests/notebooks tests/integration tests/unit
 
-# Everything in one pytest process (not the GPU tests): the tiers one after another, so that a test that
-# times itself or reads machine-wide state never runs beside another.
+# Everything but the GPU tests, in two passes; both run, and either failing fails the target. First two
+# lanes side by side (pytest-xdist): one test's process start-up leaves the second core of a 2-core
+# machine idle most of the time. Each test file runs whole in one lane, so a module's fixture is made
+# once, and the cluster tiers share one lane (tests/conftest.py). Then, one at a time, the tests marked
+# `alone`: they time themselves, read machine-wide load or pin cores, so nothing may run beside them.
 test: setup lint
-	@$(PY) -m pytest -q -ra --durations=50 tests/test_architecture.py $(TIERS)
+	@status=0; \
+	$(PY) -m pytest -q -ra -n 2 --dist loadfile --durations=20 -m "not gpu and not alone" \
+		tests/test_architecture.py $(LANE_ORDER) || status=$$?; \
+	$(PY) -m pytest -q -ra --durations=20 -m "not gpu and alone" $(TIERS) || status=$$?; \
+	exit $$status
 
 # Lint and format check (ruff, configured in pyproject.toml); `make test` runs it first.
 lint: setup

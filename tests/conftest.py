@@ -59,3 +59,22 @@ def _no_stray_launcher_variables(monkeypatch: pytest.MonkeyPatch) -> None:
             "MASTER_PORT",
         ):
             monkeypatch.delenv(name)
+
+
+# The tiers that run real clusters (Slurm on this host or across namespace nodes, the emulated PBS) keep
+# to one lane of `make test`, one after another: two namespace Slurm clusters in two lanes hung (both
+# jobs waiting after 300 s). Every other test file runs whole in one lane, as `--dist loadfile` does.
+ONE_LANE_TIERS = ("tests/scheduler/", "tests/multinode/")
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: called only when it runs the lanes
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ClusterTiersInOneLane(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "clusters" if nodeid.startswith(ONE_LANE_TIERS) else super()._split_scope(nodeid)
+
+    return ClusterTiersInOneLane(config, log)

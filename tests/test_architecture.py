@@ -256,6 +256,26 @@ def test_every_test_module_is_in_a_tier_that_make_test_runs():
     assert outside == [], f"move these into one of {tiers} (see tests/unit/conftest.py for the unit tier's rule)"
 
 
+def test_tests_that_read_the_machines_load_run_alone():
+    # `make test` runs two lanes side by side, then the `alone` tests one at a time: a test that reads
+    # machine-wide load or pins a core would see the other lane's load as another program's.
+    makefile = open(os.path.join(REPO, "Makefile")).read()
+    assert '-m "not gpu and not alone"' in makefile and '-m "not gpu and alone"' in makefile
+    tiers, lane_order = (
+        re.search(rf"^{name} := (.+)$", makefile, re.M).group(1).split() for name in ("TIERS", "LANE_ORDER")
+    )
+    assert sorted(lane_order) == sorted(tiers), "the lanes run every tier"
+    unmarked = [
+        path
+        for path in _test_modules()
+        if re.search(
+            r"tests\.helpers\.machine_load|sched_setaffinity", source := open(os.path.join(TESTS, path)).read()
+        )
+        and "pytestmark = pytest.mark.alone" not in source
+    ]
+    assert unmarked == [], "mark these `pytestmark = pytest.mark.alone` (they read the machine's load)"
+
+
 def test_tests_load_weights_and_find_ports_through_the_harness():
     # One weights loader (tests/helpers/weights.py, over harness.fileio.load_tensors) and one free-port
     # finder (harness.process.launchers.free_port): a test that writes its own hides a difference.

@@ -23,6 +23,9 @@ from tests.conftest import launch, run
 from tests.helpers.backend_cases import DISTRIBUTED
 from tests.helpers.machine_load import outside_share
 
+# Alone: the contention verdicts are compared with the machine's load, which a second lane would raise.
+pytestmark = pytest.mark.alone
+
 SLOW_RANK_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "helpers", "slow_rank_model.py")
 DELAY = 0.15  # s per forward pass on rank 1: many times the CNN's compute on 8 digits
 # How far the measured load balance may sit from the expectation: the expectation takes rank 0's

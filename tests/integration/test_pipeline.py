@@ -14,6 +14,9 @@ from tests.helpers.machine_load import outside_share
 from tests.unit.test_pipeline import _compute_over_total
 from tests.unit.test_pipeline import image_tree as image_tree  # the fixture: a module-scoped digits tree
 
+# Alone: the loader's contention verdict is compared with the machine's load, which a second lane would raise.
+pytestmark = pytest.mark.alone
+
 
 @pytest.mark.parametrize("source,workers", [("per-sample", 0), ("prepared", 1)])
 def test_measure_loading_times_the_steps_it_was_asked_for(image_tree, source, workers):

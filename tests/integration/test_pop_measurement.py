@@ -13,6 +13,10 @@ from tests.conftest import REPO, launch, run
 from tests.helpers.backend_cases import ALL, with_options
 from tests.helpers.sleepy_data import outside_window_seconds
 
+# Alone: shares of the step's time are asserted (one rank's communication efficiency fell to 0.92 in a
+# lane beside other tests), and an injected delay's attribution.
+pytestmark = pytest.mark.alone
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend, flags", with_options(ALL))

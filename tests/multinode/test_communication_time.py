@@ -33,6 +33,9 @@ from tests.helpers.backend_cases import with_options
 from .jobs import ClusterJob, _tool
 from .netns_cluster import NetnsCluster
 
+# Alone: each rank pins a core of its own, and the communication time is compared with a bare probe's.
+pytestmark = pytest.mark.alone
+
 RATE_MBIT = 40.0  # a 4.8 MB gradient of the workshop CNN: ~1.2 s per allreduce, against ~0.1 s of compute
 RANKS = 2
 TRAIN_LIMIT_S = 240

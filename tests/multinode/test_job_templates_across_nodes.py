@@ -167,6 +167,9 @@ def wait_for_spanning_checkpoint(job_dir: str, scratch: str) -> None:
     assert checkpointed(), job_outputs(scratch)
 
 
+# Alone: a two-node srun job here hung in two of two `make test` runs beside the other lane (still
+# waiting after 300 s) and passes alone; the cause is not found.
+@pytest.mark.alone
 @pytest.mark.slow
 def test_slurm_cpu_template_on_two_nodes_signalled_everywhere_continues_to_the_end(
     cluster, slurm, references, tmp_path

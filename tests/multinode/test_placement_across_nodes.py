@@ -30,6 +30,9 @@ def wrong_site(directory: str) -> str:
     return path
 
 
+# Alone: a two-node srun job here hung in two of two `make test` runs beside the other lane (still
+# waiting after 300 s) and passes alone; the cause is not found.
+@pytest.mark.alone
 @pytest.mark.slow
 def test_a_launcher_that_puts_every_rank_on_one_node_stops_the_study_naming_the_host(cluster, slurm, tmp_path):
     site = wrong_site(str(tmp_path))

@@ -19,6 +19,9 @@ from tests.conftest import REPO
 sys.path.insert(0, REPO)
 from benchmarks.prediction import compare, measure  # noqa: E402
 
+# Alone: the measured two-node step, each rank on a core of its own, is compared with the prediction.
+pytestmark = pytest.mark.alone
+
 RATE_MBIT = 200.0
 SIZES = "64K,1M,8M"  # fewer than the benchmark's: the calls between them read off straight lines
 PROCESS_GROUP = [
