@@ -12,18 +12,18 @@ demo: setup
 # emulated PBS; the notebooks and the lab in a browser; nodes as network namespaces.
 # tests/test_architecture.py checks that every test module is in one of them.
 TIERS := tests/unit tests/integration tests/scheduler tests/notebooks tests/multinode
-# The same, longest-running first, so that the two lanes finish together (the unit tier's short tests last).
-LANE_ORDER := tests/scheduler tests/multinode tests/notebooks tests/integration tests/unit
 
 # Everything but the GPU tests, in two passes; both run, and either failing fails the target. First two
 # lanes side by side (pytest-xdist): one test's process start-up leaves the second core of a 2-core
 # machine idle most of the time. Each test file runs whole in one lane, so a module's fixture is made
-# once, and the cluster tiers share one lane (tests/conftest.py). Then, one at a time, the tests marked
-# `alone`: they time themselves, read machine-wide load or pin cores, so nothing may run beside them.
+# once; the cluster tiers share one lane, and the lanes take the longest files first (tests/conftest.py;
+# --no-loadscope-reorder keeps xdist from ordering them by their number of tests). Then, one at a
+# time, the tests marked `alone`: they time themselves, read machine-wide load or pin cores, so nothing
+# may run beside them.
 test: setup lint
 	@status=0; \
-	$(PY) -m pytest -q -ra -n 2 --dist loadfile --durations=20 -m "not gpu and not alone" \
-		tests/test_architecture.py $(LANE_ORDER) || status=$$?; \
+	$(PY) -m pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder --durations=20 \
+		-m "not gpu and not alone" tests/test_architecture.py $(TIERS) || status=$$?; \
 	$(PY) -m pytest -q -ra --durations=20 -m "not gpu and alone" $(TIERS) || status=$$?; \
 	exit $$status
 

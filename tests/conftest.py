@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from typing import Optional
 
@@ -65,6 +66,30 @@ def _no_stray_launcher_variables(monkeypatch: pytest.MonkeyPatch) -> None:
 # to one lane of `make test`, one after another: two namespace Slurm clusters in two lanes hung (both
 # jobs waiting after 300 s). Every other test file runs whole in one lane, as `--dist loadfile` does.
 ONE_LANE_TIERS = ("tests/scheduler/", "tests/multinode/")
+# The order in which the lanes take the test files, longest first: the cluster tiers (one unit of work),
+# the notebooks (minutes each), the integration tier, the unit tier (seconds in all) last to fill in.
+LANE_TIER_ORDER = (*ONE_LANE_TIERS, "tests/notebooks/", "tests/integration/", "tests/unit/")
+
+
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # In the lanes only (an xdist worker; `make test` passes --no-loadscope-reorder, so they take the files
+    # in this order): longest first, so that no long file is left for one lane at the end while the other
+    # has nothing to do. Left to itself xdist would order the files by their number of tests, which put
+    # the unit tier's files first and long integration files of few tests last.
+    if not hasattr(config, "workerinput"):
+        return
+    slow_tests = Counter(_file_of(item) for item in items if item.get_closest_marker("slow"))
+
+    def longest_first(item: pytest.Item) -> tuple[int, int, str]:
+        path = _file_of(item)
+        tier = next((rank for rank, tier in enumerate(LANE_TIER_ORDER) if path.startswith(tier)), len(LANE_TIER_ORDER))
+        return tier, -slow_tests[path], path
+
+    items.sort(key=longest_first)  # stable: a file's tests keep their order
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: called only when it runs the lanes
