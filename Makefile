@@ -13,13 +13,13 @@ demo: setup
 # tests/test_architecture.py checks that every test module is in one of them.
 TIERS := tests/unit tests/integration tests/scheduler tests/notebooks tests/multinode
 
-# Everything but the GPU tests, in two passes; both run, and either failing fails the target. First two
-# lanes side by side (pytest-xdist): one test's process start-up leaves the second core of a 2-core
-# machine idle most of the time. Each test file runs whole in one lane, so a module's fixture is made
-# once; the cluster tiers share one lane, and the lanes take the longest files first (tests/conftest.py;
-# --no-loadscope-reorder keeps xdist from ordering them by their number of tests). Then, one at a
-# time, the tests marked `alone`: they time themselves, read machine-wide load or pin cores, so nothing
-# may run beside them.
+# Everything but the GPU tests, in two passes; both run, and either failing fails the target. First
+# two lanes side by side (pytest-xdist): run one at a time, the tests keep about 1.2 of 2 cores busy
+# (a launcher and each rank start up one after another). Each test file runs whole in one lane, so a
+# module's fixture is made once; the cluster tiers share one lane, and the lanes take the longest
+# files first (tests/conftest.py; --no-loadscope-reorder keeps xdist from ordering them by their
+# number of tests). Then, one at a time, the tests marked `alone`: they time themselves, read
+# machine-wide load or pin cores, so nothing may run beside them.
 test: setup lint
 	@status=0; \
 	$(PY) -m pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder --durations=20 \
