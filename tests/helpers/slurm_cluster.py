@@ -7,6 +7,11 @@ idle; `environ()` is the environment for `sbatch`/`squeue`/`scancel` (SLURM_CONF
 each daemon by the pid in its pid file and waits for it, so nothing keeps running after a test,
 failed or not. Needs root (slurmd starts jobs as any user) and the packages `make setup` installs.
 
+A test process killed before `stop()` (CI's time limit, a ^C) would leave the daemons and their jobs
+running, outside its process tree. So `start()` first records the cluster (owner_records, under
+RECORDS_DIR) and ends every process of each recorded cluster whose owner is gone: the daemons, the
+job steps and the jobs' tasks all carry the cluster's SLURM_CONF in their environment.
+
 `SlurmCluster(directory, nodes=2)` stands several nodes on this host, one slurmd each (`slurmd -N`,
 a port, spool, pid and log file of its own; Debian's Slurm allows it): the first node is named after
 this host, the others `<host>-2`, ... with this host's address, so a job's first node, where rank 0
@@ -21,14 +26,18 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Optional, Protocol
 
 from harness.process.launchers import free_port
+from tests.helpers.owner_records import stale_records, write_record
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
+# Beside the namespace clusters' records (tests/multinode/netns_cluster.py), on the same tmpfs.
+RECORDS_DIR = "/run/dp-harness-slurm"
 
 
 # What every test Slurm sets alike, one node or several: no accounting, no cgroups, quick timeouts.
@@ -94,6 +103,7 @@ class SlurmCluster:
         self.directory = os.path.abspath(directory)
         self.host = socket.gethostname()
         self.conf = os.path.join(self.directory, "slurm.conf")
+        self.record_path = os.path.join(RECORDS_DIR, f"{uuid.uuid4().hex[:8]}.json")
         self.munge_socket = os.path.join(self.directory, "munge", "munge.socket")
         # The node names: this host, then <host>-2, ... (nodes > 1), each with a slurmd of its own.
         self.nodes = [self.host, *(f"{self.host}-{index}" for index in range(2, nodes + 1))]
@@ -189,7 +199,9 @@ class SlurmCluster:
     def start(self) -> SlurmCluster:
         """Start the daemons and wait until the node takes jobs; on any failure stop what started."""
         check_installed()
+        remove_stale_clusters()
         self._write_conf()
+        write_record(self.record_path, {"conf": self.conf})
         try:
             for name, command in self._daemon_commands().items():
                 result = subprocess.run(command, capture_output=True, text=True, timeout=30, env=self.environ())
@@ -279,6 +291,43 @@ class SlurmCluster:
                 time.sleep(0.1)
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        if os.path.exists(self.record_path):
+            os.unlink(self.record_path)
+
+
+def cluster_processes(conf: str) -> list[int]:
+    """Every process whose environment names `conf` as its SLURM_CONF: a cluster's daemons, job steps
+    and tasks (each inherits it: the daemons from `start()`, the jobs from the `sbatch` that submitted them)."""
+    marker = b"SLURM_CONF=" + os.fsencode(conf)
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                variables = handle.read().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile, or a kernel thread
+        if marker in variables:
+            found.append(int(entry))
+    return found
+
+
+def remove_stale_clusters() -> list[str]:
+    """End every process of each recorded cluster whose owner is gone; return their slurm.conf paths."""
+    removed = []
+    for path, record in stale_records(RECORDS_DIR):
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while (pids := cluster_processes(record["conf"])) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+        os.unlink(path)
+        removed.append(record["conf"])
+    return removed
 
 
 def _alive(pid: int) -> bool:

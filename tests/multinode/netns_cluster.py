@@ -30,6 +30,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Optional
 
+from tests.helpers.owner_records import stale_records, write_record
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENTER_NODE = os.path.join(HERE, "enter_node.sh")
 RSH_AGENT = os.path.join(HERE, "rsh_agent.sh")
@@ -54,15 +56,6 @@ def _ip(*args: str, namespace: Optional[str] = None, check: bool = True) -> subp
     if check and result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed (exit {result.returncode}): {result.stderr.strip()}")
     return result
-
-
-def _start_time(pid: int) -> Optional[str]:
-    """The process's start time in clock ticks since boot (tells a pid's reuse from its first owner)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
 
 
 def namespace_pids(namespace: str) -> list[int]:
@@ -104,17 +97,7 @@ def _teardown(record: dict) -> None:
 def remove_stale_clusters() -> list[str]:
     """Tear down every recorded cluster whose owning process is gone; return their tags."""
     removed = []
-    if not os.path.isdir(RECORDS_DIR):
-        return removed
-    for name in sorted(os.listdir(RECORDS_DIR)):
-        path = os.path.join(RECORDS_DIR, name)
-        try:
-            with open(path) as handle:
-                record = json.load(handle)
-        except (OSError, ValueError):
-            continue
-        if _start_time(record["owner_pid"]) == record["owner_start"]:
-            continue  # its owner still runs: a cluster in use
+    for path, record in stale_records(RECORDS_DIR):
         _teardown(record)
         os.unlink(path)
         removed.append(record["tag"])
@@ -222,16 +205,7 @@ class NetnsCluster:
             os.symlink(RSH_AGENT, ssh)  # horovodrun and pdsh-less launchers call plain `ssh`
 
     def _write_record(self) -> None:
-        os.makedirs(RECORDS_DIR, exist_ok=True)
-        record = {
-            "tag": self.tag,
-            "owner_pid": os.getpid(),
-            "owner_start": _start_time(os.getpid()),
-            "namespaces": [*self.namespaces, self.switch],
-        }
-        with open(self.record_path + ".tmp", "w") as handle:
-            json.dump(record, handle)
-        os.replace(self.record_path + ".tmp", self.record_path)
+        write_record(self.record_path, {"tag": self.tag, "namespaces": [*self.namespaces, self.switch]})
 
     def _wait_until_connected(self, timeout: float = 20.0) -> None:
         """Until node 1 reaches every node by name (the bridge forwards once its ports are up)."""
