@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+import signal
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 
@@ -49,3 +51,17 @@ def stale_records(directory: str) -> Iterator[tuple[str, dict[str, Any]]]:
             continue
         if start_time(record["owner_pid"]) != record["owner_start"]:
             yield path, record
+
+
+def kill_until_gone(processes: Callable[[], list[int]], timeout: float) -> None:
+    """SIGKILL what `processes()` lists until it lists nothing, or `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    pids = processes()
+    while pids and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+        pids = processes()

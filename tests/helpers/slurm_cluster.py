@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Optional, Protocol
 
 from harness.process.launchers import free_port
-from tests.helpers.owner_records import stale_records, write_record
+from tests.helpers.owner_records import kill_until_gone, stale_records, write_record
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 START_TIMEOUT_S = 60.0
@@ -317,14 +317,7 @@ def remove_stale_clusters() -> list[str]:
     """End every process of each recorded cluster whose owner is gone; return their slurm.conf paths."""
     removed = []
     for path, record in stale_records(RECORDS_DIR):
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while (pids := cluster_processes(record["conf"])) and time.monotonic() < deadline:
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.1)
+        kill_until_gone(lambda conf=record["conf"]: cluster_processes(conf), STOP_TIMEOUT_S)
         os.unlink(path)
         removed.append(record["conf"])
     return removed

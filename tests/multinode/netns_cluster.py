@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Optional
 
-from tests.helpers.owner_records import stale_records, write_record
+from tests.helpers.owner_records import kill_until_gone, stale_records, write_record
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENTER_NODE = os.path.join(HERE, "enter_node.sh")
@@ -68,16 +67,7 @@ def namespace_pids(namespace: str) -> list[int]:
 
 def kill_namespace_processes(namespace: str, timeout: float = 10.0) -> None:
     """SIGKILL every process inside `namespace` and wait (bounded) until none is left."""
-    deadline = time.monotonic() + timeout
-    pids = namespace_pids(namespace)
-    while pids and time.monotonic() < deadline:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.1)
-        pids = namespace_pids(namespace)
+    kill_until_gone(lambda: namespace_pids(namespace), timeout)
 
 
 def _teardown(record: dict) -> None:

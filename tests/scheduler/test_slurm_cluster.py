@@ -25,11 +25,17 @@ from tests.helpers.slurm_cluster import (
 OWNER = textwrap.dedent("""
     import os, signal, subprocess, sys, time
     sys.path.insert(0, sys.argv[2])
-    from tests.helpers.slurm_cluster import SlurmCluster
+    from tests.helpers.slurm_cluster import SlurmCluster, cluster_processes
     cluster = SlurmCluster(sys.argv[1]).start()
-    job = cluster.run(["sbatch", "--parsable", "--wrap", "sleep 600"], cwd=sys.argv[1]).stdout.strip()
+    cluster.run(["sbatch", "--wrap", "sleep 600"], cwd=sys.argv[1])
     deadline = time.monotonic() + 60
-    while cluster.run(["squeue", "-h", "-j", job, "-o", "%T"]).stdout.strip() != "RUNNING":
+    def commands():
+        for pid in cluster_processes(cluster.conf):
+            try:
+                yield open(f"/proc/{pid}/comm").read().strip()
+            except OSError:
+                pass
+    while "sleep" not in set(commands()):  # the job's task itself, not only its state in squeue
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(0.2)
     print(cluster.record_path, cluster.conf, flush=True)
