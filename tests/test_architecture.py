@@ -399,3 +399,33 @@ def test_harness_train_is_the_loops_train_and_traces_merge_where_they_are_made()
     ]
     assert definitions == ["harness.training.trace"]
     assert "harness.training.trace" in graph["harness.training.profiling"]
+
+
+PROCESS_HELPER = "harness.process.processes"
+# Reads of /proc that stay outside the helper: a rank's measurement of itself in the timed window,
+# where a scan of every process through psutil would cost the window more than it measures.
+PROC_READERS = {
+    "harness.training.contention": "the loader workers' CPU time and the cores' busy time, read in the timed window"
+}
+PER_PROCESS_PROC = re.compile(
+    r"""/proc/\{|listdir\(\s*(PROC|["']/proc["'])\s*\)|\bimport psutil\b|require\(\s*["']psutil"""
+)
+
+
+def test_other_processes_are_found_and_read_through_the_process_helper_only():
+    # One way to find a process by its environment or command line, to read its parent, session,
+    # name or start time, to ask whether it runs and to end it: a test helper that parses /proc
+    # by hand hides a difference (a zombie counted as running, a pid reused).
+    sources = {module: path for module, path in _modules().items() if module not in (PROCESS_HELPER, *PROC_READERS)}
+    for folder in ("tests", "benchmarks", "tools"):
+        for root, _, names in os.walk(os.path.join(REPO, folder)):
+            paths = [os.path.join(root, name) for name in names if name.endswith(".py")]
+            sources.update({os.path.relpath(path, REPO): path for path in paths if path != os.path.abspath(__file__)})
+    offending = [
+        f"{name}:{number}"
+        for name, path in sources.items()
+        for number, line in enumerate(open(path).read().splitlines(), 1)
+        if PER_PROCESS_PROC.search(line)
+    ]
+    assert offending == [], f"find and read other processes through {PROCESS_HELPER}"
+    assert PER_PROCESS_PROC.search(open(_modules()[PROCESS_HELPER]).read())

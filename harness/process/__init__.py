@@ -15,6 +15,8 @@
   Polaris, for Cray MPICH's GTL), imported first by `python -m harness`.
 - `preemption`: SIGTERM/SIGUSR1 turned into a checkpoint that every rank agrees on, and a dead peer
   turned into a clear error.
+- `processes`: other processes of the machine found (by environment, command line, session), read
+  (parent, name, start time, whether they run) and ended: the one way, psutil underneath.
 
 Nothing here knows a training framework: the layers above ask this one.
 """

@@ -55,6 +55,7 @@ from typing import Any, Callable, Optional
 
 from .discovery import ClusterEnv
 from .heartbeat_store import encode_beat
+from .processes import command_line
 
 INTERVAL_S = 1.0  # a live rank's heartbeat is re-sent at least this often
 POLL_S = 0.05  # how often the sender thread looks for a phase the loop changed
@@ -157,10 +158,9 @@ def end_frozen_here(stale: list[Seen], host: str) -> list[int]:
     for entry in stale:
         if entry.host != host or entry.pid in (0, os.getpid()):
             continue
+        if "harness" not in (command_line(entry.pid) or ""):
+            continue  # the rank ended (and its pid may have gone to another process)
         try:
-            with open(f"/proc/{entry.pid}/cmdline", "rb") as handle:
-                if b"harness" not in handle.read():
-                    continue  # the rank ended and its pid went to another process
             os.kill(entry.pid, signal.SIGKILL)
         except OSError:  # ProcessLookupError included: it ended meanwhile, or is not ours to end
             continue

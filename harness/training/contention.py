@@ -110,7 +110,7 @@ def _pressure_seconds() -> Optional[float]:
     return None
 
 
-def _cpu_times(cpus: Sequence[int]) -> Optional[tuple[float, float, float]]:
+def cpu_times(cpus: Sequence[int]) -> Optional[tuple[float, float, float]]:
     """(busy, steal, total) seconds of `cpus` since boot, from /proc/stat's per-CPU lines."""
     text = _read(PROC_STAT)
     if text is None:
@@ -242,7 +242,7 @@ class CpuMeter:
         self.has_schedstat = False
         self._tasks: Optional[dict[str, tuple[int, int]]] = None
         self._compute_start = 0.0
-        times = lambda index: lambda: (_cpu_times(self.cpus) or (None, None, None))[index]  # noqa: E731
+        times = lambda index: lambda: (cpu_times(self.cpus) or (None, None, None))[index]  # noqa: E731
         self.counters = {
             "busy_seconds": _Counter(times(0)),
             "steal_seconds": _Counter(times(1)),

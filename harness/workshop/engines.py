@@ -19,8 +19,8 @@ What it takes care of, each a way engines failed to start, to run or to stop:
 - A notebook runner (nbval) kills the kernel without running `atexit`, so the cluster does not stop
   itself: call `engines.stop()` in the last cell. It stops controller and engines, then kills
   whatever process of this cluster is still alive (found by the IPP_CLUSTER_ID that ipyparallel
-  puts in their environment), so a failed notebook leaves nothing behind; tests call
-  `kill_processes_with_environment` with a marker of their own as a second net.
+  puts in their environment, harness.process.processes), so a failed notebook leaves nothing
+  behind; tests call `kill_processes_with_environment` with a marker of their own as a second net.
 
 Placement: on a node with several GPUs one engine per GPU (NCCL); with one GPU two engines share
 it (`procs_per_gpu` = 2, gloo, since NCCL refuses two ranks on one GPU); without a GPU two CPU
@@ -37,16 +37,15 @@ import logging
 import os
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..errors import UsageError, require, unknown_choice
 from ..process.launchers import OPENMPI_ENV, free_port, site_launcher
+from ..process.processes import kill_processes_with_environment
 
 ENGINE_TIMEOUT_S = 180  # engines registering, cold imports on a busy node included
 ENGINE_RENDEZVOUS_PORTS = 128  # the groups the engines may make, a port each (compat.rendezvous_port)
@@ -191,7 +190,7 @@ class Engines:
             except Exception as exc:  # a cluster already half gone: the kill below finishes the job
                 log.warning("stopping the ipyparallel cluster: %s", exc)
             finally:
-                killed = kill_processes_with_environment(CLUSTER_VARIABLE, self.cluster.cluster_id)
+                killed = kill_processes_with_environment(CLUSTER_VARIABLE, self.cluster.cluster_id, STOP_GRACE_S)
         return killed
 
     def __enter__(self) -> Engines:
@@ -316,43 +315,4 @@ def _stop_quietly(cluster: Any) -> None:
         cluster.stop_cluster_sync()
     except Exception as exc:  # noqa: BLE001  (stopping after a failed start: the kill below is the net)
         log.warning("stopping the ipyparallel cluster: %s", exc)
-    kill_processes_with_environment(CLUSTER_VARIABLE, cluster.cluster_id)
-
-
-def processes_with_environment(name: str, value: str) -> list[int]:
-    """Pids of this user's processes whose environment has `name`=`value` (not this process)."""
-    import psutil
-
-    found = []
-    for process in psutil.process_iter(["pid"]):
-        if process.pid == os.getpid():
-            continue
-        try:
-            if process.environ().get(name) == value:
-                found.append(process.pid)
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
-            continue
-    return found
-
-
-def kill_processes_with_environment(name: str, value: str, grace: float = STOP_GRACE_S) -> list[int]:
-    """End the processes carrying `name`=`value` in their environment: SIGTERM, then SIGKILL after
-    `grace` seconds for those still alive. Returns the pids signalled. Only processes started with
-    that marker (an ipyparallel cluster's id, a test's own variable) are touched."""
-    pids = processes_with_environment(name, value)
-    if not pids:
-        return []
-    _signal_all(pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and processes_with_environment(name, value):
-        time.sleep(0.2)
-    _signal_all(processes_with_environment(name, value), signal.SIGKILL)
-    return pids
-
-
-def _signal_all(pids: Sequence[int], signum: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
+    kill_processes_with_environment(CLUSTER_VARIABLE, cluster.cluster_id, STOP_GRACE_S)

@@ -9,6 +9,7 @@ import time
 from typing import NamedTuple, Optional
 
 from harness.process.launchers import launch_environment
+from harness.process.processes import children, command_line, processes_with_command
 from harness.training.launch import launch_command
 from harness.training.record import read_records
 from tests.conftest import REPO, run
@@ -73,25 +74,10 @@ def rank_processes(launcher_pid: int) -> list[int]:
     """PIDs of the training ranks under a launcher: its descendants that run `harness train` and
     have no children of their own (launchers and their helpers have the ranks as children), rank 0's
     heartbeat store (harness.process.heartbeat) aside."""
-    children: dict[int, list[int]] = {}
-    commands: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                commands[int(entry)] = handle.read().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
-    found, stack = [], list(children.get(launcher_pid, []))
-    while stack:
-        pid = stack.pop()
-        stack.extend(children.get(pid, []))
-        own = [child for child in children.get(pid, []) if "heartbeat_store" not in commands.get(child, "")]
-        if not own and "harness train" in commands.get(pid, ""):
+    found = []
+    for pid in children(launcher_pid, recursive=True):
+        own = [child for child in children(pid) if "heartbeat_store" not in (command_line(child) or "")]
+        if not own and "harness train" in (command_line(pid) or ""):
             found.append(pid)
     return sorted(found)
 
@@ -147,15 +133,7 @@ def time_job(command: list[str], env: dict[str, str], markers: list[str], limit:
 
 def processes_mentioning(marker: str) -> list[int]:
     """PIDs of processes whose command line contains `marker` (to find ranks left behind)."""
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                if marker.encode() in handle.read():
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+    return processes_with_command(marker)
 
 
 def shared_memory_segments() -> set:

@@ -11,19 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import time
-from collections.abc import Callable, Iterator
-from typing import Any, Optional
+from collections.abc import Iterator
+from typing import Any
 
-
-def start_time(pid: int) -> Optional[str]:
-    """The process's start time in clock ticks since boot (tells a pid's reuse from its first owner)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+from harness.process.processes import start_time
 
 
 def write_record(path: str, fields: dict[str, Any]) -> None:
@@ -51,17 +42,3 @@ def stale_records(directory: str) -> Iterator[tuple[str, dict[str, Any]]]:
             continue
         if start_time(record["owner_pid"]) != record["owner_start"]:
             yield path, record
-
-
-def kill_until_gone(processes: Callable[[], list[int]], timeout: float) -> None:
-    """SIGKILL what `processes()` lists until it lists nothing, or `timeout` seconds have passed."""
-    deadline = time.monotonic() + timeout
-    pids = processes()
-    while pids and time.monotonic() < deadline:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.1)
-        pids = processes()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -31,7 +30,8 @@ from collections.abc import Sequence
 from typing import Optional, Protocol
 
 from harness.process.launchers import free_port
-from tests.helpers.owner_records import kill_until_gone, stale_records, write_record
+from harness.process.processes import end_processes, processes_with_environment, running
+from tests.helpers.owner_records import stale_records, write_record
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 START_TIMEOUT_S = 60.0
@@ -282,15 +282,7 @@ class SlurmCluster:
         and wait until each is gone."""
         self.cancel_all_jobs()
         for name in reversed(list(self._pid_files)):  # munged, slurmctld, then the slurmd(s)
-            pid = self._pid(name)
-            if pid is None or not _alive(pid):
-                continue
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + STOP_TIMEOUT_S
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+            end_daemon(self._pid(name))
         if os.path.exists(self.record_path):
             os.unlink(self.record_path)
 
@@ -298,39 +290,20 @@ class SlurmCluster:
 def cluster_processes(conf: str) -> list[int]:
     """Every process whose environment names `conf` as its SLURM_CONF: a cluster's daemons, job steps
     and tasks (each inherits it: the daemons from `start()`, the jobs from the `sbatch` that submitted them)."""
-    marker = b"SLURM_CONF=" + os.fsencode(conf)
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                variables = handle.read().split(b"\0")
-        except OSError:
-            continue  # gone meanwhile, or a kernel thread
-        if marker in variables:
-            found.append(int(entry))
-    return found
+    return processes_with_environment("SLURM_CONF", conf)
 
 
 def remove_stale_clusters() -> list[str]:
     """End every process of each recorded cluster whose owner is gone; return their slurm.conf paths."""
     removed = []
     for path, record in stale_records(RECORDS_DIR):
-        kill_until_gone(lambda conf=record["conf"]: cluster_processes(conf), STOP_TIMEOUT_S)
+        end_processes(lambda conf=record["conf"]: cluster_processes(conf), grace=0, timeout=STOP_TIMEOUT_S)
         os.unlink(path)
         removed.append(record["conf"])
     return removed
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie counts as gone: it has stopped, its parent (not us) just has not reaped it.
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+def end_daemon(pid: Optional[int]) -> None:
+    """SIGTERM the daemon `pid`, SIGKILL if it has not stopped within STOP_TIMEOUT_S; until it is gone."""
+    if pid is not None:
+        end_processes(lambda: [pid] if running(pid) else [], grace=STOP_TIMEOUT_S)

@@ -10,14 +10,8 @@ import uuid
 
 import pytest
 
-from harness.workshop.engines import (
-    CLUSTER_VARIABLE,
-    EnginesError,
-    kill_processes_with_environment,
-    mpi_flavour,
-    processes_with_environment,
-    start_engines,
-)
+from harness.process.processes import kill_processes_with_environment, processes_with_environment
+from harness.workshop.engines import CLUSTER_VARIABLE, EnginesError, mpi_flavour, start_engines
 
 
 def test_this_machines_mpi_is_recognised() -> None:

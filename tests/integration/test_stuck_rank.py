@@ -17,6 +17,7 @@ import time
 import pytest
 
 from harness.process import heartbeat
+from harness.process.processes import command_line, parent
 from harness.training.launch import launch_command
 from tests.helpers.backend_cases import DISTRIBUTED
 from tests.helpers.checkpoint_helpers import COMMON, RANKS, TimedJob, processes_mentioning, time_job
@@ -62,14 +63,10 @@ def _orphaned_stores(grace_s: float = 5.0) -> list[int]:
     while True:
         orphans = []
         for pid in processes_mentioning(STORE):
-            try:
-                with open(f"/proc/{pid}/stat") as handle:
-                    parent = handle.read().rsplit(")", 1)[1].split()[1]
-                with open(f"/proc/{parent}/cmdline", "rb") as handle:
-                    if b"harness" not in handle.read():
-                        orphans.append(pid)
-            except OSError:
-                continue  # the store, or its parent, just ended
+            owner = parent(pid)
+            command = command_line(owner) if owner is not None else None
+            if command is not None and "harness" not in command:  # None: the store, or its parent, just ended
+                orphans.append(pid)
         if not orphans or time.monotonic() > deadline:
             return orphans
         time.sleep(0.2)

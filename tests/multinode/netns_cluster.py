@@ -29,7 +29,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Optional
 
-from tests.helpers.owner_records import kill_until_gone, stale_records, write_record
+from harness.process.processes import end_processes
+from tests.helpers.owner_records import stale_records, write_record
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENTER_NODE = os.path.join(HERE, "enter_node.sh")
@@ -67,7 +68,7 @@ def namespace_pids(namespace: str) -> list[int]:
 
 def kill_namespace_processes(namespace: str, timeout: float = 10.0) -> None:
     """SIGKILL every process inside `namespace` and wait (bounded) until none is left."""
-    kill_until_gone(lambda: namespace_pids(namespace), timeout)
+    end_processes(lambda: namespace_pids(namespace), grace=0, timeout=timeout)
 
 
 def _teardown(record: dict) -> None:

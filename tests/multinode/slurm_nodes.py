@@ -10,7 +10,6 @@ Clients (sbatch, srun, sinfo) run on node 1 (`run`), where they reach slurmctld.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -19,9 +18,8 @@ from typing import Optional
 from tests.helpers.slurm_cluster import (
     COMMON_SETTINGS,
     START_TIMEOUT_S,
-    STOP_TIMEOUT_S,
-    _alive,
     check_installed,
+    end_daemon,
     write_conf_and_key,
 )
 
@@ -154,15 +152,7 @@ class NamespaceSlurm:
         left in the nodes' namespaces the cluster's teardown kills."""
         pid_files = [self._pid_file("slurmd", host) for host in self.cluster.hostnames]
         for pid_file in [*pid_files, self._pid_file("slurmctld"), self._pid_file("munged")]:
-            pid = _pid(pid_file)
-            if pid is None or not _alive(pid):
-                continue
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + STOP_TIMEOUT_S
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+            end_daemon(_pid(pid_file))
 
 
 def _pid(pid_file: str) -> Optional[int]:

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 
+from harness.process.processes import name, running
 from tests.scheduler.test_job_templates import shellcheck
 
 from .netns_cluster import (
@@ -150,7 +151,7 @@ def test_stop_ends_what_runs_on_the_nodes_and_removes_every_namespace(tmp_path):
         sleeper = cluster.popen(2, ["sleep", "600"])
         assert set(cluster.namespaces) | {cluster.switch} <= _namespaces()
         deadline = time.monotonic() + 10
-        while _command(sleeper.pid) != "sleep" and time.monotonic() < deadline:
+        while name(sleeper.pid) != "sleep" and time.monotonic() < deadline:
             time.sleep(0.05)  # until enter_node.sh has set the node up (its stages exec: one process)
         assert namespace_pids(cluster.namespaces[1]) == [sleeper.pid]
     finally:
@@ -184,23 +185,10 @@ def test_a_cluster_whose_owner_was_killed_is_removed_by_the_next_start(tmp_path)
     assert len(_namespaces() - before) == 3  # two nodes and the switch, left behind
     with NetnsCluster(2, str(tmp_path / "fresh")):
         assert not os.path.exists(os.path.join(RECORDS_DIR, f"{tag}.json"))
-        assert not os.path.exists(f"/proc/{sleeper}") or _is_zombie(int(sleeper))
+        assert not running(int(sleeper))  # gone, or a zombie its parent has yet to reap
         assert not any(tag in name for name in _namespaces())
     assert _namespaces() == before
     assert remove_stale_clusters() == []
-
-
-def _command(pid: int) -> str:
-    with open(f"/proc/{pid}/comm") as handle:
-        return handle.read().strip()
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def test_a_cluster_of_three_nodes(tmp_path):

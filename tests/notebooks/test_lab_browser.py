@@ -33,7 +33,7 @@ from typing import Any, Callable
 import pytest
 
 from harness.process.launchers import free_port
-from harness.workshop.engines import kill_processes_with_environment, processes_with_environment
+from harness.process.processes import command_line, kill_processes_with_environment, processes_with_environment
 from tests.conftest import REPO
 from tests.helpers.browser import chromium_driver
 
@@ -282,16 +282,7 @@ def _kernel_idle(lab: Lab) -> bool:
 
 
 def _engines_left(marker: str) -> list[int]:
-    import psutil
-
-    pids = []
-    for pid in processes_with_environment(MARKER, marker):
-        try:
-            if "ipyparallel" in " ".join(psutil.Process(pid).cmdline()):
-                pids.append(pid)
-        except psutil.Error:
-            continue
-    return pids
+    return [pid for pid in processes_with_environment(MARKER, marker) if "ipyparallel" in (command_line(pid) or "")]
 
 
 def _keep_screenshot(driver: Any, tmp_path: Path, name: str) -> Path:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.workshop.engines import kill_processes_with_environment, processes_with_environment
+from harness.process.processes import kill_processes_with_environment, processes_with_environment
 from tests.conftest import REPO
 
 NOTEBOOKS = sorted(glob.glob(os.path.join(REPO, "notebooks", "*.ipynb")))

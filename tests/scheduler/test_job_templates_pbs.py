@@ -16,6 +16,7 @@ from typing import Optional
 
 import pytest
 
+from harness.process.processes import processes_in_sessions
 from tests.conftest import REPO
 
 from .test_job_templates import (
@@ -57,14 +58,11 @@ class EmulatedPbs:
         """End every process of every job (on a failed test): each job runs in a session of its own,
         its runner's, and OpenMPI gives each rank a process group of its own within it."""
         sessions = {read_text(path).strip() for path in glob.glob(os.path.join(self.spool, "*.runner_pid"))}
-        for pid in os.listdir("/proc"):
+        for pid in processes_in_sessions(int(session) for session in sessions if session.isdigit()):
             try:
-                with open(f"/proc/{pid}/stat") as handle:
-                    session = handle.read().rsplit(")", 1)[1].split()[3]
-                if session in sessions:
-                    os.kill(int(pid), signal.SIGKILL)
-            except (OSError, IndexError, ValueError):
-                continue  # gone meanwhile, or not a process
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                continue  # gone meanwhile
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 
+from harness.process.processes import name
 from tests.conftest import REPO
 from tests.helpers.slurm_cluster import (
     SlurmCluster,
@@ -25,30 +26,17 @@ from tests.helpers.slurm_cluster import (
 OWNER = textwrap.dedent("""
     import os, signal, subprocess, sys, time
     sys.path.insert(0, sys.argv[2])
+    from harness.process.processes import name
     from tests.helpers.slurm_cluster import SlurmCluster, cluster_processes
     cluster = SlurmCluster(sys.argv[1]).start()
     cluster.run(["sbatch", "--wrap", "sleep 600"], cwd=sys.argv[1])
     deadline = time.monotonic() + 60
-    def commands():
-        for pid in cluster_processes(cluster.conf):
-            try:
-                yield open(f"/proc/{pid}/comm").read().strip()
-            except OSError:
-                pass
-    while "sleep" not in set(commands()):  # the job's task itself, not only its state in squeue
+    while "sleep" not in {name(pid) for pid in cluster_processes(cluster.conf)}:  # the job's task itself, not only its state in squeue
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(0.2)
     print(cluster.record_path, cluster.conf, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # no finalizer, no atexit
 """)
-
-
-def _command(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
 
 
 def test_a_slurm_whose_owner_was_killed_is_ended_with_its_jobs_by_the_next_start(tmp_path):
@@ -62,7 +50,7 @@ def test_a_slurm_whose_owner_was_killed_is_ended_with_its_jobs_by_the_next_start
     )
     assert owner.returncode == -signal.SIGKILL, owner.stderr
     record, conf = owner.stdout.split()
-    left_behind = {_command(pid) for pid in cluster_processes(conf)}
+    left_behind = {name(pid) for pid in cluster_processes(conf)}
     assert {"munged", "slurmctld", "slurmd", "slurmstepd", "sleep"} <= left_behind, left_behind
     fresh = SlurmCluster(str(tmp_path / "fresh")).start()
     try:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ...process.launchers import launch_environment, launcher_command
+from ...process.processes import command_line
 from ...study.equivalence import EQUIVALENCE_STEPS
 
 RANK_MODULE = "harness.workshop.checker"  # what each rank runs: python -m RANK_MODULE (see its cli)
@@ -59,7 +60,7 @@ class RunDirectory:
         for path in self.path.glob("observations/rank-*/pid"):
             try:
                 pid = int(path.read_text())
-                if RANK_MODULE in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                if RANK_MODULE in (command_line(pid) or ""):
                     pids.append(pid)
             except (OSError, ValueError):
                 continue  # already gone
