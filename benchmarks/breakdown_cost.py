@@ -3,10 +3,9 @@ without it (--no-step-breakdown), for every backend and option set (their Option
 ranks x 1 thread, and the single-process baseline at 1 rank. Goal: on / off >= 0.99.
 
 Runs are paired: each round runs a configuration on and off back to back, in an order that swaps
-every round, so drift in the machine's load hits both alike. The figure is the ratio of the mean
-throughputs on / off with the kit's 95% interval (harness.study.intervals: the paired bootstrap
-over the rounds, which assumes no normal spread over a few rounds). A shared or loaded machine
-widens the interval: say so beside the figures.
+every round, so drift in the machine's load hits both alike. Each round gives one ratio on / off;
+the figure is the geometric mean of the rounds' ratios with a 95% Student's t interval over their
+logarithms. A shared or loaded machine widens the interval: say so beside the figures.
 
 Whole runs on this machine vary by 3-5% from one to the next, far more than the 1% at stake, so the
 table also bounds the cost from what the breakdown adds to one step, measured in this process (as
@@ -47,8 +46,9 @@ import torch.distributed as dist
 from harness.backends import BACKENDS
 from harness.backends.collectives import CollectiveMeter, torch_distributed_wrappers
 from harness.process.launchers import free_port
-from harness.study.intervals import mean_interval, ratio_interval
+from harness.study.intervals import mean_interval
 from harness.training.launch import launched_record
+from harness.training.record import mean_and_ci95
 from harness.training.timing import StepTimer
 
 
@@ -216,6 +216,13 @@ def collectives_per_step(record: dict[str, Any]) -> float:
     return sum(kind["count"] for kind in record["step_breakdown"].get("collectives", {}).values())
 
 
+def ratio_interval(ratios: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of `ratios` and its 95% Student's t interval (over the logarithms; nan with one)."""
+    spread = mean_and_ci95([math.log(ratio) for ratio in ratios])
+    half = spread["ci95"] if spread["ci95"] is not None else math.nan
+    return math.exp(spread["mean"]), math.exp(spread["mean"] - half), math.exp(spread["mean"] + half)
+
+
 def configurations(names: list[str]) -> list[tuple[str, list[str]]]:
     return [(name, example.to_flags()) for name in names for example in BACKENDS[name].Options.examples()]
 
@@ -274,19 +281,18 @@ def print_table(rows: list, marks: float, call: float, hook: tuple[float, float]
     """Each configuration's whole-run ratio on / off and the bound from what its step adds in process,
     with the hook's extra at its mean and at its interval's upper end."""
     print(
-        "| configuration | on (samples/s, mean) | off (samples/s, mean) | on / off | 95% interval | collectives per step "
+        "| configuration | on (samples/s) | off (samples/s) | on / off | 95% interval | collectives per step "
         "| added per step (us) | bound on on / off | bound, hook at its upper end |\n|---|---|---|---|---|---|---|---|---|"
     )
     for label, runs in rows:
         on, off = ([run["throughput"] for run in runs[variant]] for variant in (True, False))
-        ratio = statistics.fmean(on) / statistics.fmean(off)
-        low, high = ratio_interval(dict(enumerate(on)), dict(enumerate(off))) or (math.nan, math.nan)
+        ratio, low, high = ratio_interval([a / b for a, b in zip(on, off)])
         calls = statistics.median(collectives_per_step(run) for run in runs[True])
         hooked = any(run.get("tuning", {}).get("comm_hook") for run in runs[True])  # its buckets took the hook
         added, most = (marks + calls * call + (extra if hooked else 0.0) for extra in hook)
         step = statistics.median(run["global_batch"] / run["throughput"] for run in runs[False])
         print(
-            f"| {label} | {statistics.fmean(on):.0f} | {statistics.fmean(off):.0f} | {ratio:.3f} | {low:.3f} - "
+            f"| {label} | {statistics.median(on):.0f} | {statistics.median(off):.0f} | {ratio:.3f} | {low:.3f} - "
             f"{high:.3f} | {calls:.1f} | {added * 1e6:.1f} | {1 - added / step:.5f} | {1 - most / step:.5f} |"
         )
 
