@@ -5,9 +5,10 @@ ranks x 1 thread, and the single-process baseline at 1 rank. Goal: on / off >= 0
 Runs are paired: each round runs a configuration on and off back to back, in an order that swaps
 every round, so drift in the machine's load hits both alike. Each round gives one ratio on / off;
 the figure is the geometric mean of the rounds' ratios with a 95% Student's t interval over their
-logarithms. Not the studies' paired bootstrap (harness.study.intervals): over 3 rounds it drew
-intervals wholly above 1 for three configurations, a speed-up the breakdown cannot give, where t's
-were wide enough to hold 1. A shared or loaded machine widens the interval: say so beside the figures.
+logarithms. Not the studies' paired bootstrap (harness.study.intervals): over the same 3 rounds it
+drew intervals wholly above 1, a speed-up the breakdown cannot give, for three configurations of
+nine, where Student's t did so for one. Neither is safe at 3 rounds: a shared or loaded machine
+widens the interval, and an interval that excludes 1 needs more rounds before it is believed.
 
 Whole runs on this machine vary by 3-5% from one to the next, far more than the 1% at stake, so the
 table also bounds the cost from what the breakdown adds to one step, measured in this process (as
