@@ -38,6 +38,7 @@ from harness.config import TrainConfig  # noqa: E402
 from harness.process.discovery import ClusterEnv, detect_cluster  # noqa: E402
 from harness.process.launchers import launch_environment, launcher_command  # noqa: E402
 from harness.process.preemption import PreemptionWatcher  # noqa: E402
+from harness.process.processes import processes_with_command  # noqa: E402
 from harness.training.checkpoint import Checkpointer, Progress, RunLayout, restore  # noqa: E402
 from harness.training.launch import launch_command  # noqa: E402
 from harness.training.loop import make_optimizer_factory  # noqa: E402
@@ -172,13 +173,13 @@ def preemption_check_cost(blocks: int, steps: int) -> dict[str, dict[str, float]
 def kill_to_exit(backend: str, signal_name: str, workdir: str) -> dict[str, object]:
     """Seconds from rank 1 sending itself `signal_name` after step 5 to the survivor's message and
     to the exit of the job."""
-    from tests.helpers.checkpoint_helpers import processes_mentioning, time_job
+    from tests.helpers.checkpoint_helpers import time_job
 
     marker_dir = tempfile.mkdtemp(dir=workdir)  # in every rank's command line, to find leftovers
     command = launch_command(2, backend, [*FAILURE_ARGS, "--results", os.path.join(marker_dir, "r.jsonl")])
     signalled, lost = f"sending SIG{signal_name} to itself", "lost contact with a peer"
     job = time_job(command, {"HARNESS_TEST_SIGNAL": f"{signal_name}@5:1"}, [signalled, lost], limit=600)
-    leftovers = processes_mentioning(marker_dir)
+    leftovers = processes_with_command(marker_dir)
     for pid in leftovers:  # a stopped rank the launcher did not end
         os.kill(pid, signal.SIGKILL)
     return {

@@ -20,6 +20,7 @@ from typing import Any, Optional
 from ..errors import require
 
 STOP_POLL_S = 0.1  # how often end_processes looks again for what is left
+STOP_GRACE_S = 10.0  # how long processes found by their environment get to exit before SIGKILL
 
 
 def _psutil() -> Any:
@@ -64,69 +65,45 @@ def processes_in_sessions(sessions: Iterable[int]) -> list[int]:
     return found
 
 
-def _process(pid: int) -> Optional[Any]:
+def _ask(pid: int, read: Callable[[Any], Any], gone: Any) -> Any:
+    """`read(psutil.Process(pid))`, or `gone` once the process has ended (or cannot be read)."""
     psutil = _psutil()
     try:
-        return psutil.Process(pid)
+        return read(psutil.Process(pid))
     except psutil.Error:
-        return None
+        return gone
 
 
 def command_line(pid: int) -> Optional[str]:
     """The command line of `pid`, its arguments joined by spaces; None once it has ended."""
-    process = _process(pid)
-    try:
-        return " ".join(process.cmdline()) if process else None
-    except _psutil().Error:
-        return None
+    return _ask(pid, lambda process: " ".join(process.cmdline()), None)
 
 
 def name(pid: int) -> Optional[str]:
     """The name the kernel keeps for `pid` (its executable's, as `ps -o comm` shows it, even where
     the process rewrote its arguments); None once it has ended."""
-    process = _process(pid)
-    try:
-        return process.name() if process else None
-    except _psutil().Error:
-        return None
+    return _ask(pid, lambda process: process.name(), None)
 
 
 def parent(pid: int) -> Optional[int]:
     """The pid of `pid`'s parent; None once it has ended."""
-    process = _process(pid)
-    try:
-        return process.ppid() if process else None
-    except _psutil().Error:
-        return None
+    return _ask(pid, lambda process: process.ppid(), None)
 
 
 def children(pid: int, recursive: bool = False) -> list[int]:
     """Pids of `pid`'s children (with `recursive`, of all its descendants); none once it has ended."""
-    process = _process(pid)
-    try:
-        return [child.pid for child in process.children(recursive=recursive)] if process else []
-    except _psutil().Error:
-        return []
+    return _ask(pid, lambda process: [child.pid for child in process.children(recursive=recursive)], [])
 
 
 def running(pid: int) -> bool:
     """Whether `pid` still runs: it exists and is not a zombie (stopped, only not yet reaped)."""
-    psutil = _psutil()
-    process = _process(pid)
-    try:
-        return process is not None and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    return _ask(pid, lambda process: process.status() != _psutil().STATUS_ZOMBIE, False)
 
 
 def start_time(pid: int) -> Optional[float]:
     """When `pid` started (seconds since the epoch): tells a reused pid from its first owner; None
     once it has ended."""
-    process = _process(pid)
-    try:
-        return process.create_time() if process else None
-    except _psutil().Error:
-        return None
+    return _ask(pid, lambda process: process.create_time(), None)
 
 
 def _signal_all(pids: Iterable[int], signum: int) -> None:
@@ -142,22 +119,22 @@ def end_processes(find: Callable[[], list[int]], grace: float, timeout: float = 
     0, without SIGTERM) SIGKILL to whatever it still lists, again until it lists nothing or `timeout`
     more seconds have passed. `find` is asked anew each time, so processes started meanwhile (a
     launcher's late ranks) are ended too. Returns the pids first found."""
-    pids = find()
-    if not pids:
-        return []
-    if grace > 0:
-        _signal_all(pids, signal.SIGTERM)
+    pids = left = find()
+    if grace > 0 and left:
+        _signal_all(left, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and find():
+        while left and time.monotonic() < deadline:
             time.sleep(STOP_POLL_S)
+            left = find()
     deadline = time.monotonic() + timeout
-    while (left := find()) and time.monotonic() < deadline:
+    while left and time.monotonic() < deadline:
         _signal_all(left, signal.SIGKILL)
         time.sleep(STOP_POLL_S)
+        left = find()
     return pids
 
 
-def kill_processes_with_environment(name: str, value: str, grace: float = 10.0) -> list[int]:
+def kill_processes_with_environment(name: str, value: str, grace: float = STOP_GRACE_S) -> list[int]:
     """End the processes carrying `name`=`value` in their environment (end_processes). Only processes
     started with that marker (an ipyparallel cluster's id, a test's own variable) are touched."""
     return end_processes(lambda: processes_with_environment(name, value), grace)

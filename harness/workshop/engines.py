@@ -50,7 +50,6 @@ from ..process.processes import kill_processes_with_environment
 ENGINE_TIMEOUT_S = 180  # engines registering, cold imports on a busy node included
 ENGINE_RENDEZVOUS_PORTS = 128  # the groups the engines may make, a port each (compat.rendezvous_port)
 RUN_TIMEOUT_S = 900  # one call on the engines (a training run); harness collectives time out sooner
-STOP_GRACE_S = 10.0  # after stopping the cluster, how long its processes get to exit before SIGKILL
 CLUSTER_VARIABLE = "IPP_CLUSTER_ID"  # ipyparallel sets it in the environment of every process it starts
 # How the engines start: ipyparallel's engine-set launcher names, not the process launchers of
 # harness.process.launchers. "mpi" runs mpiexec on this node; "slurm" and "pbs" submit a batch job
@@ -190,7 +189,7 @@ class Engines:
             except Exception as exc:  # a cluster already half gone: the kill below finishes the job
                 log.warning("stopping the ipyparallel cluster: %s", exc)
             finally:
-                killed = kill_processes_with_environment(CLUSTER_VARIABLE, self.cluster.cluster_id, STOP_GRACE_S)
+                killed = kill_processes_with_environment(CLUSTER_VARIABLE, self.cluster.cluster_id)
         return killed
 
     def __enter__(self) -> Engines:
@@ -315,4 +314,4 @@ def _stop_quietly(cluster: Any) -> None:
         cluster.stop_cluster_sync()
     except Exception as exc:  # noqa: BLE001  (stopping after a failed start: the kill below is the net)
         log.warning("stopping the ipyparallel cluster: %s", exc)
-    kill_processes_with_environment(CLUSTER_VARIABLE, cluster.cluster_id, STOP_GRACE_S)
+    kill_processes_with_environment(CLUSTER_VARIABLE, cluster.cluster_id)

@@ -9,7 +9,7 @@ import time
 from typing import NamedTuple, Optional
 
 from harness.process.launchers import launch_environment
-from harness.process.processes import children, command_line, processes_with_command
+from harness.process.processes import children, command_line
 from harness.training.launch import launch_command
 from harness.training.record import read_records
 from tests.conftest import REPO, run
@@ -129,11 +129,6 @@ def time_job(command: list[str], env: dict[str, str], markers: list[str], limit:
         ended = None
     reader.join(timeout=10)
     return TimedJob(job.returncode if ended is not None else None, "".join(lines), seen, ended)
-
-
-def processes_mentioning(marker: str) -> list[int]:
-    """PIDs of processes whose command line contains `marker` (to find ranks left behind)."""
-    return processes_with_command(marker)
 
 
 def shared_memory_segments() -> set:

@@ -19,6 +19,7 @@ from typing import Callable, NamedTuple
 
 import pytest
 
+from harness.process.processes import processes_with_command
 from harness.training.launch import launch_command
 from tests.helpers.backend_cases import DISTRIBUTED
 from tests.helpers.checkpoint_helpers import (
@@ -27,7 +28,6 @@ from tests.helpers.checkpoint_helpers import (
     TimedJob,
     launch_may_fail,
     output,
-    processes_mentioning,
     shared_memory_segments,
     time_job,
 )
@@ -100,7 +100,7 @@ def _assert_failed_cleanly(backend: str, failed: Failed, timeout_s: int) -> str:
     assert job.returncode != 0, tail
     assert _failure_is_named(failed.command, job.output, timeout_s), tail
     assert not failed.results.exists()
-    assert processes_mentioning(str(failed.results)) == [], f"{backend}: ranks were left running"
+    assert processes_with_command(str(failed.results)) == [], f"{backend}: ranks were left running"
     return tail
 
 

@@ -17,10 +17,10 @@ import time
 import pytest
 
 from harness.process import heartbeat
-from harness.process.processes import command_line, parent
+from harness.process.processes import command_line, parent, processes_with_command
 from harness.training.launch import launch_command
 from tests.helpers.backend_cases import DISTRIBUTED
-from tests.helpers.checkpoint_helpers import COMMON, RANKS, TimedJob, processes_mentioning, time_job
+from tests.helpers.checkpoint_helpers import COMMON, RANKS, TimedJob, time_job
 
 TIMEOUT_S = 10
 SLACK_S = 30  # a loaded machine, for the age the survivor reads
@@ -62,7 +62,7 @@ def _orphaned_stores(grace_s: float = 5.0) -> list[int]:
     deadline = time.monotonic() + grace_s
     while True:
         orphans = []
-        for pid in processes_mentioning(STORE):
+        for pid in processes_with_command(STORE):
             owner = parent(pid)
             command = command_line(owner) if owner is not None else None
             if command is not None and "harness" not in command:  # None: the store, or its parent, just ended
