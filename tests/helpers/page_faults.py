@@ -3,8 +3,9 @@ successive runs in one notebook would); print JSON with the mode in effect after
 minor page faults of the median step (run as a script: malloc settings are per process).
 
 The median, not the mean: with reuse, most steps fault 0 times, but now and then one step faults
-thousands of times (the heap grows, or the kernel moves pages on a loaded machine). One such step
-in ten once put the mean of a reuse run at 461 in CI, above a tenth of the system run's. The
+hundreds or thousands of times (likely the heap growing, or the kernel moving pages on a loaded
+machine). One such step in ten once put the mean of a reuse run at 461 in CI, above a tenth of the
+system run's. The
 problem `--cpu-malloc reuse` removes is the faulting of every step, which the median measures."""
 
 from __future__ import annotations
