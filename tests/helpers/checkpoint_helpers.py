@@ -74,10 +74,12 @@ def rank_processes(launcher_pid: int) -> list[int]:
     """PIDs of the training ranks under a launcher: its descendants that run `harness train` and
     have no children of their own (launchers and their helpers have the ranks as children), rank 0's
     heartbeat store (harness.process.heartbeat) aside."""
+    # A descendant's children are descendants too: one command-line read each.
+    commands = {pid: command_line(pid) or "" for pid in children(launcher_pid, recursive=True)}
     found = []
-    for pid in children(launcher_pid, recursive=True):
-        own = [child for child in children(pid) if "heartbeat_store" not in (command_line(child) or "")]
-        if not own and "harness train" in (command_line(pid) or ""):
+    for pid, command in commands.items():
+        own = [child for child in children(pid) if "heartbeat_store" not in commands.get(child, "")]
+        if not own and "harness train" in command:
             found.append(pid)
     return sorted(found)
 

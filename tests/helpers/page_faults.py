@@ -5,8 +5,8 @@ minor page faults of the median step (run as a script: malloc settings are per p
 The median, not the mean: with reuse, most steps fault 0 times, but now and then one step faults
 hundreds or thousands of times (likely the heap growing, or the kernel moving pages on a loaded
 machine). One such step in ten once put the mean of a reuse run at 461 in CI, above a tenth of the
-system run's. The
-problem `--cpu-malloc reuse` removes is the faulting of every step, which the median measures."""
+system run's. The problem `--cpu-malloc reuse` removes is the faulting of every step, which the
+median measures."""
 
 from __future__ import annotations
 
