@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from harness.process.allocator import CPU_MALLOC_MODES, reuse_freed_memory
-from harness.training.models import WorkshopCNN
+from harness.tasks.models import WorkshopCNN
 
 
 def main() -> None:

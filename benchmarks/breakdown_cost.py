@@ -136,7 +136,7 @@ def _ddp_hook_rank(rank: int, port: int, steps: int, rounds: int, results: Any) 
 
     from harness.backends import compat
     from harness.data.builtin import synthetic_shape
-    from harness.training.models import build_model
+    from harness.tasks.models import build_model
 
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cores[rank % len(cores)]})

@@ -39,10 +39,10 @@ from harness.process.discovery import ClusterEnv, detect_cluster  # noqa: E402
 from harness.process.launchers import launch_environment, launcher_command  # noqa: E402
 from harness.process.preemption import PreemptionWatcher  # noqa: E402
 from harness.process.processes import processes_with_command  # noqa: E402
+from harness.tasks.models import build_model  # noqa: E402
 from harness.training.checkpoint import Checkpointer, Progress, RunLayout, restore  # noqa: E402
 from harness.training.launch import launch_command  # noqa: E402
-from harness.training.loop import make_optimizer_factory  # noqa: E402
-from harness.training.models import build_model  # noqa: E402
+from harness.training.loop import optimizer_factory  # noqa: E402
 from harness.training.resume import verify_checkpoint  # noqa: E402
 
 TIMEOUT_S = 20
@@ -69,11 +69,9 @@ FAILURE_ARGS = [
 def resnet18_checkpoint(repeats: int, directory: str) -> dict[str, float]:
     """Size and times of one ResNet-18 checkpoint written, verified and loaded by the harness."""
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    config = TrainConfig(model="resnet18", checkpoint_dir=directory, keep_checkpoints=1)
+    config = TrainConfig(task_args={"model": "resnet18"}, checkpoint_dir=directory, keep_checkpoints=1)
     backend = get_backend("none")
-    model, optimizer = backend.wrap(
-        build_model("resnet18", 3, 64, 1000, None), make_optimizer_factory(config), config, 2
-    )
+    model, optimizer = backend.wrap(build_model("resnet18", 3, 64, 1000, None), optimizer_factory(config), 2)
     F.cross_entropy(model(torch.randn(2, 3, 64, 64)), torch.tensor([1, 2])).backward()
     optimizer.step()  # the momentum buffers exist, as in any checkpoint after step 1
     cluster = ClusterEnv(0, 1, 0, 1, "127.0.0.1", 29500, "none")
@@ -102,9 +100,9 @@ def check_worker(backend_name: str, blocks: int, steps: int) -> None:
     cluster, device = detect_cluster(), torch.device("cpu")
     config = TrainConfig(backend=backend_name, threads=1)
     backend = get_backend(backend_name)
-    backend.init(cluster, device, config)
+    backend.init(cluster, device)
     torch.manual_seed(0)
-    model, optimizer = backend.wrap(build_model("cnn", 1, 28, 10, None), make_optimizer_factory(config), config, 64)
+    model, optimizer = backend.wrap(build_model("cnn", 1, 28, 10, None), optimizer_factory(config), 64)
     watcher = PreemptionWatcher()
     images, labels = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
     seconds: dict[bool, list[float]] = {False: [], True: []}

@@ -40,9 +40,9 @@ import torch
 from harness.data.builtin import synthetic_shape
 from harness.process.launchers import launch_environment
 from harness.study.equivalence import update_differences, worst
+from harness.tasks.models import build_model
 from harness.training.launch import launch_command
 from harness.training.memory import MODEL_STATE
-from harness.training.models import build_model
 
 MIB = 2**20
 MMAP_THRESHOLD_BYTES = 64 * 1024

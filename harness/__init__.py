@@ -1,9 +1,11 @@
-"""Data-parallel training on HPC systems: one CNN, interchangeable DDP / Horovod / DeepSpeed backends.
+"""Data-parallel training on HPC systems: your model or the kit's, under interchangeable PyTorch DDP,
+Horovod, DeepSpeed (ZeRO 0-3) and FSDP2 backends, measured alike.
 
 Python API (what notebooks, exercises and job templates use; every CLI command has one):
 
     import harness
     record = harness.train(harness.TrainConfig(backend="ddp", epochs=1))       # harness train
+    record = harness.train(config, task=make_task)   # your own harness.Task (harness train --task FILE.py:make_task)
     result = harness.run_sweep(harness.SweepSettings(...))                      # harness sweep
     bench = harness.bench_allreduce(harness.BenchSettings(backend="ddp", ranks=2))   # harness bench allreduce
     harness.check_study("polaris", "submissions/polaris.sc", ["-A", "proj"])    # harness study --check
@@ -21,17 +23,27 @@ again in one process (see harness.training.loop). The names here are functions a
 they are: no submodule shares a name with them.
 """
 
-from .config import TrainConfig  # noqa: E402
+from .config import (  # noqa: E402
+    BackendSection,
+    DataSection,
+    MeasurementSection,
+    OptimizerSection,
+    RunSection,
+    TaskSection,
+    TrainConfig,
+)
 from .errors import PeerFailure, Preempted, UsageError  # noqa: E402
 from .training.callbacks import Callback, EpochEnd, StepEnd  # noqa: E402
 from .version import __version__  # noqa: E402
 
 
-def train(config: TrainConfig, callbacks=()) -> dict:
-    """Train one run on this process's rank and return its results record (see harness.training.loop.train)."""
+def train(config: TrainConfig, callbacks=(), task=None) -> dict:
+    """Train one run on this process's rank and return its results record (see harness.training.loop.train).
+
+    `task` (a harness.Task, a function returning one, or a spec string) replaces `config.task`."""
     from .training.loop import train as run
 
-    return run(config, callbacks=callbacks)
+    return run(config, callbacks=callbacks, task=task)
 
 
 def run_sweep(settings):
@@ -87,11 +99,11 @@ def bench_allreduce(settings) -> dict:
     return bench(settings)
 
 
-def evaluate_model_file(config: TrainConfig, model_file: str) -> dict:
-    """Score a saved model over the launching job's ranks (see harness.training.evaluate.evaluate_model_file)."""
-    from .training.evaluate import evaluate_model_file as evaluate
+def evaluate_model_file(config: TrainConfig, model_file: str, task=None) -> dict:
+    """Score a saved model over the launching job's ranks (see harness.training.score.evaluate_model_file)."""
+    from .training.score import evaluate_model_file as evaluate
 
-    return evaluate(config, model_file)
+    return evaluate(config, model_file, task)
 
 
 def check_script(path: str, ranks: int = 2):
@@ -150,11 +162,23 @@ def __getattr__(name: str):
         from .study import allreduce
 
         return allreduce.BenchSettings
+    if name in ("Task", "BatchContext"):  # harness.tasks imports torch: load it on first use
+        from .tasks import task
+
+        return getattr(task, name)
     raise AttributeError(f"module 'harness' has no attribute {name!r}")
 
 
 __all__ = [
+    "BackendSection",
+    "BatchContext",
     "BenchSettings",
+    "DataSection",
+    "MeasurementSection",
+    "OptimizerSection",
+    "RunSection",
+    "Task",
+    "TaskSection",
     "Callback",
     "EpochEnd",
     "check_script",

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
 from . import cli_commands
-from .config import OneLineParser, TrainConfig
+from .config import DATA_DIR, IMAGE_SIZE, OneLineParser, TrainConfig
 from .errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, PeerFailure, Preempted, UsageError
 from .training.flags import add_train_flags
 
@@ -31,7 +31,10 @@ def _predict_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.ArgumentParser:
     """The `harness` parser with all subcommands; `train_defaults` replace `harness train`'s defaults."""
-    parser = OneLineParser(prog="harness", description="Data-parallel training harness: DDP, Horovod, DeepSpeed.")
+    parser = OneLineParser(
+        prog="harness",
+        description="Data-parallel training harness: your model under DDP, Horovod, DeepSpeed and FSDP.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     train = commands.add_parser("train", help="train under whatever launcher started this process")
@@ -75,18 +78,16 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         help="score a saved model on the test set, split over the ranks that launched it",
         description="Every rank scores a disjoint block of the test set; sums are reduced, so accuracy and "
         "eval_samples do not depend on the world size. Launch like `harness train`, e.g. `torchrun "
-        "--nproc-per-node 4 -m harness evaluate --backend ddp --model-file m.pt`. --model, --dataset, "
-        "--data-dir and --image-size must match the training run.",
+        "--nproc-per-node 4 -m harness evaluate --backend ddp --model-file m.pt`. --task and the task's "
+        "arguments must match the training run.",
     )
     evaluate.add_argument("--model-file", required=True, help="state_dict written by `harness train --save-model`")
     add_train_flags(
         evaluate,
         only=(
             "backend",
-            "model",
-            "dataset",
-            "data_dir",
-            "image_size",
+            "task",
+            "task_args",
             "device",
             "threads",
             "timeout",
@@ -110,13 +111,11 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
     )
     for command in (download, prepare):
         command.add_argument("name", help="mnist, fashion-mnist, cifar10 or imagefolder")
-        command.add_argument(
-            "--data-dir", default=TrainConfig.data_dir, help="dataset directory (default: %(default)s)"
-        )
+        command.add_argument("--data-dir", default=DATA_DIR, help="dataset directory (default: %(default)s)")
     prepare.add_argument(
         "--image-size",
         type=int,
-        default=TrainConfig.image_size,
+        default=IMAGE_SIZE,
         help="imagefolder: side in pixels to resize and centre-crop to (default: %(default)s)",
     )
     prepare.add_argument(

@@ -71,7 +71,7 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from .training.evaluate import evaluate_model_file
+    from .training.score import evaluate_model_file
 
     record = evaluate_model_file(config_from_args(args), args.model_file)
     if record["rank"] == 0:

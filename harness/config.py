@@ -1,10 +1,16 @@
-"""The training configuration: one dataclass that the CLI, notebooks and job templates share.
+"""The training configuration, in sections: what to train, the run, the data, the optimizer, the
+backend, the measurement.
 
-Each field's metadata holds its help text; `harness train`'s flags are generated from it (in
-harness.training.flags, with one flag per option of every registered backend), so the CLI and the
-Python API cannot drift apart, and `help(TrainConfig)` lists every field. This is a leaf module: it
-checks fields one by one (`validate`); what needs the registries (backend, model and dataset names,
-the chosen backend's options, checkpoints) is checked by `harness.training.check_config`.
+Each section is a dataclass that documents its fields once (each field's metadata holds its help
+text, its `harness train` flag and the check its value must pass); `TrainConfig` is all of them in
+one object, so a run is still built from flat keywords (`TrainConfig(backend="ddp", lr=0.1)`) and
+stored as one flat dict, while a part of the kit types what it takes as the one section it reads
+(the optimizer factory an `OptimizerSection`, the data loader a `DataSection`). `harness train`'s
+flags are generated from the sections (harness.training.flags, with one flag per option of every
+registered backend and built-in task), so the CLI and the Python API cannot drift apart.
+
+This is a leaf module: it checks fields one by one (`validate`); what needs the registries (the
+backend and task, their options, checkpoints) is checked by `harness.training.check_config`.
 """
 
 from __future__ import annotations
@@ -25,37 +31,101 @@ DEVICES = ("auto", "cpu", "cuda", "xpu")  # torch's device types; AMD GPUs are "
 # fp32: plain float32. bf16 / fp16: torch.autocast around forward and loss with float32 weights and
 # optimizer state; fp16 adds dynamic loss scaling (harness.backends.precision).
 PRECISIONS = ("fp32", "bf16", "fp16")
+DEFAULT_TASK = "images"
+# Fields of configs written before tasks existed: the built-in images task's arguments now.
+IMAGE_TASK_FIELDS = ("model", "dataset", "data_dir", "image_size", "augment", "dropout")
+# Where on-disk image datasets lie, and imagefolder's side in pixels: the defaults of the images
+# task's --data-dir and --image-size and of `harness data` (here, so that the CLI needs no torch).
+DATA_DIR = "data"
+IMAGE_SIZE = 64
 
 
-def _opt(default: Any, help: str, **extra: Any) -> Any:
-    return field(default=default, metadata={"help": help, **extra})
+def _opt(default: Any, help: str, check: Any = None, **extra: Any) -> Any:
+    """A config field: its default, help text, and the check its value must pass ("positive",
+    "non_negative", or a tuple of the values it may take)."""
+    return field(default=default, metadata={"help": help, "check": check, **extra})
+
+
+def _dict(help: str, flag: str) -> Any:
+    return field(default_factory=dict, metadata={"help": help, "flag": flag, "check": None})
 
 
 @dataclass
-class TrainConfig:
-    """Everything one training run needs. `harness.train(TrainConfig(...))` runs it.
+class TaskSection:
+    """What to train: a task (harness.tasks) and its arguments."""
 
-    Every field is also a `harness train` flag (field `batch_size` is `--batch-size`). Records and
-    checkpoints store `to_dict()`; `from_dict`/`from_json` read it back.
-    """
+    task: str = _opt(
+        DEFAULT_TASK,
+        "what to train: a built-in task (images), MODULE:FUNCTION or path/to/file.py:FUNCTION returning a "
+        "harness.Task (see docs/tutorials/your-model.md)",
+    )
+    task_args: dict[str, Any] = _dict(
+        "an argument of the task's function: KEY=VALUE, repeatable (VALUE read as JSON when it is, else a string)",
+        "--task-arg",
+    )
 
-    backend: str = _opt("none", "none (single process), ddp, horovod, deepspeed or fsdp")
-    model: str = _opt("cnn", "cnn (workshop CNN), resnet18 or resnet50")
-    dataset: str = _opt("digits", "digits (embedded, offline), synthetic, mnist, fashion-mnist, cifar10, imagefolder")
-    data_dir: str = _opt("data", "directory holding on-disk datasets (see `harness data`)")
-    image_size: int = _opt(64, "imagefolder: side in pixels images are resized and centre-cropped to when prepared")
-    augment: bool = _opt(
+
+@dataclass
+class RunSection:
+    """How long to train, where, and what the run keeps: results, model, checkpoints."""
+
+    epochs: int = _opt(1, "passes over the training set", "positive")
+    max_steps: Optional[int] = _opt(None, "stop after this many optimizer steps in total", "positive", type=int)
+    seed: int = _opt(0, "seed for weights, data order and dropout")
+    device: str = _opt(
+        "auto",
+        "auto (GPU local_rank // --procs-per-gpu if this node has one), cpu, cuda (NVIDIA, "
+        "or AMD under ROCm) or xpu (Intel)",
+        DEVICES,
+    )
+    threads: Optional[int] = _opt(None, "CPU threads per rank (default: cores / local ranks)", "positive", type=int)
+    pin_cores: bool = _opt(
         False,
-        "random crop (4-pixel padding) and horizontal flip of training batches, "
-        "the CIFAR recipe; drawn from (seed, epoch, step)",
+        "CPU runs: pin each rank to cores of its own, --threads of them (local rank r takes the r-th "
+        "block of the cores the launcher gave it), so that the ranks never trade cores",
     )
-    dropout: Optional[float] = _opt(
-        None, "set both CNN dropout rates (0 turns dropout off; default 0.25 and 0.5)", type=float
+    cpu_malloc: str = _opt(
+        "reuse",
+        "CPU runs: reuse (keep freed memory for the next step instead of returning "
+        "it to the kernel; see harness/process/allocator.py) or system (glibc's defaults)",
+        CPU_MALLOC_MODES,
     )
-    batch_size: int = _opt(64, "samples per worker per micro-batch (per step without --grad-accum)")
+    eval_every: int = _opt(
+        1, "evaluate every N epochs (the last epoch is always evaluated; 0 = only the last)", "non_negative"
+    )
+    tags: dict[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "help": "label the run's record: KEY=VALUE, repeatable (sweeps record scaling mode, repeat, sweep id)",
+            "flag": "--tag",
+            "check": None,
+        },
+    )
+    results: Optional[str] = _opt(None, "append one JSON record for this run to this JSONL file")
+    save_model: Optional[str] = _opt(None, "rank 0 writes the final model state_dict here")
+    checkpoint_dir: Optional[str] = _opt(
+        None,
+        "write checkpoints here: at every epoch end, every --checkpoint-every "
+        "steps and on SIGTERM/SIGUSR1 (see harness/training/checkpoint.py)",
+    )
+    checkpoint_every: int = _opt(0, "also checkpoint every N optimizer steps (0 = at epoch ends only)", "non_negative")
+    keep_checkpoints: int = _opt(3, "how many of the newest checkpoints --checkpoint-dir keeps", "positive")
+    resume: Optional[str] = _opt(
+        None,
+        "auto: continue from the newest valid checkpoint in --checkpoint-dir (start "
+        "fresh if there is none); or a checkpoint directory DIR/step-N",
+    )
+
+
+@dataclass
+class DataSection:
+    """How samples reach each rank: batch sizes, accumulation, loader workers."""
+
+    batch_size: int = _opt(64, "samples per worker per micro-batch (per step without --grad-accum)", "positive")
     global_batch: Optional[int] = _opt(
         None,
         "samples per optimizer step over all workers (strong scaling); overrides --batch-size, must divide evenly",
+        "positive",
         type=int,
     )
     grad_accum: int = _opt(
@@ -63,27 +133,71 @@ class TrainConfig:
         "micro-batches per optimizer step; gradients are communicated on the last one "
         "only. The effective batch (batch x accumulation x workers) is what LR scaling, "
         "sharding and throughput count",
+        "positive",
     )
-    epochs: int = _opt(1, "passes over the training set")
-    max_steps: Optional[int] = _opt(None, "stop after this many optimizer steps in total", type=int)
-    optimizer: str = _opt("sgd", "sgd or adam")
-    momentum: float = _opt(0.9, "SGD momentum")
-    weight_decay: float = _opt(0.0, "L2 weight decay")
-    lr: float = _opt(0.01, "learning rate for --base-batch samples per step")
-    lr_scaling: str = _opt("linear", "how the global batch scales --lr: none, linear or sqrt")
+    num_workers: int = _opt(
+        0, "data-loader worker processes per rank (0 = load in the training process)", "non_negative"
+    )
+    prefetch: int = _opt(
+        4, "batches each data-loader worker keeps ready ahead of training (with --num-workers > 0)", "positive"
+    )
+
+    def local_batch(self, world_size: int) -> int:
+        """Samples per worker per optimizer step (all micro-batches); a global batch must split evenly."""
+        if self.global_batch is None:
+            return self.batch_size * self.grad_accum
+        parts = world_size * self.grad_accum
+        if self.global_batch % parts:
+            split = f"{world_size} workers" + (f" x {self.grad_accum} micro-batches" if self.grad_accum > 1 else "")
+            raise UsageError(
+                f"--global-batch {self.global_batch} does not split evenly over {split}; use a multiple "
+                f"of {parts} or set --batch-size per worker"
+            )
+        return self.global_batch // world_size
+
+
+@dataclass
+class OptimizerSection:
+    """The optimizer and the learning-rate rule, the same for every backend."""
+
+    optimizer: str = _opt("sgd", "sgd or adam (a task's build_optimizer replaces it)", OPTIMIZERS)
+    momentum: float = _opt(0.9, "SGD momentum", "non_negative")
+    weight_decay: float = _opt(0.0, "L2 weight decay", "non_negative")
+    lr: float = _opt(0.01, "learning rate for --base-batch samples per step", "positive")
+    lr_scaling: str = _opt("linear", "how the global batch scales --lr: none, linear or sqrt", SCALING_RULES)
     base_batch: Optional[int] = _opt(
         None,
         "global batch that --lr was tuned for (default: the batch of one "
         "worker, so one worker trains at exactly --lr)",
+        "positive",
         type=int,
     )
-    warmup_epochs: float = _opt(0.0, "epochs of per-step linear warmup from --lr to the scaled LR")
-    schedule: str = _opt("constant", "LR after warmup: constant, step (x0.1 at 50%% and 75%%) or cosine")
-    grad_clip: float = _opt(0.0, "clip the global gradient norm to this value (0 = no clipping, for every backend)")
+    warmup_epochs: float = _opt(0.0, "epochs of per-step linear warmup from --lr to the scaled LR", "non_negative")
+    schedule: str = _opt("constant", "LR after warmup: constant, step (x0.1 at 50%% and 75%%) or cosine", SCHEDULES)
+    grad_clip: float = _opt(
+        0.0, "clip the global gradient norm to this value (0 = no clipping, for every backend)", "non_negative"
+    )
+
+
+@dataclass
+class BackendSection:
+    """Which framework trains, with its own options, and the numerics every backend keeps alike."""
+
+    backend: str = _opt("none", "none (single process), ddp, horovod, deepspeed or fsdp")
+    backend_options: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "the chosen backend's own options, by the field names of its Options dataclass (on the command "
+            "line each option is a flag of its own)",
+            "backend_flags": True,
+            "check": None,
+        },
+    )
     precision: str = _opt(
         "fp32",
         "fp32, or bf16 / fp16: torch.autocast around forward and loss with float32 "
         "weights and optimizer state (fp16 with dynamic loss scaling), for every backend",
+        PRECISIONS,
     )
     compile: bool = _opt(
         False,
@@ -91,44 +205,35 @@ class TrainConfig:
         "first step, one of the --timing-warmup-steps left out of the timed window",
     )
     channels_last: bool = _opt(
-        False, "keep images and convolution weights in channels-last memory order (faster convolutions on recent GPUs)"
-    )
-    seed: int = _opt(0, "seed for weights, data order and dropout")
-    device: str = _opt(
-        "auto",
-        "auto (GPU local_rank // --procs-per-gpu if this node has one), cpu, cuda (NVIDIA, "
-        "or AMD under ROCm) or xpu (Intel)",
+        False,
+        "keep 4-D inputs and convolution weights in channels-last memory order (faster convolutions on recent GPUs)",
     )
     procs_per_gpu: int = _opt(
         1,
         "GPU runs: ranks sharing one GPU (AccDP; needs a communicator that allows it, see docs/how-to/gpu-check.md)",
+        "positive",
     )
-    threads: Optional[int] = _opt(None, "CPU threads per rank (default: cores / local ranks)", type=int)
-    pin_cores: bool = _opt(
-        False,
-        "CPU runs: pin each rank to cores of its own, --threads of them (local rank r takes the r-th "
-        "block of the cores the launcher gave it), so that the ranks never trade cores",
+    timeout: float = _opt(120.0, "seconds a collective may wait for a peer before the job fails", "positive")
+
+
+@dataclass
+class MeasurementSection:
+    """What the run measures beside training: the timed window, the step breakdown, traces."""
+
+    timing_warmup_steps: int = _opt(
+        5, "steps left out of the timed window (start-up, first allocations)", "non_negative"
     )
-    num_workers: int = _opt(0, "data-loader worker processes per rank (0 = load in the training process)")
-    prefetch: int = _opt(4, "batches each data-loader worker keeps ready ahead of training (with --num-workers > 0)")
-    eval_every: int = _opt(1, "evaluate every N epochs (the last epoch is always evaluated; 0 = only the last)")
-    log_every: Optional[int] = _opt(
-        None,
-        "the record's loss and LR history keeps one point per N steps, each the "
-        "exact mean over its steps and all ranks (default: every step for runs "
-        "up to 1,000 steps, else 1,000 points)",
-        type=int,
-    )
-    timing_warmup_steps: int = _opt(5, "steps left out of the timed window (start-up, first allocations)")
     calibration_steps: int = _opt(
         0,
         "forward+backward steps timed after training on a fresh copy of the model: "
         "a cross-check recorded beside the window's own forward+backward (0 = none)",
+        "non_negative",
     )
     trace_steps: int = _opt(
         0,
         "record each rank's phase timestamps (data wait, forward+backward, communication, "
         "optimizer) for this many steps of the timed window, for a per-rank timeline",
+        "non_negative",
     )
     no_step_breakdown: bool = _opt(
         False,
@@ -146,119 +251,54 @@ class TrainConfig:
         "DIR/rank-N.json (and its step phases, DIR/rank-N.steps.json), merged "
         "into DIR/trace.json for https://ui.perfetto.dev (harness trace merge)",
     )
-    tags: dict[str, str] = field(
-        default_factory=dict,
-        metadata={
-            "help": "label the run's record: KEY=VALUE, repeatable (sweeps record scaling mode, repeat, sweep id)",
-            "flag": "--tag",
-        },
-    )
-    results: Optional[str] = _opt(None, "append one JSON record for this run to this JSONL file")
-    save_model: Optional[str] = _opt(None, "rank 0 writes the final model state_dict here")
-    timeout: float = _opt(120.0, "seconds a collective may wait for a peer before the job fails")
     no_heartbeat: bool = _opt(
         False,
         "do not publish each rank's step and phase to rank 0's heartbeat store (default: publish, so that "
         "a collective that times out names the rank that stopped; see harness/process/heartbeat.py)",
     )
-    checkpoint_dir: Optional[str] = _opt(
+    log_every: Optional[int] = _opt(
         None,
-        "write checkpoints here: at every epoch end, every --checkpoint-every "
-        "steps and on SIGTERM/SIGUSR1 (see harness/training/checkpoint.py)",
+        "the record's loss and LR history keeps one point per N steps, each the "
+        "exact mean over its steps and all ranks (default: every step for runs "
+        "up to 1,000 steps, else 1,000 points)",
+        "positive",
+        type=int,
     )
-    checkpoint_every: int = _opt(0, "also checkpoint every N optimizer steps (0 = at epoch ends only)")
-    keep_checkpoints: int = _opt(3, "how many of the newest checkpoints --checkpoint-dir keeps")
-    resume: Optional[str] = _opt(
-        None,
-        "auto: continue from the newest valid checkpoint in --checkpoint-dir (start "
-        "fresh if there is none); or a checkpoint directory DIR/step-N",
-    )
-    # Framework knobs: each backend module declares its own (its `Options` dataclass), and parses,
-    # checks and records (under `tuning`) them itself. On the command line each option is a flag
-    # of its own, listed here in `harness train --help`.
-    backend_options: dict[str, Any] = field(
-        default_factory=dict,
-        metadata={
-            "help": "the chosen backend's own options, by the field names of its Options dataclass (on the command "
-            "line each option is a flag of its own)",
-            "backend_flags": True,
-        },
-    )
-    cpu_malloc: str = _opt(
-        "reuse",
-        "CPU runs: reuse (keep freed memory for the next step instead of returning "
-        "it to the kernel; see harness/process/allocator.py) or system (glibc's defaults)",
-    )
+
+
+SECTIONS = (TaskSection, RunSection, DataSection, OptimizerSection, BackendSection, MeasurementSection)
+
+
+@dataclass
+class TrainConfig(MeasurementSection, BackendSection, OptimizerSection, DataSection, RunSection, TaskSection):
+    """Everything one training run needs, every section in one object. `harness.train(TrainConfig(...))`
+    runs it.
+
+    Every field is also a `harness train` flag (field `batch_size` is `--batch-size`). Records and
+    checkpoints store `to_dict()`; `from_dict`/`from_json` read it back.
+    """
 
     def validate(self) -> None:
         """Raise UsageError for a field whose value is malformed on its own (ranges, fixed choices)."""
-        for name, value, known in (
-            ("optimizer", self.optimizer, OPTIMIZERS),
-            ("lr-scaling", self.lr_scaling, SCALING_RULES),
-            ("schedule", self.schedule, SCHEDULES),
-            ("device", self.device, DEVICES),
-            ("precision", self.precision, PRECISIONS),
-            ("cpu-malloc", self.cpu_malloc, CPU_MALLOC_MODES),
-        ):
-            if value not in known:
-                raise unknown_choice(name, value, known)
-        for name in (
-            "batch_size",
-            "global_batch",
-            "grad_accum",
-            "epochs",
-            "max_steps",
-            "base_batch",
-            "threads",
-            "image_size",
-            "prefetch",
-            "procs_per_gpu",
-            "log_every",
-        ):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise UsageError(f"{flag_name(name)} must be a positive integer, got {value}")
-        for name in ("lr", "timeout"):
-            if not getattr(self, name) > 0:
-                raise UsageError(f"{flag_name(name)} must be positive, got {getattr(self, name)}")
-        for name in (
-            "momentum",
-            "weight_decay",
-            "warmup_epochs",
-            "grad_clip",
-            "num_workers",
-            "eval_every",
-            "timing_warmup_steps",
-            "calibration_steps",
-            "trace_steps",
-            "checkpoint_every",
-        ):
-            if getattr(self, name) < 0:
-                raise UsageError(f"{flag_name(name)} must not be negative, got {getattr(self, name)}")
-        if self.dropout is not None and not 0 <= self.dropout < 1:
-            raise UsageError(f"--dropout must be in [0, 1), got {self.dropout}")
+        for spec in dataclasses.fields(self):
+            check, value = spec.metadata["check"], getattr(self, spec.name)
+            if isinstance(check, tuple) and value not in check:
+                raise unknown_choice(flag_name(spec.name).lstrip("-"), value, check)
+            if value is None or check is None or isinstance(check, tuple):
+                continue
+            if check == "positive" and not value > 0:
+                kind = "a positive integer" if isinstance(value, int) else "positive"
+                raise UsageError(f"{flag_name(spec.name)} must be {kind}, got {value}")
+            if check == "non_negative" and value < 0:
+                raise UsageError(f"{flag_name(spec.name)} must not be negative, got {value}")
         if self.compile and self.timing_warmup_steps == 0:
             raise UsageError(
                 "--compile compiles during the first step; keep it out of the timed window with "
                 "--timing-warmup-steps 1 or more"
             )
-        if self.keep_checkpoints < 1:
-            raise UsageError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
-        if not isinstance(self.backend_options, dict):
-            raise UsageError(f"backend_options must be a dict of option name to value, got {self.backend_options!r}")
-
-    def local_batch(self, world_size: int) -> int:
-        """Samples per worker per optimizer step (all micro-batches); a global batch must split evenly."""
-        if self.global_batch is None:
-            return self.batch_size * self.grad_accum
-        parts = world_size * self.grad_accum
-        if self.global_batch % parts:
-            split = f"{world_size} workers" + (f" x {self.grad_accum} micro-batches" if self.grad_accum > 1 else "")
-            raise UsageError(
-                f"--global-batch {self.global_batch} does not split evenly over {split}; use a multiple "
-                f"of {parts} or set --batch-size per worker"
-            )
-        return self.global_batch // world_size
+        for name in ("backend_options", "task_args"):
+            if not isinstance(getattr(self, name), dict):
+                raise UsageError(f"{name} must be a dict of name to value, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every field, for the results record and checkpoints."""
@@ -266,7 +306,12 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
-        """Inverse of to_dict; unknown keys are an error that names them."""
+        """Inverse of to_dict; unknown keys are an error that names them. A config written before
+        tasks existed (with model, dataset, ... fields) trains the built-in images task with them."""
+        values = dict(values)
+        legacy = {name: values.pop(name) for name in IMAGE_TASK_FIELDS if name in values}
+        if legacy and values.get("task", DEFAULT_TASK) == DEFAULT_TASK:
+            values["task_args"] = {**legacy, **values.get("task_args", {})}
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
@@ -303,12 +348,19 @@ class TrainConfig:
         return cls.from_dict(values)
 
 
+def section_of(name: str) -> type:
+    """The section that declares field `name`."""
+    return next(section for section in SECTIONS if name in section.__dataclass_fields__)
+
+
 def _field_docs() -> str:
-    lines = ["", "Fields (flag, default: meaning):"]
-    for spec in dataclasses.fields(TrainConfig):
-        default = spec.default if spec.default is not dataclasses.MISSING else "{}"
-        flag = "a flag per option" if spec.metadata.get("backend_flags") else flag_name(spec.name)
-        lines.append(f"    {spec.name} ({flag}, default {default!r}): {spec.metadata['help'].replace('%%', '%')}")
+    lines = [""]
+    for section in SECTIONS:
+        lines.append(f"{section.__name__} ({section.__doc__.splitlines()[0]}):")
+        for spec in dataclasses.fields(section):
+            default = spec.default if spec.default is not dataclasses.MISSING else "{}"
+            flag = "a flag per option" if spec.metadata.get("backend_flags") else flag_name(spec.name)
+            lines.append(f"    {spec.name} ({flag}, default {default!r}): {spec.metadata['help'].replace('%%', '%')}")
     return "\n".join(lines)
 
 

@@ -11,7 +11,8 @@ a sibling, not the base). Concrete helpers here are the local parts every backen
 scaling for fp16, clipping and the optimizer step, checkpoint files written by rank 0.
 
 DeepSpeed builds model and optimizer together, so `wrap` takes the model and a factory for the
-optimizer and returns both.
+optimizer and returns both. A backend receives what it uses of the run's configuration as a small
+`BackendSettings` (harness.training.placement builds it), never the whole config.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import contextlib
 import os
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import (
-    TYPE_CHECKING,
     Any,
     Callable,
     ClassVar,
@@ -34,21 +35,35 @@ from torch import nn
 
 from ..errors import UsageError, first_line, require
 from ..fileio import load_tensors
+from ..options import BaseOptions
 from ..process.discovery import ClusterEnv
 from ..process.environment import patched_environ
 from .collectives import CollectiveMeter
-from .options import BackendOptions
 from .precision import Precision
 from .traffic import Collective, ModelShape
 
-if TYPE_CHECKING:
-    from ..config import TrainConfig
-
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """What a backend uses of the run's configuration."""
+
+    precision: str = "fp32"  # fp32, bf16 or fp16 (harness.backends.precision)
+    grad_clip: float = 0.0  # clip the global gradient norm to this (0: no clipping)
+    grad_accum: int = 1  # micro-batches per optimizer step; the last one communicates
+    timeout: float = 120.0  # seconds a collective may wait for a peer
+    procs_per_gpu: int = 1  # ranks sharing one GPU
+    metered: bool = True  # every collective timed for the step breakdown (--no-step-breakdown: off)
+
 
 # How gradients of the ranks are combined, for every backend: the mean, so that N ranks with
 # batch b take the same step as one process with batch N*b.
 GRADIENT_AVERAGING = "mean over ranks"
+# A parameter the loss did not reach in a step (on any rank): Horovod and DeepSpeed average a zero
+# gradient for it, and the optimizer then steps it (momentum, weight decay and Adam's moments move
+# it); torch's optimizers skip a parameter whose gradient is None. Every backend does the former.
+UNUSED_PARAMETERS = "stepped with a zero gradient"
 MODEL_FILE = "model.pt"  # the default checkpoint's model and optimizer state
 
 
@@ -66,7 +81,7 @@ class Backend(abc.ABC):
     checkpoint_format: ClassVar[str] = "torch"
     # This backend's own options (harness.backends.options): a frozen dataclass whose fields are
     # `harness train` flags; a run's values come from TrainConfig.backend_options.
-    Options: ClassVar[type[BackendOptions]] = BackendOptions
+    Options: ClassVar[type[BaseOptions]] = BaseOptions
     # Whether --channels-last may store the weights channels-last too. A backend whose collectives
     # need contiguous tensors keeps the weights contiguous and only the images go channels-last
     # (cuDNN still computes channels-last when either operand is).
@@ -81,12 +96,12 @@ class Backend(abc.ABC):
     # the job's own oversubscription is never taken for another process's load.
     helper_threads: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, options: Optional[BackendOptions] = None) -> None:
+    def __init__(self, options: Optional[BaseOptions] = None, settings: Optional[BackendSettings] = None) -> None:
         self.options = options if options is not None else self.Options()
+        self.settings = settings if settings is not None else BackendSettings()
         self.model: nn.Module
         self.optimizer: torch.optim.Optimizer
-        self.grad_clip = 0.0
-        self.precision = Precision.of("fp32")
+        self.precision = Precision.of(self.settings.precision)
         self.scaler: Optional[torch.amp.GradScaler] = None
         self.skipped_steps = 0  # fp16 steps skipped because the gradients overflowed
         self.compiled: Optional[str] = None  # what --compile compiled, for the record's tuning
@@ -97,10 +112,22 @@ class Backend(abc.ABC):
 
     # -- checks that run before any process group starts ---------------------------------
     @classmethod
-    def parse_options(cls, values: Mapping[str, Any]) -> BackendOptions:
+    def parse_options(cls, values: Mapping[str, Any]) -> BaseOptions:
         """This backend's options from their values by field name (TrainConfig.backend_options),
         validated; an unknown name or a malformed value raises UsageError."""
-        return cls.Options.parse(cls.name, values)
+        return cls.Options.parse(f"backend {cls.name!r}", values)
+
+    def check_unused_parameters(self, names: list[str]) -> None:
+        """Raise UsageError if this backend cannot train a model whose parameters `names` got no
+        gradient from a step's loss (harness.training.probe finds them on the first batch)."""
+
+    @property
+    def reaches_same_parameters(self) -> bool:
+        """Whether every rank must reach the same parameters in every step: a backend that gathers
+        or reduces per module or per parameter present (ZeRO-1..3, FSDP) issues other collectives
+        on a rank that skipped one, and aborts or waits. The loop then checks, once at start-up,
+        that the ranks' first batches left the same parameters unused."""
+        return False
 
     def check_available(self) -> None:
         """Raise UsageError if the backend's library is missing or unusable."""
@@ -114,17 +141,17 @@ class Backend(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def check_launch(self, config: TrainConfig, cluster: ClusterEnv, device: torch.device) -> None:
-        """Raise UsageError if this backend cannot run the config under this launch on this device."""
+    def check_launch(self, cluster: ClusterEnv, device: torch.device) -> None:
+        """Raise UsageError if this backend cannot run its settings under this launch on this device."""
 
     # -- set-up -----------------------------------------------------------------------------
     @abc.abstractmethod
-    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
+    def init(self, cluster: ClusterEnv, device: torch.device) -> None:
         """Join the job's communication (process group, MPI, ...), or use what the caller set up."""
 
     @abc.abstractmethod
     def wrap(
-        self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig, local_batch: int
+        self, model: nn.Module, make_optimizer: OptimizerFactory, local_batch: int
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Return (model to call in training, optimizer whose param_groups take the LR)."""
 
@@ -136,10 +163,8 @@ class Backend(abc.ABC):
         self.compiled = f"torch.compile({type(model).__name__})"
         return torch.compile(model)
 
-    def _local_setup(self, config: TrainConfig) -> None:
-        """The settings every backend applies to its own step: clipping, precision, loss scaling."""
-        self.grad_clip = config.grad_clip
-        self.precision = Precision.of(config.precision)
+    def _local_setup(self) -> None:
+        """What every backend applies to its own step once the model is wrapped: fp16's loss scaling."""
         self.scaler = self.precision.grad_scaler(next(self.model.parameters()).device)
 
     def _set_environ(self, **values: str) -> None:
@@ -172,11 +197,13 @@ class Backend(abc.ABC):
 
     def step(self) -> None:
         """Apply (and clear) the gradients: unscale (fp16), clip the global norm when --grad-clip is
-        set, step the optimizer (an fp16 step whose gradients overflowed is skipped and counted)."""
+        set, step the optimizer (an fp16 step whose gradients overflowed is skipped and counted). A
+        parameter without a gradient is stepped with a zero one (UNUSED_PARAMETERS)."""
+        zero_missing_gradients(self.optimizer)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        if self.settings.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
         with self._applying_gradients():
             if self.scaler is None:
                 self.optimizer.step()
@@ -269,6 +296,12 @@ class Backend(abc.ABC):
             ) from None
 
     @classmethod
+    def usage_error(cls, error: BaseException) -> Optional[UsageError]:
+        """The one-line UsageError for a framework error that means bad input the harness could not
+        see before the run (DDP: a parameter no step's loss reached), else None."""
+        return None
+
+    @classmethod
     def is_peer_failure(cls, error: BaseException) -> bool:
         """True if `error` says a collective failed because another rank died or stopped answering
         (whether it came from this backend or from a script using the framework directly)."""
@@ -294,14 +327,15 @@ class Backend(abc.ABC):
         backward passes that communicated per optimizer step so). A framework whose gradient
         communications cannot be told apart from the script's own watches none."""
 
-    def math_settings(self, config: TrainConfig) -> dict[str, Any]:
+    def math_settings(self) -> dict[str, Any]:
         """Every setting that changes the math, as applied; identical across backends by design."""
         return {
             "gradient_averaging": GRADIENT_AVERAGING,
-            "gradient_clipping": config.grad_clip or None,
-            "gradient_accumulation": config.grad_accum,
+            "gradient_clipping": self.settings.grad_clip or None,
+            "gradient_accumulation": self.settings.grad_accum,
             **self.precision.record(),
-            "buffer_sync": "none (batch-norm statistics stay per rank)",
+            "buffer_sync": "none (batch-norm statistics stay per rank; evaluation and saving use rank 0's)",
+            "unused_parameters": UNUSED_PARAMETERS,
             "gradient_compression": None,
         }
 
@@ -323,3 +357,11 @@ class Backend(abc.ABC):
         """Leave the job's communication cleanly and undo what init and wrap changed in the process
         (environment variables, library defaults), so that the next run starts as the first did."""
         self._undo.close()
+
+
+def zero_missing_gradients(optimizer: torch.optim.Optimizer) -> None:
+    """Give every parameter of `optimizer` that has no gradient a zero one (UNUSED_PARAMETERS)."""
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            if parameter.grad is None and parameter.requires_grad:
+                parameter.grad = torch.zeros_like(parameter)

@@ -165,6 +165,22 @@ def deepspeed_grad_scaler(engine: Any, optimizer: Any) -> Optional[Any]:
     )
 
 
+def clear_zero3_gradient_partitions(optimizer: Any) -> None:
+    """Zero ZeRO-3's partitioned gradients after an optimizer step (DeepSpeed 0.19).
+
+    Stage 3 reduces a parameter's gradient into its slice of one flat buffer,
+    `grad_partitions_flat_buffer`, and steps every parameter with its slice
+    (DeepSpeedZeroOptimizer_Stage3.independent_gradient_partition_epilogue), reduced this step or
+    not; zero_grad clears only the parameters' own .grad. A parameter the loss did not reach in a
+    step was stepped with the gradient of the last step that reached it (seen: a head skipped every
+    third step ended 0.1 away from one process, momentum 0). Zeroed here, it is stepped with a zero
+    gradient, as under every backend (harness.backends.base.UNUSED_PARAMETERS)."""
+    flat = getattr(optimizer, "grad_partitions_flat_buffer", None)
+    if flat is None:
+        raise _missing("DeepSpeedZeroOptimizer_Stage3.grad_partitions_flat_buffer", DEEPSPEED_VERSIONS)
+    flat.zero_()
+
+
 def destroy_deepspeed_groups(groups: Iterable[Any]) -> None:
     """Destroy process groups DeepSpeed made during a run, and its references to them.
 

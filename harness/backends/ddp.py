@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -13,16 +13,22 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import UsageError
+from ..options import BaseOptions, option
 from . import compat
 from .base import OptimizerFactory
-from .options import BackendOptions, option
 from .torch_distributed import TorchDistributedBackend
 from .traffic import Collective, ModelShape
 
 FIRST_BUCKET_BYTES = 2**20  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES, which DDP uses unless told
 
-if TYPE_CHECKING:
-    from ..config import TrainConfig
+
+def unused_parameters_message(names: list[str]) -> str:
+    """The one line for a model whose loss does not reach every parameter, under DDP without the option."""
+    which = f"parameters {', '.join(names[:5])}{' ...' if len(names) > 5 else ''} got" if names else "a parameter got"
+    return (
+        f"{which} no gradient from a step's loss; DDP needs --ddp-find-unused-parameters for such a model "
+        "(or use every parameter in every step)"
+    )
 
 
 class DDPBackend(TorchDistributedBackend):
@@ -34,10 +40,18 @@ class DDPBackend(TorchDistributedBackend):
     devices = ("cuda", "rocm", "xpu", "cpu")
 
     @dataclass(frozen=True)
-    class Options(BackendOptions):
-        """DDP's knob: the size of the buckets its allreduce sends (speed only, not the math)."""
+    class Options(BaseOptions):
+        """DDP's knobs: the size of the buckets its allreduce sends, and whether it looks for
+        parameters a step's loss does not reach (speed only, not the math: every backend steps
+        such a parameter with a zero gradient)."""
 
         bucket_cap_mb: float = option(25.0, "--ddp-bucket-cap-mb", "ddp: gradient bucket size in MB")
+        find_unused_parameters: bool = option(
+            False,
+            "--ddp-find-unused-parameters",
+            "ddp: for a model whose loss does not reach every parameter in every step (DDP then walks the "
+            "autograd graph after each forward; without it DDP stops at the next step)",
+        )
 
         def validate(self) -> None:
             if not self.bucket_cap_mb > 0:
@@ -46,7 +60,7 @@ class DDPBackend(TorchDistributedBackend):
     options: Options
 
     def wrap(
-        self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig, local_batch: int
+        self, model: nn.Module, make_optimizer: OptimizerFactory, local_batch: int
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         device = next(model.parameters()).device
         # Gradients as views into DDP's allreduce buckets: the same values, without a copy of every
@@ -57,10 +71,11 @@ class DDPBackend(TorchDistributedBackend):
             device_ids=[device.index] if device.type != "cpu" else None,
             bucket_cap_mb=self.options.bucket_cap_mb,
             gradient_as_bucket_view=True,
+            find_unused_parameters=self.options.find_unused_parameters,
             **compat.ddp_without_buffer_sync(),
         )
         self.optimizer = make_optimizer(self.model.parameters())
-        self._local_setup(config)
+        self._local_setup()
         # At world size 1 the mean over ranks is the identity: no step reduces (Horovod skips it
         # at size 1 too), so a one-rank baseline holds no communication (harness.training.timing).
         self.reduces = dist.get_world_size() > 1
@@ -91,10 +106,21 @@ class DDPBackend(TorchDistributedBackend):
 
         DistributedDataParallel.__init__ = watched  # type: ignore[method-assign]
 
+    def check_unused_parameters(self, names: list[str]) -> None:
+        if names and not self.options.find_unused_parameters:
+            raise UsageError(unused_parameters_message(names))
+
     def backward(self, loss: torch.Tensor, sync: bool) -> None:
         # The reducer waits for the buckets' futures at the end of backward, in C++.
         with self.collectives.waited_inside():
             super().backward(loss, sync)
+
+    @classmethod
+    def usage_error(cls, error: BaseException) -> Optional[UsageError]:
+        # DDP finds a parameter the previous step's loss did not reach at the next forward.
+        if isinstance(error, RuntimeError) and "Expected to have finished reduction" in str(error):
+            return UsageError(unused_parameters_message([]))
+        return None
 
     def no_sync(self, sync: bool) -> AbstractContextManager:
         # DDP decides in forward whether backward will reduce, so the context spans both.
@@ -120,6 +146,7 @@ class DDPBackend(TorchDistributedBackend):
     def tuning(self) -> dict[str, Any]:
         return {
             "bucket_cap_mb": self.options.bucket_cap_mb,
+            "find_unused_parameters": self.options.find_unused_parameters,
             "gradient_as_bucket_view": True,
             "process_group": self.group_backend,
             "gradient_allreduce": self.reduces,

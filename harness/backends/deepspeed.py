@@ -6,23 +6,20 @@ import os
 import pickle
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..errors import UsageError, first_line
+from ..options import BaseOptions, option
 from ..process.discovery import ClusterEnv
 from . import compat
-from .base import OptimizerFactory
-from .options import BackendOptions, option
+from .base import BackendSettings, OptimizerFactory, zero_missing_gradients
 from .precision import LOSS_SCALE, Precision
 from .torch_distributed import TorchDistributedBackend
 from .traffic import Collective, ModelShape, evenly
-
-if TYPE_CHECKING:
-    from ..config import TrainConfig
 
 NO_PRINT = 1 << 30
 DEEPSPEED_BUCKET_ELEMENTS = 500_000_000  # reduce_bucket_size and allgather_bucket_size by default
@@ -37,21 +34,21 @@ AUTOCAST_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def deepspeed_config(
-    config: TrainConfig, options: DeepSpeedBackend.Options, local_batch: int, world_size: int
+    settings: BackendSettings, options: DeepSpeedBackend.Options, local_batch: int, world_size: int
 ) -> dict[str, Any]:
     """The DeepSpeed config the harness passes, with every math-changing default set explicitly."""
-    precision = Precision.of(config.precision)
+    precision = Precision.of(settings.precision)
     buckets = {}
     if options.zero_bucket_mb is not None:  # else DeepSpeed's defaults: 5e8 elements each
         elements = int(options.zero_bucket_mb * 2**20) // FLOAT32_BYTES
         buckets = {"reduce_bucket_size": elements, "allgather_bucket_size": elements}
     return {
         # DeepSpeed's batch is global; the harness's --batch-size is per worker and micro-batch.
-        "train_micro_batch_size_per_gpu": local_batch // config.grad_accum,
-        "gradient_accumulation_steps": config.grad_accum,
+        "train_micro_batch_size_per_gpu": local_batch // settings.grad_accum,
+        "gradient_accumulation_steps": settings.grad_accum,
         "train_batch_size": local_batch * world_size,
         # DeepSpeed clips at norm 1.0 unless told otherwise; DDP and Horovod do not clip.
-        "gradient_clipping": config.grad_clip,
+        "gradient_clipping": settings.grad_clip,
         "prescale_gradients": False,
         "gradient_predivide_factor": 1.0,
         # Its own fp16/bf16 modes keep half-precision weights: other math than autocast's.
@@ -119,7 +116,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
     devices = ("cuda", "rocm", "xpu", "cpu")
 
     @dataclass(frozen=True)
-    class Options(BackendOptions):
+    class Options(BaseOptions):
         """The ZeRO stage: 1 partitions the optimizer state over the ranks, 2 the gradients too,
         3 the weights too. It changes the checkpoint's files, not the math. The bucket size changes
         neither: DeepSpeed's default, 5e8 elements (1.9 GiB of float32), is a buffer ZeRO-3
@@ -153,7 +150,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
 
     options: Options
 
-    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
+    def init(self, cluster: ClusterEnv, device: torch.device) -> None:
         if device.type == "cpu":
             # Must be set before DeepSpeed is imported: it picks its accelerator at import time.
             self._set_environ(DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
@@ -161,11 +158,11 @@ class DeepSpeedBackend(TorchDistributedBackend):
         # in tests/integration/test_failures.py). Put back at shutdown.
         comm_torch, stand_ins = compat.deepspeed_shm_op_stand_in()
         self._set_attributes(comm_torch, **stand_ins)
-        super().init(cluster, device, config)
+        super().init(cluster, device)
         self._groups_before_run = compat.process_groups()
 
     def wrap(
-        self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig, local_batch: int
+        self, model: nn.Module, make_optimizer: OptimizerFactory, local_batch: int
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         import deepspeed
 
@@ -177,7 +174,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
             args=placement,
             model=model,
             optimizer=make_optimizer(model.parameters()),
-            config=deepspeed_config(config, self.options, local_batch, dist.get_world_size()),
+            config=deepspeed_config(self.settings, self.options, local_batch, dist.get_world_size()),
             dist_init_required=False,
         )
         self.engine = self.model = engine
@@ -189,7 +186,6 @@ class DeepSpeedBackend(TorchDistributedBackend):
         # moves gradients into its partitions on that path: it stays.
         if dist.get_world_size() == 1 and self.options.zero_stage == 0:
             engine.enable_backward_allreduce = False
-        self.precision = Precision.of(config.precision)
         # DeepSpeed scales fp16 losses with a GradScaler of its own; the harness checks that it
         # scales as the other backends do, and reads it to count skipped steps.
         self.scaler = compat.deepspeed_grad_scaler(engine, optimizer)
@@ -216,6 +212,12 @@ class DeepSpeedBackend(TorchDistributedBackend):
             },
         )
 
+    @property
+    def reaches_same_parameters(self) -> bool:
+        # ZeRO-1/2 reduce only the gradients a rank has (sizes then differ between ranks); ZeRO-3
+        # gathers per module that runs. ZeRO-0 allreduces a zero gradient for a missing one.
+        return self.options.zero_stage >= 1
+
     def compile(self, model: nn.Module) -> nn.Module:
         # engine.compile() compiles the module inside the engine in place (nn.Module.compile), with
         # the accelerator's compile backend: the engine's forward, hooks and ZeRO stay outside the graph.
@@ -233,7 +235,13 @@ class DeepSpeedBackend(TorchDistributedBackend):
 
     def step(self) -> None:
         scale = self.scaler.get_scale() if self.scaler is not None else None
+        if self.options.zero_stage == 0:
+            # ZeRO-0 gives a parameter without a gradient a zero one when it allreduces; at world
+            # size 1 it does not allreduce (wrap), so the harness does it, as for every backend.
+            zero_missing_gradients(self.optimizer)
         self.engine.step()  # unscales and clips per the config, steps, and zeroes the gradients
+        if self.options.zero_stage == 3:
+            compat.clear_zero3_gradient_partitions(self.optimizer)
         if scale is not None:
             self.skipped_steps += self.scaler.get_scale() < scale
 

@@ -20,21 +20,18 @@ import os
 import warnings
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..errors import UsageError, first_line
+from ..options import BaseOptions, option
 from ..process.discovery import ClusterEnv
 from .base import OptimizerFactory
-from .options import BackendOptions, option
 from .torch_distributed import TorchDistributedBackend
 from .traffic import Collective, ModelShape
-
-if TYPE_CHECKING:
-    from ..config import TrainConfig
 
 DCP_DIRECTORY = "dcp"  # inside a harness checkpoint: torch.distributed.checkpoint's .metadata and one file per rank
 
@@ -80,7 +77,7 @@ class FSDPBackend(TorchDistributedBackend):
     devices = ("cuda", "rocm", "xpu", "cpu")
 
     @dataclass(frozen=True)
-    class Options(BackendOptions):
+    class Options(BaseOptions):
         """FSDP's knob: whether a unit frees its gathered weights after forward (speed and memory
         only, not the math; one all-gather per unit and step less when kept)."""
 
@@ -102,18 +99,18 @@ class FSDPBackend(TorchDistributedBackend):
 
     options: Options
 
-    def check_launch(self, config: TrainConfig, cluster: ClusterEnv, device: torch.device) -> None:
-        super().check_launch(config, cluster, device)
+    def check_launch(self, cluster: ClusterEnv, device: torch.device) -> None:
+        super().check_launch(cluster, device)
         # Several ranks on one GPU would put FSDP2's all-gathers and reduce-scatters of CUDA tensors
         # on gloo (process_group_backend): untested, and DDP shares a GPU already.
-        if device.type == "cuda" and config.procs_per_gpu > 1:
+        if device.type == "cuda" and self.settings.procs_per_gpu > 1:
             raise UsageError(
                 "backend 'fsdp' needs one rank per GPU (NCCL); use --procs-per-gpu 1, "
                 "or --backend ddp to share a GPU between ranks"
             )
 
     def wrap(
-        self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig, local_batch: int
+        self, model: nn.Module, make_optimizer: OptimizerFactory, local_batch: int
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -142,9 +139,13 @@ class FSDPBackend(TorchDistributedBackend):
         model.set_force_sum_reduction_for_comms(True)
         self.model = model
         self.optimizer = make_optimizer(model.parameters())
-        self._local_setup(config)
+        self._local_setup()
         self.units = units
         return self.model, self.optimizer
+
+    @property
+    def reaches_same_parameters(self) -> bool:
+        return True  # a unit that runs on one rank only reduce-scatters alone
 
     def compile(self, model: nn.Module) -> nn.Module:
         """Each unit's forward compiled, FSDP's hooks around it left eager. torch.compile of the root,
@@ -163,8 +164,8 @@ class FSDPBackend(TorchDistributedBackend):
         self.model.set_requires_gradient_sync(sync)
         return contextlib.nullcontext()
 
-    def math_settings(self, config: TrainConfig) -> dict[str, Any]:
-        return {**super().math_settings(config), "fsdp": fsdp_math(dist.get_world_size())}
+    def math_settings(self) -> dict[str, Any]:
+        return {**super().math_settings(), "fsdp": fsdp_math(dist.get_world_size())}
 
     def traffic(self, shape: ModelShape, on_gpu: bool = True) -> list[Collective]:
         # Per unit (a top-level child): its weights gathered before its forward, gathered again

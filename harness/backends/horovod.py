@@ -7,22 +7,19 @@ import sys
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
 from ..errors import UsageError, require
+from ..options import BaseOptions, option
 from ..process.discovery import ClusterEnv
 from ..process.launchers import MPI_FAMILIES, families
 from . import compat
 from .base import Backend, OptimizerFactory
 from .collectives import InFlight, nbytes
-from .options import BackendOptions, option
 from .traffic import Collective, ModelShape, in_buckets
-
-if TYPE_CHECKING:
-    from ..config import TrainConfig
 
 # Ranks Horovod can join: those MPI, horovodrun or srun started, and a plain process; Horovod does
 # not read the variables of torchrun and the deepspeed launcher.
@@ -74,7 +71,7 @@ class HorovodBackend(Backend):
     devices = ("cuda", "rocm", "cpu")
 
     @dataclass(frozen=True)
-    class Options(BackendOptions):
+    class Options(BaseOptions):
         """Horovod's knobs: tensor fusion and the background thread's cycle change speed only;
         fp16 compression changes the math (compressed gradients train other weights)."""
 
@@ -124,7 +121,7 @@ class HorovodBackend(Backend):
             "cuda": bool(hvd.cuda_built()),
         }
 
-    def check_launch(self, config: TrainConfig, cluster: ClusterEnv, device: torch.device) -> None:
+    def check_launch(self, cluster: ClusterEnv, device: torch.device) -> None:
         if cluster.launcher not in HOROVOD_LAUNCHERS:
             raise UsageError(
                 f"Horovod cannot join a job started by {cluster.launcher}; launch it with horovodrun, "
@@ -132,14 +129,14 @@ class HorovodBackend(Backend):
             )
         import horovod.torch as hvd
 
-        if device.type == "cuda" and config.procs_per_gpu > 1 and hvd.nccl_built():
+        if device.type == "cuda" and self.settings.procs_per_gpu > 1 and hvd.nccl_built():
             raise UsageError(
                 "this Horovod reduces GPU tensors with NCCL, which refuses two ranks on one GPU; "
                 "for --procs-per-gpu > 1 use --backend ddp or deepspeed (gloo), or a Horovod built "
                 "without HOROVOD_GPU_OPERATIONS=NCCL (it reduces through MPI)"
             )
 
-    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
+    def init(self, cluster: ClusterEnv, device: torch.device) -> None:
         # Knobs are environment variables read by hvd.init(): a flag wins, then the user's variable,
         # then the default. Only values other than Horovod's own are exported, so that
         # HOROVOD_AUTOTUNE still tunes the ones nobody chose. Shutdown restores the variables, so
@@ -160,7 +157,7 @@ class HorovodBackend(Backend):
         # Bound gloo's waits so a dead peer fails the job (MPI jobs are ended by mpirun itself).
         # Set, not defaulted: horovodrun exports its own --gloo-timeout-seconds, and a hung peer then
         # stalled the job for that long whatever --timeout said.
-        self._set_environ(HOROVOD_GLOO_TIMEOUT_SECONDS=_whole_seconds(config.timeout))
+        self._set_environ(HOROVOD_GLOO_TIMEOUT_SECONDS=_whole_seconds(self.settings.timeout))
         if cluster.launcher in MPI_FAMILIES:
             # MPI initialised by mpi4py outlives Horovod: Horovod finalises only an MPI it started
             # itself, and a finalised MPI cannot start again, so a later run in this process could
@@ -170,7 +167,7 @@ class HorovodBackend(Backend):
 
         self.hvd = hvd
         self._in_flight: dict[int, InFlight] = {}  # handle -> its collective (harness.backends.collectives)
-        self.metered = not config.no_step_breakdown
+        self.metered = self.settings.metered
         self.owns_horovod = not hvd.is_initialized()
         if self.owns_horovod:
             hvd.init()
@@ -181,7 +178,7 @@ class HorovodBackend(Backend):
             )
 
     def wrap(
-        self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig, local_batch: int
+        self, model: nn.Module, make_optimizer: OptimizerFactory, local_batch: int
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         hvd = self.hvd
         self.model = model
@@ -198,9 +195,9 @@ class HorovodBackend(Backend):
             named_parameters=model.named_parameters(),
             compression=compression,
             op=hvd.Average,
-            backward_passes_per_step=config.grad_accum,
+            backward_passes_per_step=self.settings.grad_accum,
         )
-        self._local_setup(config)
+        self._local_setup()
         self.gradients_synced = False
         return self.model, self.optimizer
 
@@ -291,8 +288,8 @@ class HorovodBackend(Backend):
         # good, not patched: it is for the whole process of a script that runs Horovod itself.
         os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = _whole_seconds(seconds)
 
-    def math_settings(self, config: TrainConfig) -> dict[str, Any]:
-        settings = super().math_settings(config)
+    def math_settings(self) -> dict[str, Any]:
+        settings = super().math_settings()
         if self.options.fp16_compression:
             settings["gradient_compression"] = "fp16"
         return settings

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 from torch import nn
@@ -11,9 +11,6 @@ from ..errors import UsageError
 from ..process.discovery import ClusterEnv
 from .base import Backend, OptimizerFactory
 from .traffic import Collective, ModelShape
-
-if TYPE_CHECKING:
-    from ..config import TrainConfig
 
 
 class SingleProcessBackend(Backend):
@@ -25,25 +22,25 @@ class SingleProcessBackend(Backend):
     max_world_size = 1
     devices = ("cuda", "rocm", "xpu", "cpu")  # no communication: wherever torch runs
 
-    def check_launch(self, config: TrainConfig, cluster: ClusterEnv, device: torch.device) -> None:
+    def check_launch(self, cluster: ClusterEnv, device: torch.device) -> None:
         if cluster.world_size != 1:
             raise UsageError(
                 f"backend 'none' runs one process but the launcher started {cluster.world_size}; "
                 "use --backend ddp, horovod, deepspeed or fsdp, or launch one process"
             )
 
-    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
+    def init(self, cluster: ClusterEnv, device: torch.device) -> None:
         """Nothing to join."""
 
     def traffic(self, shape: ModelShape, on_gpu: bool = True) -> list[Collective]:
         return []
 
     def wrap(
-        self, model: nn.Module, make_optimizer: OptimizerFactory, config: TrainConfig, local_batch: int
+        self, model: nn.Module, make_optimizer: OptimizerFactory, local_batch: int
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         self.model = model
         self.optimizer = make_optimizer(model.parameters())
-        self._local_setup(config)
+        self._local_setup()
         return self.model, self.optimizer
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:

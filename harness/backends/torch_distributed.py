@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -16,9 +16,6 @@ from ..process.discovery import ClusterEnv
 from . import compat
 from .base import Backend
 from .collectives import torch_distributed_wrappers
-
-if TYPE_CHECKING:
-    from ..config import TrainConfig
 
 # Substrings of the errors gloo raises when a peer is gone: "Connection closed by peer", "Read error
 # ...: Connection reset by peer", "Timed out waiting 20000ms for recv operation to complete", and
@@ -57,10 +54,10 @@ class TorchDistributedBackend(Backend):
 
     local_launcher = "torchrun"
 
-    def check_launch(self, config: TrainConfig, cluster: ClusterEnv, device: torch.device) -> None:
+    def check_launch(self, cluster: ClusterEnv, device: torch.device) -> None:
         """Any launcher works: rank and size come from harness.process.discovery."""
 
-    def init(self, cluster: ClusterEnv, device: torch.device, config: TrainConfig) -> None:
+    def init(self, cluster: ClusterEnv, device: torch.device) -> None:
         self.owns_process_group = not dist.is_initialized()
         port = compat.rendezvous_port(cluster.master_port) if self.owns_process_group else cluster.master_port
         # Export the discovered values under torchrun's names: libraries (DeepSpeed among them)
@@ -75,9 +72,9 @@ class TorchDistributedBackend(Backend):
         )
         # The timeout bounds every collective: a dead peer fails the job instead of hanging it. It is
         # also the default of groups made later without one (compat.group_timeout_defaults says why).
-        timeout = datetime.timedelta(seconds=config.timeout)
-        self._set_attributes(distributed_c10d, **compat.group_timeout_defaults(config.timeout))
-        self.group_backend = process_group_backend(device, config.procs_per_gpu)
+        timeout = datetime.timedelta(seconds=self.settings.timeout)
+        self._set_attributes(distributed_c10d, **compat.group_timeout_defaults(self.settings.timeout))
+        self.group_backend = process_group_backend(device, self.settings.procs_per_gpu)
         if not self.owns_process_group:  # the caller set one up (a notebook, a job script): use it as it is
             if (dist.get_rank(), dist.get_world_size()) != (cluster.rank, cluster.world_size):
                 raise UsageError(
@@ -97,7 +94,7 @@ class TorchDistributedBackend(Backend):
                 timeout=timeout,
             )
             compat.process_group_created()
-        self._meter_collectives(not config.no_step_breakdown)
+        self._meter_collectives(self.settings.metered)
 
     def _meter_collectives(self, metered: bool) -> None:
         """Every torch.distributed collective of the run (the framework's and the harness's) reports

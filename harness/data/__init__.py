@@ -1,8 +1,13 @@
-"""Data layer: datasets by name, exact shards per rank, batches.
+"""Data layer: any data with a length and a fetch by indices, sharded exactly per rank and batched;
+and the kit's own image datasets by name.
 
-Training never downloads: on-disk datasets are read from --data-dir.
+- `indexed`, `batches`, `sharding`, `loader`: what any task's data goes through: IndexedData (a
+  map-style Dataset is adapted), a batch as any structure of tensors, each rank's exact share of
+  every epoch, and the batches fetched in-process or by worker processes;
+- `arrays`, `builtin`, `disk`, `readers`, `prepare`, `download`, `transforms`: the image datasets
+  the built-in `images` task trains on (harness.tasks.images).
 
-`digits` and `synthetic` need no files. `mnist`, `fashion-mnist`, `cifar10` and `imagefolder` are
+Training never downloads: on-disk datasets are read from --data-dir. `digits` and `synthetic` need no files. `mnist`, `fashion-mnist`, `cifar10` and `imagefolder` are
 read from --data-dir in torchvision's layout (see `disk`), fetched beforehand with `harness data
 download` where there is a downloader, converted once to memory-mapped uint8 arrays (see `prepare`).
 """

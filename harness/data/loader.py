@@ -1,38 +1,43 @@
-"""Batches for one rank: index batches from `sharding`, fetched in-process or by worker processes."""
+"""Batches for one rank: index batches from `sharding`, fetched in-process or by worker processes.
+
+The data is anything with a length and `fetch(indices)` (harness.data.indexed.IndexedData); a batch
+is what fetch returns, a tensor or a tuple, list or dict of tensors, moved and pinned as a whole.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..process.preemption import ignore_preemption_signals
-from .arrays import ImageArrays
+from .batches import Batch, map_tensors
 
 
 class _IndexBatches(Dataset):
     """Item i is the whole batch i: workers fetch batches, not samples, so nothing is done per sample."""
 
-    def __init__(self, arrays: ImageArrays, batches: Sequence[np.ndarray]) -> None:
-        self.arrays, self.batches = arrays, batches
+    def __init__(self, data: Any, batches: Sequence[np.ndarray]) -> None:
+        self.data, self.batches = data, batches
 
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.arrays.fetch(self.batches[i])
+    def __getitem__(self, i: int) -> Batch:
+        return self.data.fetch(self.batches[i])
 
 
 def iterate_batches(
-    arrays: ImageArrays,
+    data: Any,
     batches: Sequence[np.ndarray],
     num_workers: int = 0,
     pin_memory: bool = False,
     prefetch_factor: int = 4,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Yield (uint8 images, labels) for `batches` in order.
+) -> Iterator[Batch]:
+    """Yield `data.fetch(indices)` for each of `batches`, in order.
 
     With num_workers > 0, worker processes fetch batches in turn and keep `prefetch_factor` batches
     each ready ahead of the training loop; pin_memory puts them in page-locked memory for fast
@@ -41,15 +46,15 @@ def iterate_batches(
     """
     if num_workers == 0:
         for indices in batches:
-            images, labels = arrays.fetch(indices)
-            yield (images.pin_memory(), labels.pin_memory()) if pin_memory else (images, labels)
+            batch = data.fetch(indices)
+            yield map_tensors(batch, torch.Tensor.pin_memory) if pin_memory else batch
         return
     # The loader seeds its workers from its own generator: drawing from torch's global one would
     # shift the dropout masks, and the run would depend on --num-workers.
     # Workers ignore preemption signals: Slurm and PBS signal every process of the job, and the
     # training process must outlive its workers' deaths to finish the step and checkpoint.
     loader = DataLoader(
-        _IndexBatches(arrays, batches),
+        _IndexBatches(data, batches),
         batch_size=None,
         shuffle=False,
         num_workers=num_workers,
@@ -61,9 +66,7 @@ def iterate_batches(
     yield from loader
 
 
-def to_device_ahead(
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]], device: torch.device
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def to_device_ahead(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:
     """Yield `batches` on `device`. On a GPU the next batch is copied on a side stream while the
     current one computes, so the host-to-device copy (38 MB of uint8 per ResNet-50 batch of 256)
     overlaps the step instead of delaying it; the compute stream waits for its batch's copy only.
@@ -71,15 +74,15 @@ def to_device_ahead(
     iterator = iter(batches)
     try:
         if device.type != "cuda":
-            for images, labels in iterator:
-                yield images.to(device), labels.to(device)
+            for batch in iterator:
+                yield map_tensors(batch, lambda tensor: tensor.to(device))
             return
         copies = torch.cuda.Stream(device)
         compute = torch.cuda.current_stream(device)
 
-        def start(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        def start(batch: Batch) -> Batch:
             with torch.cuda.stream(copies):
-                return tuple(tensor.to(device, non_blocking=True) for tensor in batch)  # type: ignore
+                return map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=True))
 
         pending = None
         for batch in iterator:
@@ -94,10 +97,11 @@ def to_device_ahead(
             close()
 
 
-def _handed_over(
-    batch: tuple[torch.Tensor, torch.Tensor], copies: torch.cuda.Stream, compute: torch.cuda.Stream
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _handed_over(batch: Batch, copies: torch.cuda.Stream, compute: torch.cuda.Stream) -> Batch:
     compute.wait_stream(copies)  # the compute stream waits for this batch's copy, the host does not
-    for tensor in batch:
+
+    def kept(tensor: torch.Tensor) -> torch.Tensor:
         tensor.record_stream(compute)  # its memory is not reused before the compute stream is done with it
-    return batch
+        return tensor
+
+    return map_tensors(batch, kept)

@@ -1,19 +1,16 @@
-"""What happens to a training batch on the device: optional augmentation, then normalisation.
+"""Augmentation of a training batch of images on the device (the `images` task applies it before
+normalising, harness.tasks.images).
 
-Both act on the whole batch at once (a few tensor ops), never per sample. Augmentation is the
+It acts on the whole batch at once (a few tensor ops), never per sample. Augmentation is the
 standard CIFAR recipe, a random 32x32 crop of the image padded by 4 zero pixels and a horizontal
 flip with probability 1/2, the same as torchvision's RandomCrop(padding=4) + RandomHorizontalFlip.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from .arrays import ImageArrays, Normaliser
 
 CROP_PADDING = 4
 
@@ -57,32 +54,3 @@ class RandomCropFlip:
             rows[:, None, :, None],
             columns[:, None, None, :],
         ]
-
-
-class TrainTransform:
-    """uint8 batch on the device -> augmented (optional) and normalised float batch, in the memory
-    order the model's convolutions take (channels-last on request)."""
-
-    def __init__(self, normalise: Normaliser, augment: Optional[RandomCropFlip], channels_last: bool = False) -> None:
-        self.normalise, self.augment, self.channels_last = normalise, augment, channels_last
-
-    def __call__(self, images: torch.Tensor, epoch: int, step: int) -> torch.Tensor:
-        if self.augment is not None:
-            images = self.augment(images, epoch, step)
-        images = self.normalise(images)
-        return images.contiguous(memory_format=torch.channels_last) if self.channels_last else images
-
-
-def train_transform(
-    data: ImageArrays,
-    device: torch.device,
-    augment: bool,
-    seed: int,
-    rank: int,
-    world_size: int,
-    local_batch: int,
-    channels_last: bool = False,
-) -> TrainTransform:
-    """The transform the training loop applies to each batch of `data` on `device`."""
-    crop_flip = RandomCropFlip(seed, rank, world_size, local_batch) if augment else None
-    return TrainTransform(data.normaliser(device), crop_flip, channels_last)

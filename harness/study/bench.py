@@ -33,8 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..backends import Backend, backend_class, get_backend
-from ..config import TrainConfig
+from ..backends import Backend, BackendSettings, backend_class, get_backend
 from ..errors import UsageError
 from ..process.accelerator import select_device
 from ..process.discovery import ClusterEnv, detect_cluster
@@ -189,14 +188,13 @@ def _timed(
 def measure_on_this_rank(settings: BenchSettings) -> dict[str, Any]:
     """This rank's part of the benchmark; every rank returns the same result."""
     started = time.time()
-    config = TrainConfig(backend=settings.backend, device=settings.device, timeout=settings.timeout)
-    backend = get_backend(settings.backend)
+    backend = get_backend(settings.backend, settings=BackendSettings(timeout=settings.timeout))
     with preserved_process_state():
         cluster = detect_cluster()
-        device = select_device(config.device, cluster)
+        device = select_device(settings.device, cluster)
         check_device(type(backend), device)
-        backend.check_launch(config, cluster, device)
-        backend.init(cluster, device, config)
+        backend.check_launch(cluster, device)
+        backend.init(cluster, device)
         try:
             measured = _timed(
                 backend,

@@ -351,7 +351,7 @@ def model_gradient_bytes(model: str, channels: int = 3, size: int = 224, classes
 def model_shape(model: str, channels: int = 3, size: int = 224, classes: int = 1000) -> ModelShape:
     """The float32 parameter bytes of one of the harness's models: in all, per top-level child
     (the root's own parameters as one more), per module that holds parameters, in forward order."""
-    from ..training.models import build_model
+    from ..tasks.models import build_model
 
     built = build_model(model, channels, size, classes)
 

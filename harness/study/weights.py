@@ -1,7 +1,7 @@
 """Weights of runs, compared: where a run starts, what it saved, and how far apart two runs ended.
 
-`harness.train` builds its model after seeding torch with `config.seed`, identically on every rank
-and backend; `initial_weights(config)` rebuilds those weights, so a notebook can measure every run
+`harness.train` builds its task's model after seeding torch with `config.seed`, identically on
+every rank and backend; `initial_weights(config)` rebuilds those weights, so a notebook can measure every run
 relative to how far training moved it (harness.study.equivalence.update_differences).
 """
 
@@ -13,21 +13,16 @@ from typing import Any
 import torch
 
 from ..config import TrainConfig
-from ..data import DataOptions, load_split
-from ..training.models import build_model
+from ..training.plan import initial_model
 from .equivalence import BF16_UPDATE_BOUND, UPDATE_BOUND, update_differences, worst
 
 Weights = dict[str, torch.Tensor]
 
 
-def initial_weights(config: TrainConfig) -> Weights:
-    """The weights `harness.train(config)` starts from, on the CPU (the seed, model, dataset shape
-    and dropout of `config` decide them). Leaves torch's random state as it was."""
-    train_set = load_split(
-        config.dataset, "train", DataOptions(config.data_dir, config.model, config.image_size, config.timeout)
-    )
-    channels, size, _ = train_set.shape
-    model = build_model(config.model, channels, size, train_set.num_classes, config.dropout, seed=config.seed)
+def initial_weights(config: TrainConfig, task: Any = None) -> Weights:
+    """The weights `harness.train(config, task=task)` starts from, on the CPU (the seed, the task and
+    its arguments decide them). Leaves torch's random state as it was."""
+    model = initial_model(config, task)
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 

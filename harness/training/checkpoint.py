@@ -33,8 +33,9 @@ so all choose the same one before any process group exists.
 
 Loading: torch.load(weights_only=True) for every file, DeepSpeed's included (its engine is given a
 loader that allows three of DeepSpeed's plain data classes and nothing else). A checkpoint of
-another model, dataset, world size, global batch, optimizer or LR setting is refused with a
-UsageError that names the difference and the fix.
+another task (or the same task with other arguments), world size, global batch, optimizer or LR
+setting is refused with a UsageError that names the difference and the fix; a task whose source
+file changed since is resumed with a warning.
 """
 
 from __future__ import annotations
@@ -72,12 +73,7 @@ HASH_CHUNK = 1 << 20
 # a backend's options declared resume_must_match (harness.backends.options). --epochs and
 # --max-steps may grow: they only extend the run.
 MUST_MATCH = (
-    "model",
-    "dataset",
-    "image_size",
-    "augment",
     "seed",
-    "dropout",
     "optimizer",
     "lr",
     "lr_scaling",
@@ -110,6 +106,7 @@ class RunLayout:
     train_set_size: int
     steps_per_epoch: int
     total_steps: int
+    task: dict[str, Any] = field(default_factory=dict)  # spec, arguments and source sha256 of what trains
 
 
 @dataclass

@@ -1,129 +1,141 @@
-"""`harness evaluate`: score a saved model on a test set, spread over however many ranks launched it.
+"""Exact evaluation over the ranks: each test sample scored once, the task's sums reduced once.
 
 The testing phase was the scaling bottleneck of the workshop case study (one process scored the
-whole set). Here every rank scores its own block of the test set and the sums are reduced, with
-`evaluate` below, the same function the training loop evaluates with after each epoch, so the
-accuracy and `eval_samples` are the same at any world size. The backend is used only to join the
-job and to reduce; no model wrapper, no optimizer.
+whole set). Here every rank scores its own contiguous block of the test set (no padding, no
+sample twice) and the task's sums and counts are reduced in one allreduce, then divided once, so
+the loss, every metric and `eval_samples` are the same at any world size. An `Evaluation` is what
+the training loop calls after an epoch, and what `harness evaluate` (harness.training.score) calls
+on a saved model.
+
+Every rank evaluates rank 0's model: weights are the same on every rank, but buffers such as
+batch-norm statistics are each rank's own during training (no backend synchronises them), so they
+are lent from rank 0 for the evaluation and put back after it. The saved model is rank 0's too.
 """
 
 from __future__ import annotations
 
-import os
-import pickle
-import time
-from typing import Any
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..backends import Backend
 from ..backends.precision import Precision
-from ..config import TrainConfig
-from ..data import DataOptions, ImageArrays, load_split
+from ..data.batches import Batch, batch_samples, batch_to
+from ..data.indexed import IndexedData
 from ..data.loader import iterate_batches
 from ..data.sharding import eval_range
 from ..errors import UsageError
 from ..process.discovery import ClusterEnv
-from ..process.state import preserved_process_state
-from .models import build_model
-from .placement import place_process
-from .record import append_record, library_versions
-
-EVAL_BATCH = 512
+from ..tasks.loading import LoadedTask
+from ..tasks.task import LOSS_KEY, batch_scores
+from .probe import PROBED_TEST_SAMPLES, probe_evaluation
 
 
-@torch.no_grad()
-def evaluate(
+@dataclass
+class Evaluation:
+    """How a run evaluates: the task, its test data, how a batch is prepared on the device, the
+    batch size, and the names of the sums the task reports (every rank reduces the same ones)."""
+
+    loaded: LoadedTask
+    data: IndexedData
+    prepare: Callable[[Batch], Batch]
+    batch_size: int
+    names: list[str]
+    precision: Precision = Precision.of("fp32")
+
+    @torch.no_grad()
+    def __call__(
+        self, model: nn.Module, backend: Backend, cluster: ClusterEnv, device: torch.device
+    ) -> dict[str, Any]:
+        """`eval_loss`, `eval_<metric>` for every metric and `eval_samples` over the whole test set,
+        each sample scored exactly once across ranks."""
+        was_training = model.training
+        model.eval()
+        block = eval_range(len(self.data), cluster.world_size, cluster.rank)
+        batches = [
+            np.arange(start, min(start + self.batch_size, block.stop))
+            for start in range(block.start, block.stop, self.batch_size)
+        ]
+        # Per name: (sum, count); then the samples. float64 on the device, one allreduce.
+        totals = torch.zeros(2 * len(self.names) + 1, dtype=torch.float64, device=device)
+        with rank0_buffers(model, backend, cluster.rank):
+            for batch in iterate_batches(self.data, batches):
+                prepared = self.prepare(batch_to(batch, device))
+                with self.precision.autocast(device):
+                    scores = batch_scores(self.loaded.task, model, prepared, self.loaded.label)
+                if sorted(scores) != self.names:
+                    raise UsageError(
+                        f"{self.loaded.label}: metrics returned {', '.join(sorted(scores))} on one batch and "
+                        f"{', '.join(self.names)} on another; return the same names for every batch"
+                    )
+                for position, name in enumerate(self.names):
+                    total, count = scores[name]
+                    totals[2 * position] += torch.as_tensor(total, dtype=torch.float64, device=device).reshape(())
+                    totals[2 * position + 1] += float(count)
+                totals[-1] += batch_samples(prepared)
+            reduced = backend.all_reduce_sum(totals).tolist()
+        model.train(was_training)
+        result = {
+            f"eval_{name}": reduced[2 * position] / reduced[2 * position + 1] if reduced[2 * position + 1] else None
+            for position, name in enumerate(self.names)
+        }
+        return {**result, "eval_samples": int(reduced[-1])}
+
+
+@contextlib.contextmanager
+def rank0_buffers(model: nn.Module, backend: Backend, rank: int) -> Iterator[None]:
+    """`model`'s buffers replaced by rank 0's (one allreduce of them all), then put back. A model
+    without buffers costs nothing; on one rank the sum is the rank's own."""
+    buffers = [buffer for buffer in model.buffers() if buffer.numel()]
+    if not buffers:
+        yield
+        return
+    own = [buffer.detach().clone() for buffer in buffers]
+    flat = torch.cat([buffer.detach().double().reshape(-1) for buffer in buffers])
+    if rank != 0:
+        flat.zero_()  # the sum over ranks is rank 0's values, exactly (float64 holds float32 and counts)
+    flat = backend.all_reduce_sum(flat)
+    try:
+        with torch.no_grad():
+            for buffer, values in zip(buffers, flat.split([buffer.numel() for buffer in buffers])):
+                buffer.copy_(values.reshape(buffer.shape))
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, saved in zip(buffers, own):
+                buffer.copy_(saved)
+
+
+def make_evaluation(
+    loaded: LoadedTask,
+    data: Optional[IndexedData],
     model: nn.Module,
-    data: ImageArrays,
-    backend: Backend,
-    cluster: ClusterEnv,
-    device: torch.device,
-    precision: Precision = Precision.of("fp32"),
-) -> dict[str, float]:
-    """Loss and accuracy over the whole set, each sample scored exactly once across ranks.
-
-    Ranks score disjoint contiguous blocks (no padding) and the global sums and counts are reduced
-    in one allreduce; averaging per-rank means would weight small blocks wrongly.
-    """
-    was_training = model.training
-    model.eval()
-    normalise = data.normaliser(device)
-    block = eval_range(len(data), cluster.world_size, cluster.rank)
-    batches = [
-        torch.arange(start, min(start + EVAL_BATCH, block.stop)).numpy()
-        for start in range(block.start, block.stop, EVAL_BATCH)
-    ]
-    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
-    for images, labels in iterate_batches(data, batches):
-        images, labels = normalise(images.to(device)), labels.to(device)
-        with precision.autocast(device):
-            logits = model(images)
-        totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum").double()
-        totals[1] += (logits.argmax(dim=1) == labels).sum()
-        totals[2] += labels.numel()
-    loss_sum, correct, count = backend.all_reduce_sum(totals).tolist()
-    model.train(was_training)
-    return {"eval_loss": loss_sum / count, "eval_accuracy": correct / count, "eval_samples": int(count)}
+    prepare: Callable[[Batch], Batch],
+    batch_size: int,
+    precision: Precision,
+    where: str,
+) -> Optional[Evaluation]:
+    """The run's evaluation (None without test data), its names probed on a few test samples."""
+    if data is None:
+        return None
+    device = next(model.parameters()).device
+    probe = batch_to(data.fetch(np.arange(min(PROBED_TEST_SAMPLES, len(data)))), device)
+    names = probe_evaluation(loaded, model, probe, prepare, lambda: precision.autocast(device), where)
+    if LOSS_KEY not in names:  # batch_scores always gives one; a sum of its own would be a task's bug
+        raise UsageError(f"{loaded.label}: the evaluation has no loss")
+    return Evaluation(loaded, data, prepare, batch_size, names, precision)
 
 
-def load_model_file(path: str, config: TrainConfig, channels: int, size: int, num_classes: int) -> torch.nn.Module:
-    """The model `config.model` for these inputs, with the weights `harness train --save-model` wrote."""
-    if not os.path.isfile(path):
-        raise UsageError(f"model file {path} does not exist; write one with `harness train --save-model {path}`")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as exc:
-        raise UsageError(
-            f"model file {path} is not a saved state_dict ({type(exc).__name__}); "
-            "write one with `harness train --save-model`"
-        ) from exc
-    model = build_model(config.model, channels, size, num_classes)
-    try:
-        model.load_state_dict(state)
-    except (RuntimeError, TypeError, AttributeError) as exc:
-        raise UsageError(
-            f"model file {path} does not fit --model {config.model} on --dataset {config.dataset} "
-            f"({channels}x{size}x{size}, {num_classes} classes); pass the flags it was trained "
-            "with"
-        ) from exc
-    return model
-
-
-def evaluate_model_file(config: TrainConfig, model_file: str) -> dict[str, Any]:
-    """Evaluate `model_file` on the test split of `config.dataset` under the launching job's ranks.
-
-    Every rank returns the same record; rank 0 also appends it to `config.results` (as train does).
-    """
-    started = time.time()
-    with preserved_process_state():
-        backend, cluster, device, *_ = place_process(config)
-        test_set = load_split(
-            config.dataset, "test", DataOptions(config.data_dir, config.model, config.image_size, config.timeout)
-        )
-        channels, size, _ = test_set.shape
-        model = load_model_file(model_file, config, channels, size, test_set.num_classes).to(device)
-        try:
-            backend.init(cluster, device, config)
-            record = {
-                **evaluate(model, test_set, backend, cluster, device),
-                "kind": "evaluation",
-                "model_file": os.path.abspath(model_file),
-                "model": config.model,
-                "dataset": config.dataset,
-                "backend": config.backend,
-                "launcher": cluster.launcher,
-                "world_size": cluster.world_size,
-                "rank": cluster.rank,
-                "device": device.type,
-                "wall_time": time.time() - started,
-                "versions": library_versions(),
-                "tags": dict(config.tags),
-            }
-        finally:
-            backend.shutdown()
-    if cluster.is_main and config.results:
-        append_record(config.results, {**record, "rank": 0})
-    return record
+def evaluation_line(evaluation: dict[str, Any]) -> str:
+    """ "eval loss 0.3141 accuracy 91.25%": the loss, then each metric (a fraction as a percentage)."""
+    parts = [f"eval loss {evaluation['eval_loss']:.4f}"]
+    for key, value in evaluation.items():
+        if key.startswith("eval_") and key not in ("eval_loss", "eval_samples") and value is not None:
+            name = key[len("eval_") :]
+            parts.append(f"{name} {100 * value:.2f}%" if name == "accuracy" else f"{name} {value:.4g}")
+    return " ".join(parts)

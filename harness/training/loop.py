@@ -1,13 +1,14 @@
-"""The training loop: one loop for every backend, which it only knows through `Backend`.
+"""The training loop: one loop for every task and every backend, which it knows only through
+`Task` (harness.tasks) and `Backend` (harness.backends).
 
-`train(config)` runs one training on the rank of whatever launcher started this process and
-returns its results record. It can be called again and again in one process (a notebook's
+`train(config)` runs one training of the config's task on the rank of whatever launcher started
+this process and returns its results record. It can be called again and again in one process (a notebook's
 engines do): whatever a run changes in the process (environment variables, library defaults,
 thread count, random state, signal handlers, the process group it created) is put back when it
 ends, normally or by an exception, so every run starts as the first did.
 
-Read it top down: `plan_run` fixes batches, steps and the LR; `train` places the rank, seeds, wraps
-the model and resumes; `_train_epochs` runs the timed window, the preemption vote and checkpoints
+Read it top down: `plan_run` loads the task and fixes batches, steps and the LR; `train` places the
+rank, builds the model and tries the task on one batch (harness.training.probe), wraps and resumes; `_train_epochs` runs the timed window, the preemption vote and checkpoints
 around `_train_step`, which is one optimizer step over micro-batches; `_end_epoch` reduces,
 evaluates and logs; `_finish` measures what the window could not and returns the record. Each
 point where ranks must agree or talk says why in a comment.
@@ -24,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..config import TrainConfig
+from ..config import OptimizerSection, TrainConfig
+from ..data.batches import batch_to, slice_batch
 from ..data.loader import iterate_batches, to_device_ahead
 from ..data.sharding import RankSchedule, train_batches
 from ..errors import EXIT_PREEMPTED, Preempted, require
@@ -36,13 +37,15 @@ from ..process import heartbeat as phase
 from ..process.heartbeat import Heartbeat
 from ..process.preemption import PreemptionWatcher, TestSignal, peer_failure
 from ..process.state import preserved_process_state
+from ..tasks.task import loss_and_count
 from .callbacks import Callback, CallbackList, EpochEnd, StepEnd
 from .checkpoint import Checkpointer, Progress, ResumeState, restore
 from .contention import own_demand
-from .evaluate import evaluate
+from .evaluate import Evaluation, evaluation_line
 from .memory import WindowPeak, model_state_bytes
 from .placement import place_process
-from .plan import RunPlan, plan_run
+from .plan import RunPlan, plan_run, shape_record
+from .probe import check_unused_alike
 from .profiling import PROFILED_STEPS, annotate, make_profiler
 from .record import append_record, run_record
 from .resume import find_resume_checkpoint
@@ -51,59 +54,56 @@ from .timing import StepTimer, calibrated_compute_per_step, device_events, devic
 log = logging.getLogger("harness")
 
 
-def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+def train(config: TrainConfig, callbacks: Sequence[Callback] = (), task: Any = None) -> dict[str, Any]:
     """Train under whatever launcher started this process; return the run's results record.
 
-    Every rank returns the same record (metrics are reduced over ranks); rank 0 also appends it to
+    What trains is `config.task` with `config.task_args`, or `task` where given: a harness.Task, a
+    function that returns one (called with `config.task_args`), or a spec string. Every rank
+    returns the same record (metrics are reduced over ranks); rank 0 also appends it to
     `config.results` and writes `config.save_model`. `callbacks` (harness.Callback instances) watch
-    the run on every rank (see harness.training.callbacks). Bad input raises UsageError before any process
-    group starts; a preempted run raises Preempted, a lost peer PeerFailure. A process group or
-    Horovod that the caller initialised is used and left as it was.
+    the run on every rank (see harness.training.callbacks). Bad input, a bad task included, raises
+    UsageError before any process group starts; a preempted run raises Preempted, a lost peer
+    PeerFailure. A process group or Horovod that the caller initialised is used and left as it was.
     """
     started = time.time()
     watchers = CallbackList(callbacks)
     with preserved_process_state():
         placement = place_process(config)
-        plan = plan_run(config, placement)
+        plan = plan_run(config, placement, task)
         backend, cluster, device = placement.backend, placement.cluster, placement.device
         # Chosen and checked before any process group starts: an unusable checkpoint is bad input.
         resume_from = find_resume_checkpoint(config, plan.layout(), type(backend), warn=cluster.is_main)
         preemption = PreemptionWatcher(TestSignal.from_environ())
         # Every rank builds identical initial weights from --seed (make_model; backends also
-        # broadcast rank 0's); then a per-rank seed so dropout masks differ between ranks.
+        # broadcast rank 0's), tries the task on its first batch, then takes a per-rank seed so
+        # that dropout masks differ between ranks.
         model = plan.make_model()
-        gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        unused, evaluation = plan.tried(model, resume_from.step if resume_from else 0)  # bad tasks fail here
+        shape = shape_record(model)
         torch.manual_seed(config.seed * 1000 + cluster.rank + 1)
         pulse = Heartbeat.start(cluster, not config.no_heartbeat)  # rank 0 starts the store before init
         try:
-            backend.init(cluster, device, config)
+            backend.init(cluster, device)
+            check_unused_alike(backend, model, unused, cluster.world_size, plan.loaded.label)
             preemption.install()
-            model, optimizer = backend.wrap(model, make_optimizer_factory(config), config, plan.local_batch)
+            model, optimizer = backend.wrap(
+                model, optimizer_factory(config, plan.loaded.task.build_optimizer), plan.local_batch
+            )
             if config.compile:  # the wrapped model: compiled in its first step, inside the timing warmup
                 model = backend.compile(model)
             # After wrap (DeepSpeed loads into its engine); the RNG states are restored last.
             resumed = restore(resume_from, backend, cluster, device) if resume_from else None
             checkpointer = Checkpointer(config, cluster, backend, plan.layout()) if config.checkpoint_dir else None
-            state = RunState.start(plan, resumed, checkpointer, pulse)
+            state = RunState.start(plan, resumed, checkpointer, pulse, evaluation)
             # Every collective the backend issues, timed (harness.training.timing says why so).
             state.timer.collectives = backend.collectives
-            state.gradient_bytes = gradient_bytes
+            state.model_shape, state.gradient_bytes = shape, shape["parameter_bytes"]
             _train_epochs(plan, state, model, optimizer, preemption, watchers)
-            record = _finish(plan, state, started)
-            watchers.on_train_end(record)
-            if config.save_model:
-                weights = backend.full_state_dict()  # a collective where weights are sharded (ZeRO-3)
-                if cluster.is_main:
-                    atomic_write(config.save_model, lambda tmp: torch.save(weights, tmp))
-            if cluster.is_main and config.results:
-                append_record(config.results, record)
-            # Leave together: a rank destroying its process group while a peer still has collectives
-            # in flight (ZeRO-3 prefetches) is the kind of teardown race that aborts a finished run.
-            backend.barrier()
-            if state.timer.profiler is not None:  # past the barrier: every rank's trace files are written
-                state.timer.profiler.merge()
-            return record
+            return _keep(plan, state, started, watchers)
         except Exception as exc:
+            usage = backend.usage_error(exc)
+            if usage is not None:
+                raise usage from None
             if backend.is_peer_failure(exc):
                 raise peer_failure(exc, cluster.rank, config.timeout, pulse.who_stopped(config.timeout)) from exc
             raise
@@ -113,13 +113,38 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict[str, 
             backend.shutdown()
 
 
-def make_optimizer_factory(config: TrainConfig):
-    """The optimizer the config names, for the backend to build over the parameters it owns."""
+def _keep(plan: RunPlan, state: RunState, started: float, watchers: Callback) -> dict[str, Any]:
+    """The end of a run that trained: its record made, the model and the record written (rank 0),
+    every rank leaving together."""
+    config, backend, cluster = plan.config, plan.placement.backend, plan.placement.cluster
+    record = _finish(plan, state, started)
+    watchers.on_train_end(record)
+    if config.save_model:
+        weights = backend.full_state_dict()  # a collective where weights are sharded (ZeRO-3)
+        if cluster.is_main:
+            atomic_write(config.save_model, lambda tmp: torch.save(weights, tmp))
+    if cluster.is_main and config.results:
+        append_record(config.results, record)
+    # Leave together: a rank destroying its process group while a peer still has collectives
+    # in flight (ZeRO-3 prefetches) is the kind of teardown race that aborts a finished run.
+    backend.barrier()
+    if state.timer.profiler is not None:  # past the barrier: every rank's trace files are written
+        state.timer.profiler.merge()
+    return record
+
+
+def optimizer_factory(settings: OptimizerSection, task_factory: Any = None) -> Any:
+    """The task's optimizer factory, else the one `settings` names: for the backend to build over
+    the parameters it owns (the LR rule sets every group's lr at every step either way)."""
+    if task_factory is not None:
+        return task_factory
 
     def make(parameters):
-        if config.optimizer == "adam":
-            return torch.optim.Adam(parameters, lr=config.lr, weight_decay=config.weight_decay)
-        return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+        if settings.optimizer == "adam":
+            return torch.optim.Adam(parameters, lr=settings.lr, weight_decay=settings.weight_decay)
+        return torch.optim.SGD(
+            parameters, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay
+        )
 
     return make
 
@@ -134,7 +159,9 @@ class RunState:
     epoch_step_losses: torch.Tensor  # [epoch_steps, 2] this rank's (loss x samples, samples) per step
     checkpointer: Optional[Checkpointer]
     timer: StepTimer
+    evaluation: Optional[Evaluation]  # None: the task has no test data
     gradient_bytes: int = 0  # what the ranks average per step: the model's trainable parameters' bytes
+    model_shape: dict[str, Any] = field(default_factory=dict)  # plan.shape_record of the unwrapped model
     epoch_times: list[float] = field(default_factory=list)
     epoch_throughputs: list[float] = field(default_factory=list)
     preempted: bool = False
@@ -142,7 +169,12 @@ class RunState:
 
     @classmethod
     def start(
-        cls, plan: RunPlan, resumed: Optional[ResumeState], checkpointer: Optional[Checkpointer], heartbeat: Heartbeat
+        cls,
+        plan: RunPlan,
+        resumed: Optional[ResumeState],
+        checkpointer: Optional[Checkpointer],
+        heartbeat: Heartbeat,
+        evaluation: Optional[Evaluation],
     ) -> RunState:
         """The state before the first step; `heartbeat` starts sending here (one sum over ranks)."""
         step_losses = torch.zeros(plan.epoch_steps, 2, dtype=torch.float64, device=plan.placement.device)
@@ -174,14 +206,15 @@ class RunState:
             epoch_step_losses=step_losses,
             checkpointer=checkpointer,
             timer=timer,
+            evaluation=evaluation,
         )
 
-    def record_loss(self, plan: RunPlan, epoch: int, loss: torch.Tensor, samples: int) -> None:
-        """Count one finished step: its loss joins the epoch's per-step sums (on the device, reduced
-        once per epoch, so no step waits for a collective)."""
+    def record_loss(self, plan: RunPlan, epoch: int, loss_sum: torch.Tensor, count: Any) -> None:
+        """Count one finished step: its loss (summed over the items it averages) joins the epoch's
+        per-step sums (on the device, reduced once per epoch, so no step waits for a collective)."""
         row = self.epoch_step_losses[self.step - epoch * plan.epoch_steps]
-        row[0] += loss.double() * samples
-        row[1] += samples
+        row[0] += loss_sum
+        row[1] += count
         self.step += 1
 
     def add_history(self, plan: RunPlan, epoch: int, reduced: torch.Tensor) -> None:
@@ -241,9 +274,9 @@ def _train_epochs(
             state.timer.open_window()
         state.timer.waiting_for_data()
         state.heartbeat.beat(state.step + 1, phase.DATA)
-        for images, labels in itertools.islice(stream, epoch_last_step - state.step):
-            loss, lr = _train_step(plan, state, model, optimizer, images, labels, epoch)
-            watchers.on_step_end(StepEnd(state.step, epoch, loss, lr, labels.numel(), cluster.rank))
+        for batch in itertools.islice(stream, epoch_last_step - state.step):
+            loss, lr = _train_step(plan, state, model, optimizer, batch, epoch)
+            watchers.on_step_end(StepEnd(state.step, epoch, loss, lr, plan.local_batch, cluster.rank))
             if progress_bar is not None:
                 progress_bar.update(1)
             if state.step - state.start_step == timing_warmup:  # start-up (allocations, first collectives) left out
@@ -279,13 +312,12 @@ def _train_step(
     state: RunState,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    images: torch.Tensor,
-    labels: torch.Tensor,
+    batch: Any,
     epoch: int,
 ) -> tuple[torch.Tensor, float]:
     """One optimizer step on this rank's batch, its phases timed; (this rank's loss, the step's LR)."""
     backend, device, timer = plan.placement.backend, plan.placement.device, state.timer
-    images = plan.transform(images, epoch, state.step)  # on the device already (to_device_ahead)
+    batch = plan.prepare(batch, epoch, state.step)  # on the device already (to_device_ahead)
     timer.data_ready()
     state.heartbeat.beat(state.step + 1, phase.FORWARD_BACKWARD)
     lr = plan.lr_at(state.step)  # a pure function of the step, written into the optimizer for every backend
@@ -293,20 +325,17 @@ def _train_step(
         group["lr"] = lr
     # Gradient accumulation: each micro-batch adds its share of the step's mean loss; only the last
     # one communicates (DDP no_sync, Horovod's count of backward passes, DeepSpeed's boundary).
-    loss = torch.zeros((), device=device)
+    loss_sum, count = torch.zeros((), dtype=torch.float64, device=device), 0
     for first in range(0, plan.local_batch, plan.micro_batch):
         sync = first + plan.micro_batch >= plan.local_batch
+        micro_batch = slice_batch(batch, first, first + plan.micro_batch)
         with backend.no_sync(sync):
             with plan.precision.autocast(device), annotate("forward"):  # named in a --profile-trace
-                micro_loss = (
-                    F.cross_entropy(
-                        model(images[first : first + plan.micro_batch]), labels[first : first + plan.micro_batch]
-                    )
-                    / plan.config.grad_accum
-                )
+                mean, items = loss_and_count(plan.loaded.task, model, micro_batch, plan.loaded.label)
             with annotate("backward"):
-                backend.backward(micro_loss, sync)
-        loss += micro_loss.detach().float()
+                backend.backward(mean / plan.config.grad_accum, sync)
+        loss_sum += mean.detach().double() * items
+        count += items
     state.heartbeat.beat(state.step + 1, phase.GRADIENT_SYNC)
     with annotate("gradient sync"):  # where Horovod waits for its allreduce, which the profiler cannot see
         backend.finish_gradient_sync()
@@ -315,8 +344,8 @@ def _train_step(
     with annotate("optimizer"):
         backend.step()
     timer.stepped()
-    state.record_loss(plan, epoch, loss, labels.numel())
-    return loss, lr
+    state.record_loss(plan, epoch, loss_sum, count)
+    return loss_sum / count, lr
 
 
 def _synchronised(plan: RunPlan) -> float:
@@ -345,11 +374,13 @@ def _end_epoch(
     state.add_history(plan, epoch, reduced)
     state.epoch_step_losses.zero_()
     last = epoch == plan.num_epochs - 1
-    evaluated = last or bool(config.eval_every and (epoch + 1) % config.eval_every == 0)
+    evaluated = state.evaluation is not None and (
+        last or bool(config.eval_every and (epoch + 1) % config.eval_every == 0)
+    )
     if evaluated:
         state.heartbeat.beat(state.step, phase.EVALUATION)
-        state.progress.evaluation = evaluate(
-            backend.evaluation_model(plan.make_model), plan.test_set, backend, cluster, device, plan.precision
+        state.progress.evaluation = state.evaluation(
+            backend.evaluation_model(plan.make_model), backend, cluster, device
         )
     lr = plan.lr_at(state.step - 1)
     if cluster.is_main:
@@ -358,8 +389,7 @@ def _end_epoch(
             f"lr {lr:.4g} | {throughput or float('nan'):,.0f} samples/s | {state.epoch_times[-1]:.1f} s"
         )
         if evaluated:
-            evaluation = state.progress.evaluation
-            line += f" | eval loss {evaluation['eval_loss']:.4f} acc {100 * evaluation['eval_accuracy']:.2f}%"
+            line += " | " + evaluation_line(state.progress.evaluation)
         (progress_bar.write if progress_bar is not None else log.info)(line)
     watchers.on_epoch_end(
         EpochEnd(
@@ -418,8 +448,7 @@ def _calibration_batches(plan: RunPlan) -> list[Any]:
     )[: plan.total_steps - last_epoch * plan.epoch_steps]
     chosen = []
     for indices in batches[-(steps + 1) :]:
-        images, labels = plan.train_set.fetch(indices[: plan.micro_batch])
-        chosen.append((plan.transform(images.to(device), last_epoch, 0), labels.to(device)))
+        chosen.append(plan.prepare(batch_to(plan.train_set.fetch(indices[: plan.micro_batch]), device), last_epoch))
     return chosen
 
 
@@ -435,7 +464,8 @@ def _finish(plan: RunPlan, state: RunState, started: float) -> dict[str, Any]:
 
     def compute_loss(model: nn.Module, batch: Any) -> torch.Tensor:
         with plan.precision.autocast(device):
-            return F.cross_entropy(model(batch[0]), batch[1]) * config.grad_accum  # a whole step's compute
+            mean, _ = loss_and_count(plan.loaded.task, model, batch, plan.loaded.label)
+            return mean * config.grad_accum  # a whole step's compute
 
     compute_per_step = (
         calibrated_compute_per_step(plan.make_model(), compute_loss, calibration, device) if calibration else None

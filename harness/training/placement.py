@@ -10,26 +10,24 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from ..backends import BACKENDS, Backend, backend_class, get_backend
+from ..backends import BACKENDS, Backend, BackendSettings, backend_class, get_backend
 from ..config import TrainConfig
-from ..data import DATASETS
-from ..errors import UsageError, unknown_choice
+from ..errors import UsageError
 from ..process.accelerator import kind_of, select_device
 from ..process.discovery import ClusterEnv, default_threads, detect_cluster
 from ..process.state import pin_to_cores, use_cpu
-from .models import MODELS
+from ..tasks.loading import check_spec
 from .profiling import check_trace_directory
 from .resume import check_checkpoint_flags
 
 
 def check_config(config: TrainConfig) -> None:
     """Raise UsageError for anything wrong with `config` that can be told before a process starts:
-    each field, the backend, model and dataset names, the backend's own options, checkpoint flags."""
+    each field, the backend and its own options, the task's spec (a built-in task's arguments too),
+    checkpoint flags."""
     config.validate()
     backend = backend_class(config.backend)
-    for kind, value, known in (("model", config.model, MODELS), ("dataset", config.dataset, DATASETS)):
-        if value not in known:
-            raise unknown_choice(kind, value, known)
+    check_spec(config.task, config.task_args)
     backend.parse_options(config.backend_options)
     if config.compile:
         _refuse_unless(backend, lambda cls: cls.compiles, "--compile")
@@ -64,17 +62,29 @@ class Placement(NamedTuple):
     cores: Optional[list[int]]  # the cores this rank is pinned to (--pin-cores on a CPU), else None
 
 
+def backend_settings(config: TrainConfig) -> BackendSettings:
+    """What a backend uses of `config`."""
+    return BackendSettings(
+        precision=config.precision,
+        grad_clip=config.grad_clip,
+        grad_accum=config.grad_accum,
+        timeout=config.timeout,
+        procs_per_gpu=config.procs_per_gpu,
+        metered=not config.no_step_breakdown,
+    )
+
+
 def place_process(config: TrainConfig) -> Placement:
     """Check the config, backend and launch (no process group yet); pick this rank's device, threads,
     CPU memory reuse and (--pin-cores) cores. Sets the thread count and the cores: call it inside
     `harness.process.state.preserved_process_state`."""
     check_config(config)
-    backend = get_backend(config.backend, config.backend_options)
+    backend = get_backend(config.backend, config.backend_options, backend_settings(config))
     backend.check_available()
     cluster = detect_cluster()
     device = select_device(config.device, cluster, config.procs_per_gpu)
     check_device(type(backend), device)
-    backend.check_launch(config, cluster, device)
+    backend.check_launch(cluster, device)
     threads = config.threads or default_threads(cluster)
     cores = pin_to_cores(cluster.local_rank, threads) if config.pin_cores and device.type == "cpu" else None
     return Placement(backend, cluster, device, threads, use_cpu(device, threads, config.cpu_malloc), cores)

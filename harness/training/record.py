@@ -113,8 +113,7 @@ def run_record(plan: RunPlan, state: RunState, started: float, breakdown: dict[s
         "micro_batch": plan.local_batch // config.grad_accum,
         "grad_accum": config.grad_accum,
         "global_batch": plan.global_batch,
-        "model": config.model,
-        "dataset": config.dataset,
+        **_task_facts(plan, state),
         "train_set_size": len(plan.train_set),
         "device": device.type,
         "threads_per_rank": threads if device.type == "cpu" else None,
@@ -147,13 +146,28 @@ def run_record(plan: RunPlan, state: RunState, started: float, breakdown: dict[s
         "lr_final": plan.lr_at(state.step - 1),
         "skipped_steps": backend.skipped_steps,
         **progress.evaluation,
-        "math": backend.math_settings(config),
+        "math": backend.math_settings(),
         "tuning": _tuning(plan, state),
         "versions": {**library_versions(), **backend.versions()},
         "host": host_info(),
         **({"gpu": _gpu_facts(device, config)} if device.type == "cuda" else {}),
         "config": config.to_dict(),
         "tags": dict(config.tags),
+    }
+
+
+def _task_facts(plan: RunPlan, state: RunState) -> dict[str, Any]:
+    """What trained: the task (spec, arguments, source and its sha256, so that a study can be rerun
+    and compared), its description, the model's parameters and their shape (what `harness predict`
+    prices), and `model` and `dataset`, the short names reports show."""
+    from ..data.indexed import data_name
+
+    task, shape = plan.loaded.task, state.model_shape
+    description = {key: value for key, value in task.description.items() if isinstance(value, (str, int, float, bool))}
+    return {
+        "task": {**plan.loaded.origin(), "description": description, **shape},
+        "model": str(description.get("model", shape.get("model_class"))),
+        "dataset": str(description.get("data", data_name(task.train_data))),
     }
 
 

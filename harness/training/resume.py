@@ -141,19 +141,19 @@ def find_resume_checkpoint(
                     )
         if checkpoint is None:
             return None
-    check_compatible(checkpoint, config, layout, backend)
+    check_compatible(checkpoint, config, layout, backend, warn)
     return checkpoint
 
 
-def check_compatible(checkpoint: Checkpoint, config: TrainConfig, layout: RunLayout, backend: type[Backend]) -> None:
-    """Raise UsageError unless `checkpoint` can continue this run (same model, data, math, world)."""
+def check_compatible(
+    checkpoint: Checkpoint, config: TrainConfig, layout: RunLayout, backend: type[Backend], warn: bool = False
+) -> None:
+    """Raise UsageError unless `checkpoint` can continue this run (same task, data, math, world);
+    with `warn`, say so on stderr when the task's source changed since."""
     manifest, where = checkpoint.manifest, checkpoint.path
     fix = "use the checkpoint's settings, or start a new run with another --checkpoint-dir"
     saved_config = manifest.get("config", {})
-    if saved_config.get("model") != config.model:
-        raise UsageError(
-            f"checkpoint {where} holds a {saved_config.get('model')} model but this run trains {config.model}; {fix}"
-        )
+    _check_task(checkpoint, layout, fix, warn)
     if manifest.get("checkpoint_format") != backend.checkpoint_format:
         raise UsageError(
             f"checkpoint {where} was written by backend {saved_config.get('backend')} "
@@ -186,6 +186,32 @@ def check_compatible(checkpoint: Checkpoint, config: TrainConfig, layout: RunLay
             f"checkpoint {where} is at step {checkpoint.step}, the end of this run's "
             f"{layout.total_steps} steps; nothing is left to train (raise --epochs or --max-steps to "
             "train further, or use another --checkpoint-dir)"
+        )
+
+
+def _check_task(checkpoint: Checkpoint, layout: RunLayout, fix: str, warn: bool) -> None:
+    """Raise UsageError if the checkpoint trained another task or the same with other arguments;
+    with `warn`, say so if the task's source changed since."""
+    saved = checkpoint.manifest.get("run", {}).get("task", {})
+    now = layout.task
+    if saved.get("spec") != now.get("spec"):
+        raise UsageError(
+            f"checkpoint {checkpoint.path} trained task {saved.get('spec')!r} but this run trains {now.get('spec')!r}; {fix}"
+        )
+    before, after = saved.get("args", {}), now.get("args", {})
+    changed = sorted(key for key in {*before, *after} if before.get(key) != after.get(key))
+    if changed:
+        was = ", ".join(f"{key}={before.get(key)!r}" for key in changed)
+        has = ", ".join(f"{key}={after.get(key)!r}" for key in changed)
+        raise UsageError(
+            f"checkpoint {checkpoint.path} was written with task arguments {was} but this run has {has}; {fix}"
+        )
+    if warn and saved.get("sha256") != now.get("sha256"):
+        print(
+            f"harness train: warning: the task's source changed since checkpoint {checkpoint.path} was written "
+            "(another sha256); resuming with the source as it is now",
+            file=sys.stderr,
+            flush=True,
         )
 
 

@@ -5,7 +5,7 @@ that is what attendees learn. From here they take only what is not about data pa
 
 - `parse_args`: the flags every step accepts (epochs, per-process batch, LR, seed, dropout, ...);
 - `digits`: the embedded digits (harness.data.builtin) as a torch Dataset;
-- `build_model`: the workshop CNN (harness.training.models.WorkshopCNN);
+- `build_model`: the workshop CNN (harness.tasks.models.WorkshopCNN);
 - `evaluate` and `report`: a model's summed test loss and correct count, and the epoch's line;
 - `use_launcher_environment`: torchrun's variables under any launcher (harness.process.discovery), so that
   `init_process_group`'s default env:// works under srun, mpiexec and horovodrun as well;
@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..data.builtin import load_digits
 from ..process.discovery import ClusterEnv, detect_cluster
-from ..training.models import WorkshopCNN
+from ..tasks.models import WorkshopCNN
 
 
 class ExerciseObserver(Protocol):

@@ -43,19 +43,19 @@ IMAGE_TREE_SPLITS = (("train", "train"), ("test", "val"))  # harness split -> di
 
 
 def sample_correctness(config: TrainConfig, model_file: str) -> np.ndarray:
-    """Whether the model in `model_file` classifies each sample of `config.dataset`'s test split
-    correctly (bool per sample, in order), scored in this process."""
-    from ..training.evaluate import load_model_file
+    """Whether the model in `model_file` classifies each sample of the test split of the config's
+    image task correctly (bool per sample, in order), scored in this process."""
+    from ..tasks.loading import load_task
+    from ..tasks.task import BatchContext
+    from ..training.score import load_model_file
 
-    test_set = load_split(
-        config.dataset, "test", DataOptions(config.data_dir, config.model, config.image_size, config.timeout)
-    )
-    channels, size, _ = test_set.shape
-    model = load_model_file(model_file, config, channels, size, test_set.num_classes).eval()
-    normalise = test_set.normaliser(torch.device("cpu"))
-    images, labels = test_set.fetch(np.arange(len(test_set)))
+    loaded = load_task(config.task, config.task_args)
+    model = load_model_file(model_file, loaded.task.build_model(), loaded.label).eval()
+    test_set = loaded.task.test_data
+    batch = test_set.fetch(np.arange(len(test_set)))
+    images, labels = loaded.task.prepare_batch(batch, BatchContext(torch.device("cpu"), training=False))
     with torch.no_grad():
-        predicted = model(normalise(images)).argmax(dim=1)
+        predicted = model(images).argmax(dim=1)
     return (predicted == labels).numpy()
 
 
@@ -352,7 +352,7 @@ def _timed_steps(
     the data wait, compute and elapsed seconds of the last `steps`. `meter` reads the CPU over the
     timed steps: it opens after the warmup and closes before the loader's workers stop, so that
     their CPU time is read while they live and counts as the job's own."""
-    from ..training.models import build_model
+    from ..tasks.models import build_model
     from ..training.timing import device_waiter
 
     finish = device_waiter(target)  # a GPU step is done when the device says so

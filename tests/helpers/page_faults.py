@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.process.allocator import reuse_freed_memory
-from harness.training.models import WorkshopCNN
+from harness.tasks.models import WorkshopCNN
 
 
 def median_step_faults(steps: int = 10) -> float:

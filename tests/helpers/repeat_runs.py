@@ -27,9 +27,7 @@ SEQUENCE = tuple(os.environ.get("REPEAT_SEQUENCE", ",".join(DISTRIBUTED * 2)).sp
 OWN_GROUP_SEQUENCES = (("ddp", "deepspeed"), ("deepspeed",))
 # Every run must end with the weights of one process on the doubled batch (harness.study.equivalence).
 COMMON = dict(
-    model="cnn",
-    dataset="digits",
-    dropout=0.0,
+    task_args={"model": "cnn", "dataset": "digits", "dropout": 0.0},
     seed=0,
     lr=0.05,
     lr_scaling="none",

@@ -1,8 +1,9 @@
-"""Slow storage with an outside clock: a dataset whose every fetch sleeps a known time and logs when.
+"""Slow storage with an outside clock: data whose every fetch sleeps a known time and logs when.
 
-Tests register it in-process; under a launcher this file is the program each rank runs:
+Tests pass `sleepy_task(...)` to harness.train in-process; under a launcher this file is the program
+each rank runs:
     torchrun --nproc-per-node 2 tests/helpers/sleepy_data.py OUT_DIR SLEEP_MS_RANK0,SLEEP_MS_RANK1 [train flags]
-Each rank trains with `harness.train` on dataset "sleepy" and writes OUT_DIR/rank<R>.json holding
+Each rank trains with `harness.train` on the sleepy task and writes OUT_DIR/rank<R>.json holding
 its record and fetch timestamps.
 """
 
@@ -14,46 +15,47 @@ import json
 import os
 import sys
 import time
-from typing import Callable
+from typing import Any
 
 import numpy as np
-import torch
 
-from harness.data import DATASETS, DataOptions, ImageArrays
-from harness.data.builtin import load_synthetic
+from harness import Task
+from harness.tasks.images import image_task
 
 
-class SleepyArrays(ImageArrays):
-    """Synthetic data whose fetches sleep `delay` seconds and append (split, time.time()) to `stamps`."""
+class SleepyData:
+    """Data whose fetches sleep `delay` seconds and append (split, time.time()) to `stamps`."""
 
-    split: str
-    delay: float
-    stamps: list[tuple[str, float]]
+    def __init__(self, data: Any, delay: float, split: str, stamps: list[tuple[str, float]]) -> None:
+        self.data, self.delay, self.split, self.stamps = data, delay, split, stamps
 
-    def fetch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def fetch(self, indices: np.ndarray) -> Any:
         self.stamps.append((self.split, time.time()))
         time.sleep(self.delay)
-        return super().fetch(indices)
+        return self.data.fetch(indices)
 
 
-def sleepy_loader(train_delay: float, stamps: list[tuple[str, float]]) -> Callable[[str, DataOptions], SleepyArrays]:
-    """A DATASETS entry: synthetic data, `train_delay` s per training batch, test batches undelayed."""
-
-    def load(split: str, options: DataOptions) -> SleepyArrays:
-        base = load_synthetic(split, options.model)
-        arrays = SleepyArrays(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
-        arrays.split, arrays.delay, arrays.stamps = split, train_delay if split == "train" else 0.0, stamps
-        return arrays
-
-    return load
+def sleepy_task(train_delay: float, stamps: list[tuple[str, float]]) -> Task:
+    """The CNN on synthetic images, `train_delay` s per training batch, test batches undelayed."""
+    task = image_task(model="cnn", dataset="synthetic")
+    return dataclasses.replace(
+        task,
+        train_data=SleepyData(task.train_data, train_delay, "train", stamps),
+        test_data=SleepyData(task.test_data, 0.0, "test", stamps),
+    )
 
 
 def outside_window_seconds(stamps: list[tuple[str, float]], warmup_steps: int) -> float:
     """Wall time of the timed steps by the dataset's clock: first timed batch fetch to first eval fetch.
 
-    The first timed fetch happens just after the window opens; the first fetch of the evaluation
-    that follows training happens just after it closes (batches are fetched in-process, in order).
-    """
+    Before the run each rank tries its task on one training and one test batch (harness.training.probe):
+    those two fetches are left out. The first timed fetch happens just after the window opens; the
+    first fetch of the evaluation that follows training happens just after it closes (batches are
+    fetched in-process, in order)."""
+    stamps = stamps[2:]
     train_times = [t for split, t in stamps if split == "train"]
     end = next(t for split, t in stamps if split == "test")
     return end - train_times[warmup_steps]
@@ -68,11 +70,10 @@ def main(argv: list[str]) -> None:
     out_dir, delays, train_args = argv[0], [float(ms) / 1000 for ms in argv[1].split(",")], argv[2:]
     rank = detect_cluster().rank
     stamps: list[tuple[str, float]] = []
-    DATASETS["sleepy"] = sleepy_loader(delays[rank], stamps)
     parser = OneLineParser(prog="sleepy_data")
     add_train_flags(parser)
     gc.disable()  # a GC pause between a window boundary and the dataset's clock would be the test's error
-    record = train(config_from_args(parser.parse_args(["--dataset", "sleepy", *train_args])))
+    record = train(config_from_args(parser.parse_args(train_args)), task=sleepy_task(delays[rank], stamps))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump({"record": record, "stamps": stamps, "delay": delays[rank]}, handle)
 

@@ -3,21 +3,21 @@ time on chosen ranks, and logs how long each wait really took.
 
 Under a launcher this file is the program each rank runs:
     torchrun --nproc-per-node 2 tests/helpers/slow_rank_model.py OUT_DIR DELAY_MS_RANK0,DELAY_MS_RANK1 [train flags]
-Each rank trains `harness.train` on model "slow-rank-cnn" and writes OUT_DIR/rank<R>.json holding
+Each rank trains `harness.train` on a task of that CNN and writes OUT_DIR/rank<R>.json holding
 its record and the wall seconds of every wait (time.sleep may oversleep on a busy machine, so the
 test uses what the waits took, not what was asked).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 import time
 
-from torch import nn
-
-from harness.training.models import MODELS, WorkshopCNN
+from harness.tasks.images import image_task
+from harness.tasks.models import WorkshopCNN
 
 
 class SlowCNN(WorkshopCNN):
@@ -44,13 +44,11 @@ def main(argv: list[str]) -> None:
     rank = detect_cluster().rank
     SlowCNN.delay = delays[rank]
 
-    def build(channels: int, size: int, num_classes: int, dropout) -> nn.Module:
-        return SlowCNN(channels, size, num_classes, dropout)
-
-    MODELS["slow-rank-cnn"] = build
     parser = OneLineParser(prog="slow_rank_model")
     add_train_flags(parser)
-    record = train(config_from_args(parser.parse_args(["--model", "slow-rank-cnn", *train_args])))
+    config = config_from_args(parser.parse_args(train_args))
+    task = dataclasses.replace(image_task(**config.task_args), build_model=SlowCNN)
+    record = train(config, task=task)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump({"record": record, "waits": SlowCNN.waits}, handle)
 

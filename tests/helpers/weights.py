@@ -6,7 +6,7 @@ import torch
 
 from harness.fileio import load_tensors
 from harness.study.equivalence import update_differences, worst
-from harness.training.models import build_model
+from harness.tasks.models import build_model
 
 
 def load_weights(path) -> dict[str, torch.Tensor]:

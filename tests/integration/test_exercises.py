@@ -17,7 +17,7 @@ import torch
 from harness import workshop
 from harness.process.launchers import free_port, launcher_command
 from harness.study.equivalence import UPDATE_BOUND, update_differences, worst
-from harness.training.models import WorkshopCNN
+from harness.tasks.models import WorkshopCNN
 from harness.workshop.checker import CheckResult, check_script
 from tests.conftest import REPO, harness, run
 from tests.helpers.weights import load_weights

@@ -14,7 +14,7 @@ import torch
 from harness import Callback, TrainConfig, UsageError, train
 from harness.backends import BACKENDS
 from harness.cli import show_progress
-from harness.training.models import build_model
+from harness.tasks.models import build_model
 from tests.helpers.weights import load_weights
 
 RECORD_FIELDS = {
@@ -152,7 +152,7 @@ def test_config_round_trips_through_json_and_the_cli_reads_it(tmp_path, backend)
     defaults, example = BACKENDS[backend].Options(), BACKENDS[backend].Options.examples()[-1]
     config = TrainConfig(
         backend=backend,
-        model="cnn",
+        task_args={"model": "cnn"},
         batch_size=32,
         tags={"lesson": "02"},
         warmup_epochs=0.5,

@@ -146,7 +146,7 @@ CASES = [
     ),
     Case(
         "keep no checkpoints",
-        "--keep-checkpoints must be at least 1, got 0",
+        "--keep-checkpoints must be a positive integer, got 0",
         lambda tmp, checkpoints: ["--keep-checkpoints", "0", "--checkpoint-dir", str(tmp / "new")],
     ),
     Case(
@@ -217,8 +217,8 @@ CASES = [
     # checkpoint contents
     Case(
         "another model",
-        "holds a cnn model but this run trains resnet18; use the checkpoint's settings, or start "
-        "a new run with another --checkpoint-dir",
+        "was written with task arguments model='cnn' but this run has model='resnet18'; use the checkpoint's "
+        "settings, or start a new run with another --checkpoint-dir",
         _resume(2, "--model", "resnet18"),
     ),
     Case("another learning rate", "was written with --lr 0.02 but this run has --lr 0.5", _resume(2, "--lr", "0.5")),

@@ -18,18 +18,17 @@ import torch
 from harness import TrainConfig, train
 from harness.backends import BACKENDS
 from harness.errors import Preempted, UsageError
+from harness.tasks.images import ImageOptions
 from harness.training.checkpoint import Checkpoint, RunLayout, capture_rng_state, restore_rng_state
 from harness.training.resume import check_compatible
 from tests.helpers.checkpoint_helpers import checkpoint_steps, records
 from tests.helpers.weights import load_weights, max_abs_difference
 
 CONFIG = TrainConfig(
-    model="cnn",
-    dataset="digits",
+    task_args={"model": "cnn", "dataset": "digits", "dropout": 0.25},
     batch_size=128,
     epochs=3,
     lr=0.02,
-    dropout=0.25,
     seed=7,
     threads=1,
     eval_every=0,
@@ -123,8 +122,13 @@ def test_checkpoint_holds_everything_in_plain_files(tmp_path, monkeypatch):
         "train_set_size": 1500,
         "steps_per_epoch": 11,
         "total_steps": TOTAL_STEPS,
+        "task": {
+            "spec": "images",
+            "args": {**ImageOptions().as_dict(), "dropout": 0.25},
+            "sha256": None,
+        },
     }
-    assert manifest["config"]["model"] == "cnn" and manifest["reason"] == "preempted"
+    assert manifest["config"]["task_args"]["model"] == "cnn" and manifest["reason"] == "preempted"
     assert len(manifest["progress"]["train_losses"]) == 1 and sorted(manifest["files"]) == [
         "model.pt",
         "rank-00000.pt",

@@ -127,7 +127,7 @@ def test_bad_model_files_for_evaluate(tmp_path, capsys):
     assert main(["train", "--max-steps", "2", "--threads", "1", "--save-model", str(model_file)]) == 0
     capsys.readouterr()
     line = one_line_error(capsys, ["evaluate", "--model-file", str(model_file), "--model", "resnet18"])
-    assert "does not fit --model resnet18 on --dataset digits" in line
+    assert "does not fit the model of task 'images'" in line and "pass the --task and task arguments" in line
 
 
 @pytest.mark.parametrize(

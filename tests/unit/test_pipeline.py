@@ -11,10 +11,9 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from harness import TrainConfig
-from harness.data import DataOptions, load_split
 from harness.errors import UsageError
-from harness.training.evaluate import evaluate_model_file
-from harness.training.models import build_model
+from harness.training.plan import initial_model
+from harness.training.score import evaluate_model_file
 from harness.workshop.pipeline import (
     compare_loading,
     measure_loading,
@@ -66,11 +65,8 @@ def test_padded_evaluation_refuses_a_world_size_below_one():
 
 def test_sample_correctness_reproduces_the_harness_exact_evaluation(tmp_path):
     config = TrainConfig(backend="none", threads=1)
-    test_set = load_split("digits", "test", DataOptions(config.data_dir, config.model, config.image_size, 60.0))
-    channels, size, _ = test_set.shape
-    torch.manual_seed(0)
     model_file = str(tmp_path / "model.pt")
-    torch.save(build_model(config.model, channels, size, test_set.num_classes).state_dict(), model_file)
+    torch.save(initial_model(config).state_dict(), model_file)
     exact = evaluate_model_file(config, model_file)
     correct = sample_correctness(config, model_file)
     assert exact["eval_samples"] == len(correct) == DIGITS_TEST_SAMPLES  # every test sample once

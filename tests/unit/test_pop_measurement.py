@@ -20,13 +20,12 @@ from harness import TrainConfig, train
 from harness.backends import BACKENDS
 from harness.backends.ddp import DDPBackend
 from harness.backends.single import SingleProcessBackend
-from harness.data import DATASETS
 from harness.process.launchers import free_port
-from tests.helpers.sleepy_data import outside_window_seconds, sleepy_loader
+from tests.helpers.sleepy_data import outside_window_seconds, sleepy_task
 
 FETCH_SLEEP_S = 0.02
 SYNC_SLEEP_S = 0.08
-SHORT_RUN = dict(model="cnn", batch_size=8, max_steps=25, timing_warmup_steps=5, threads=1, eval_every=0)
+SHORT_RUN = dict(batch_size=8, max_steps=25, timing_warmup_steps=5, threads=1, eval_every=0)
 
 
 @pytest.fixture
@@ -38,10 +37,9 @@ def no_gc_pauses():
     gc.enable()
 
 
-def test_throughput_agrees_with_samples_over_outside_wall_time(monkeypatch, no_gc_pauses):
+def test_throughput_agrees_with_samples_over_outside_wall_time(no_gc_pauses):
     stamps: list = []
-    monkeypatch.setitem(DATASETS, "sleepy", sleepy_loader(FETCH_SLEEP_S, stamps))
-    record = train(TrainConfig(dataset="sleepy", **{**SHORT_RUN, "max_steps": 45}))
+    record = train(TrainConfig(**{**SHORT_RUN, "max_steps": 45}), task=sleepy_task(FETCH_SLEEP_S, stamps))
     outside = outside_window_seconds(stamps, record["timing_warmup_steps"])
     assert record["timed_steps"] == 40
     assert record["throughput"] == pytest.approx(record["timed_steps"] * record["global_batch"] / outside, rel=0.02)
@@ -77,8 +75,8 @@ class SlowAllreduceDDP(DDPBackend):
 
     name = "slow-allreduce-ddp"
 
-    def wrap(self, model, make_optimizer, config, local_batch):
-        wrapped = super().wrap(model, make_optimizer, config, local_batch)
+    def wrap(self, model, make_optimizer, local_batch):
+        wrapped = super().wrap(model, make_optimizer, local_batch)
         self.reduces = True
 
         def delayed(state, bucket):
@@ -95,7 +93,7 @@ class SlowAllreduceDDP(DDPBackend):
 def _per_step(monkeypatch, backend) -> dict:
     monkeypatch.setitem(BACKENDS, backend.name, backend)
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    record = train(TrainConfig(backend=backend.name, dataset="synthetic", **SHORT_RUN))
+    record = train(TrainConfig(backend=backend.name, task_args={"dataset": "synthetic"}, **SHORT_RUN))
     per_step = record["step_breakdown"]["seconds_per_step"]
     parts = sum(per_step[k] for k in ("data_wait", "forward_backward", "communication", "optimizer", "other"))
     assert parts == pytest.approx(per_step["runtime"])
@@ -123,9 +121,9 @@ def test_slow_compute_before_the_last_gradient_is_not_communication(monkeypatch)
 
 
 def test_the_calibrated_compute_is_a_cross_check_beside_the_window():
-    record = train(TrainConfig(dataset="synthetic", calibration_steps=3, **SHORT_RUN))
+    record = train(TrainConfig(task_args={"dataset": "synthetic"}, calibration_steps=3, **SHORT_RUN))
     breakdown = record["step_breakdown"]
     assert breakdown["calibration_steps"] == 3 and breakdown["compute_per_step_calibrated"][0] > 0
-    plain = train(TrainConfig(dataset="synthetic", **SHORT_RUN))["step_breakdown"]
+    plain = train(TrainConfig(task_args={"dataset": "synthetic"}, **SHORT_RUN))["step_breakdown"]
     assert plain["compute_per_step_calibrated"] == [None]
     assert plain["seconds_per_step"]["communication"] is not None

@@ -50,7 +50,7 @@ def test_bf16_keeps_float32_weights_and_records_its_settings(tmp_path):
 
 
 def test_channels_last_trains_the_same_model():
-    common = dict(batch_size=32, max_steps=3, threads=1, eval_every=0, calibration_steps=0, dropout=0.0)
+    common = dict(batch_size=32, max_steps=3, threads=1, eval_every=0, calibration_steps=0, task_args={"dropout": 0.0})
     plain, channels_last = train(TrainConfig(**common)), train(TrainConfig(channels_last=True, **common))
     assert channels_last["train_losses"] == pytest.approx(plain["train_losses"], rel=1e-5)
     assert channels_last["eval_accuracy"] == pytest.approx(plain["eval_accuracy"], abs=1 / 297)

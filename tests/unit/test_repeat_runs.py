@@ -15,9 +15,7 @@ from harness import TrainConfig
 from tests.helpers.weights import load_weights, max_abs_difference
 
 COMMON = dict(
-    model="cnn",
-    dataset="digits",
-    dropout=0.0,
+    task_args={"model": "cnn", "dataset": "digits", "dropout": 0.0},
     seed=0,
     lr=0.05,
     lr_scaling="none",

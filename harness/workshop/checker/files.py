@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from ...training.models import WorkshopCNN
+from ...tasks.models import WorkshopCNN
 from .control import RunDirectory
 from .reference import max_gap
 from .todos import Failure

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ...study.equivalence import UPDATE_BOUND, update_differences, worst
-from ...training.models import WorkshopCNN
+from ...tasks.models import WorkshopCNN
 from .. import exercise
 from .observe import Observation
 from .todos import Failure, Framework
