@@ -311,8 +311,8 @@ REQUIRE_HELPER = "harness.errors"
 # Permanent changes to this process's environment, each made for the processes or libraries that
 # read it later, so there is nothing to restore (every temporary change goes through the helper).
 PERMANENT_ENVIRONMENT = {
-    "harness.backends.deepspeed": "limit_collective_waits: DEEPSPEED_TIMEOUT for a whole checked script",
-    "harness.backends.horovod": "limit_collective_waits: HOROVOD_GLOO_TIMEOUT_SECONDS for a whole checked script",
+    "harness.backends.deepspeed": "DeepSpeedScriptHooks.limit_collective_waits: DEEPSPEED_TIMEOUT for a whole checked script",
+    "harness.backends.horovod": "HorovodScriptHooks.limit_collective_waits: HOROVOD_GLOO_TIMEOUT_SECONDS for a whole checked script",
     "harness.workshop.engines": "IPP_NONINTERACTIVE, read once when ipyparallel is imported",
     "harness.workshop.exercise": "torchrun's variables, exported for the script's env:// and its children",
 }

@@ -40,6 +40,7 @@ from ..process.discovery import ClusterEnv
 from ..process.environment import patched_environ
 from .collectives import CollectiveMeter
 from .precision import Precision
+from .scripts import ScriptHooks
 from .traffic import Collective, ModelShape
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -95,6 +96,9 @@ class Backend(abc.ABC):
     # record counts them in the job's own demand for cores (harness.training.contention), so that
     # the job's own oversubscription is never taken for another process's load.
     helper_threads: ClassVar[tuple[str, ...]] = ()
+    # What `harness check` uses to watch an attendee's script that runs this framework itself
+    # (harness.backends.scripts): not part of a training run.
+    script_hooks: ClassVar[type[ScriptHooks]] = ScriptHooks
 
     def __init__(self, options: Optional[BaseOptions] = None, settings: Optional[BackendSettings] = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -232,17 +236,6 @@ class Backend(abc.ABC):
         call from one place (Horovod then negotiates it once); at most one per name is in flight.
         """
 
-    def start_collective(
-        self, kind: str, send: torch.Tensor, receive: torch.Tensor, name: str
-    ) -> Callable[[], torch.Tensor]:
-        """Start one collective of `kind` (harness.backends.traffic.KINDS) for `harness bench`:
-        all_reduce sums `send` in place (`receive` is the same tensor), all_gather fills `receive`
-        with every rank's `send`, reduce_scatter leaves this rank's slice of the sum of `send` in
-        `receive`; the returned function waits. A kind this backend cannot run raises UsageError."""
-        if kind == "all_reduce":
-            return self.start_all_reduce_sum(send, name)
-        raise UsageError(f"backend {self.name!r} does not time {kind} on its own; use --backend ddp for {kind}")
-
     @abc.abstractmethod
     def barrier(self) -> None:
         """Wait until every rank gets here."""
@@ -306,26 +299,6 @@ class Backend(abc.ABC):
         """True if `error` says a collective failed because another rank died or stopped answering
         (whether it came from this backend or from a script using the framework directly)."""
         return False
-
-    @classmethod
-    def limit_collective_waits(cls, seconds: float) -> None:
-        """Make the framework's collectives in this process give up after `seconds` when a peer does
-        not answer, for a script that uses the framework itself rather than this backend (`harness
-        check` runs attendees' scripts so). Call it before the script starts the framework; it is
-        process-wide and not undone (a backend's own run bounds its waits by --timeout in `init`)."""
-
-    @classmethod
-    def watch_engine_config(cls, record: Callable[[Any], None]) -> None:
-        """Hand `record` the config of every engine a script in this process builds with the
-        framework itself, before the framework reads it (`harness check` judges DeepSpeed's batch
-        settings so). A framework without an engine config has nothing to watch."""
-
-    @classmethod
-    def watch_gradient_syncs(cls, record: Callable[[], None]) -> None:
-        """Call `record` each time the framework, in a script in this process that uses it itself,
-        issues one of the gradient communications of a backward pass (`harness check` counts the
-        backward passes that communicated per optimizer step so). A framework whose gradient
-        communications cannot be told apart from the script's own watches none."""
 
     def math_settings(self) -> dict[str, Any]:
         """Every setting that changes the math, as applied; identical across backends by design."""

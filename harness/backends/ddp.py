@@ -16,7 +16,7 @@ from ..errors import UsageError
 from ..options import BaseOptions, option
 from . import compat
 from .base import OptimizerFactory
-from .torch_distributed import TorchDistributedBackend
+from .torch_distributed import TorchDistributedBackend, TorchDistributedScriptHooks
 from .traffic import Collective, ModelShape
 
 FIRST_BUCKET_BYTES = 2**20  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES, which DDP uses unless told
@@ -31,6 +31,29 @@ def unused_parameters_message(names: list[str]) -> str:
     )
 
 
+class DDPScriptHooks(TorchDistributedScriptHooks):
+    """A script's DDP models tell each gradient bucket they allreduce."""
+
+    @classmethod
+    def watch_gradient_syncs(cls, record: Callable[[], None]) -> None:
+        # Every DDP model built from now on allreduces its buckets through a comm hook that tells
+        # `record`, then does what the default allreduce hook does (as wrap's metered one). A
+        # backward inside no_sync reduces nothing, so no bucket of it reaches the hook.
+        built = DistributedDataParallel.__init__
+
+        # Unannotated: DDP compares a hook's annotations with its classes, and under postponed
+        # evaluation (this module's __future__ import) they are strings.
+        def told(state, bucket):  # type: ignore[no-untyped-def]
+            record()
+            return allreduce_hook(state, bucket)
+
+        def watched(self: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
+            built(self, *args, **kwargs)
+            self.register_comm_hook(None, told)
+
+        DistributedDataParallel.__init__ = watched  # type: ignore[method-assign]
+
+
 class DDPBackend(TorchDistributedBackend):
     """Gradients are averaged by DDP's bucketed allreduce, overlapped with the backward pass."""
 
@@ -38,6 +61,7 @@ class DDPBackend(TorchDistributedBackend):
     # Through the process group of harness.process.accelerator.communicator: NCCL (RCCL on ROCm),
     # XCCL or oneCCL on Intel GPUs, gloo on the CPU.
     devices = ("cuda", "rocm", "xpu", "cpu")
+    script_hooks = DDPScriptHooks
 
     @dataclass(frozen=True)
     class Options(BaseOptions):
@@ -86,25 +110,6 @@ class DDPBackend(TorchDistributedBackend):
             # DDP's default; https://pytorch.org/docs/stable/ddp_comm_hooks.html).
             self.model.register_comm_hook(None, allreduce_hook)
         return self.model, self.optimizer
-
-    @classmethod
-    def watch_gradient_syncs(cls, record: Callable[[], None]) -> None:
-        # Every DDP model built from now on allreduces its buckets through a comm hook that tells
-        # `record`, then does what the default allreduce hook does (as wrap's metered one). A
-        # backward inside no_sync reduces nothing, so no bucket of it reaches the hook.
-        built = DistributedDataParallel.__init__
-
-        # Unannotated: DDP compares a hook's annotations with its classes, and under postponed
-        # evaluation (this module's __future__ import) they are strings.
-        def told(state, bucket):  # type: ignore[no-untyped-def]
-            record()
-            return allreduce_hook(state, bucket)
-
-        def watched(self: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
-            built(self, *args, **kwargs)
-            self.register_comm_hook(None, told)
-
-        DistributedDataParallel.__init__ = watched  # type: ignore[method-assign]
 
     def check_unused_parameters(self, names: list[str]) -> None:
         if names and not self.options.find_unused_parameters:

@@ -18,7 +18,7 @@ from ..process.discovery import ClusterEnv
 from . import compat
 from .base import BackendSettings, OptimizerFactory, zero_missing_gradients
 from .precision import LOSS_SCALE, Precision
-from .torch_distributed import TorchDistributedBackend
+from .torch_distributed import TorchDistributedBackend, TorchDistributedScriptHooks
 from .traffic import Collective, ModelShape, evenly
 
 NO_PRINT = 1 << 30
@@ -101,6 +101,34 @@ def check_loss_scaler(scaler: Optional[torch.amp.GradScaler]) -> None:
         )
 
 
+class DeepSpeedScriptHooks(TorchDistributedScriptHooks):
+    """A script's DeepSpeed: its init timeout bounded, the config of every engine it builds told."""
+
+    @classmethod
+    def limit_collective_waits(cls, seconds: float) -> None:
+        super().limit_collective_waits(seconds)
+        # deepspeed.init_distributed's timeout, read when deepspeed is imported: whole minutes (default 10).
+        # Set for good, not patched: it is for the whole process of a script that runs DeepSpeed itself.
+        os.environ["DEEPSPEED_TIMEOUT"] = str(max(1, round(seconds / 60)))
+
+    @classmethod
+    def watch_engine_config(cls, record: Callable[[Any], None]) -> None:
+        # The config as deepspeed.initialize takes it: a dict or a JSON file's path, by keyword or
+        # in args.deepspeed_config. Scripts look deepspeed.initialize up when they call it.
+        import deepspeed
+
+        initialize = deepspeed.initialize
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            given = kwargs.get("config") or kwargs.get("config_params")
+            if given is None:
+                given = getattr(kwargs.get("args", args[0] if args else None), "deepspeed_config", None)
+            record(given)
+            return initialize(*args, **kwargs)
+
+        deepspeed.initialize = watched
+
+
 class DeepSpeedBackend(TorchDistributedBackend):
     """deepspeed.initialize on a torch optimizer; the harness sets the LR, no DeepSpeed scheduler."""
 
@@ -109,6 +137,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
     library = "deepspeed"
     install_hint = compat.DEEPSPEED_INSTALL
     checkpoint_format = "deepspeed"
+    script_hooks = DeepSpeedScriptHooks
     # DeepSpeed 0.19 broadcasts each weight as raw bytes (p.data.view(torch.uint8)), which a
     # channels-last 4-D weight cannot give, and ZeRO flattens weights into contiguous buffers.
     channels_last_weights = False
@@ -247,30 +276,6 @@ class DeepSpeedBackend(TorchDistributedBackend):
 
     def module(self) -> nn.Module:
         return self.engine.module
-
-    @classmethod
-    def limit_collective_waits(cls, seconds: float) -> None:
-        super().limit_collective_waits(seconds)
-        # deepspeed.init_distributed's timeout, read when deepspeed is imported: whole minutes (default 10).
-        # Set for good, not patched: it is for the whole process of a script that runs DeepSpeed itself.
-        os.environ["DEEPSPEED_TIMEOUT"] = str(max(1, round(seconds / 60)))
-
-    @classmethod
-    def watch_engine_config(cls, record: Callable[[Any], None]) -> None:
-        # The config as deepspeed.initialize takes it: a dict or a JSON file's path, by keyword or
-        # in args.deepspeed_config. Scripts look deepspeed.initialize up when they call it.
-        import deepspeed
-
-        initialize = deepspeed.initialize
-
-        def watched(*args: Any, **kwargs: Any) -> Any:
-            given = kwargs.get("config") or kwargs.get("config_params")
-            if given is None:
-                given = getattr(kwargs.get("args", args[0] if args else None), "deepspeed_config", None)
-            record(given)
-            return initialize(*args, **kwargs)
-
-        deepspeed.initialize = watched
 
     def save_checkpoint(self, directory: str, rank: int) -> None:
         # ZeRO partitions the optimizer state (stage 3 the weights too): every rank writes its own

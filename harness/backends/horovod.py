@@ -19,6 +19,7 @@ from ..process.launchers import MPI_FAMILIES, families
 from . import compat
 from .base import Backend, OptimizerFactory
 from .collectives import InFlight, nbytes
+from .scripts import ScriptHooks
 from .traffic import Collective, ModelShape, in_buckets
 
 # Ranks Horovod can join: those MPI, horovodrun or srun started, and a plain process; Horovod does
@@ -51,6 +52,16 @@ def _whole_seconds(seconds: float) -> str:
     return str(max(1, round(seconds)))
 
 
+class HorovodScriptHooks(ScriptHooks):
+    """A script's Horovod collectives bounded in time."""
+
+    @classmethod
+    def limit_collective_waits(cls, seconds: float) -> None:
+        # hvd.init() reads it; horovodrun's own --gloo-timeout-seconds would otherwise stand. Set for
+        # good, not patched: it is for the whole process of a script that runs Horovod itself.
+        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = _whole_seconds(seconds)
+
+
 class HorovodBackend(Backend):
     """hvd.DistributedOptimizer with explicit averaging; parameters broadcast from rank 0."""
 
@@ -61,6 +72,7 @@ class HorovodBackend(Backend):
     helper_threads = ("1 background thread (Horovod's)",)
     local_launchers = ("horovodrun", "mpirun")  # HOROVOD_LAUNCHERS on one machine
     library = "horovod"
+    script_hooks = HorovodScriptHooks
     install_hint = "run `make setup` (builds Horovod 0.28.1 against this torch) or load your site's module"
     # Horovod refuses non-contiguous tensors ("Tensor is required to be contiguous") in its
     # broadcast and in the gradient allreduce, and a channels-last weight's gradient is one.
@@ -281,12 +293,6 @@ class HorovodBackend(Backend):
         # Looked up, not imported: an error raised before Horovod was loaded is not Horovod's.
         exceptions = sys.modules.get("horovod.common.exceptions")
         return exceptions is not None and isinstance(error, exceptions.HorovodInternalError)
-
-    @classmethod
-    def limit_collective_waits(cls, seconds: float) -> None:
-        # hvd.init() reads it; horovodrun's own --gloo-timeout-seconds would otherwise stand. Set for
-        # good, not patched: it is for the whole process of a script that runs Horovod itself.
-        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = _whole_seconds(seconds)
 
     def math_settings(self) -> dict[str, Any]:
         settings = super().math_settings()

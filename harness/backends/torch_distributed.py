@@ -16,6 +16,7 @@ from ..process.discovery import ClusterEnv
 from . import compat
 from .base import Backend
 from .collectives import torch_distributed_wrappers
+from .scripts import ScriptHooks
 
 # Substrings of the errors gloo raises when a peer is gone: "Connection closed by peer", "Read error
 # ...: Connection reset by peer", "Timed out waiting 20000ms for recv operation to complete", and
@@ -44,6 +45,16 @@ def process_group_backend(device: torch.device, procs_per_gpu: int) -> str:
     return "gloo"
 
 
+class TorchDistributedScriptHooks(ScriptHooks):
+    """A script's torch.distributed collectives bounded in time."""
+
+    @classmethod
+    def limit_collective_waits(cls, seconds: float) -> None:
+        # The defaults of every group made without a timeout, init_process_group's included.
+        for name, timeout in compat.group_timeout_defaults(seconds).items():
+            setattr(distributed_c10d, name, timeout)
+
+
 class TorchDistributedBackend(Backend):
     """A backend whose ranks talk through a torch.distributed process group (gloo or NCCL)."""
 
@@ -53,6 +64,7 @@ class TorchDistributedBackend(Backend):
     helper_threads = ("1 communication thread (the process group's)",)
 
     local_launcher = "torchrun"
+    script_hooks = TorchDistributedScriptHooks
 
     def check_launch(self, cluster: ClusterEnv, device: torch.device) -> None:
         """Any launcher works: rank and size come from harness.process.discovery."""
@@ -119,22 +131,6 @@ class TorchDistributedBackend(Backend):
 
         return wait
 
-    def start_collective(
-        self, kind: str, send: torch.Tensor, receive: torch.Tensor, name: str
-    ) -> Callable[[], torch.Tensor]:
-        if kind == "all_gather":
-            work = dist.all_gather_into_tensor(receive, send, async_op=True)
-        elif kind == "reduce_scatter":
-            work = dist.reduce_scatter_tensor(receive, send, async_op=True)
-        else:
-            return super().start_collective(kind, send, receive, name)
-
-        def wait() -> torch.Tensor:
-            work.wait()
-            return receive
-
-        return wait
-
     def barrier(self) -> None:
         dist.barrier()
 
@@ -145,12 +141,6 @@ class TorchDistributedBackend(Backend):
         return isinstance(error, dist.DistError) or (
             isinstance(error, RuntimeError) and any(marker in str(error) for marker in GLOO_FAILURE_MARKERS)
         )
-
-    @classmethod
-    def limit_collective_waits(cls, seconds: float) -> None:
-        # The defaults of every group made without a timeout, init_process_group's included.
-        for name, timeout in compat.group_timeout_defaults(seconds).items():
-            setattr(distributed_c10d, name, timeout)
 
     def shutdown(self) -> None:
         if getattr(self, "owns_process_group", False) and dist.is_initialized():

@@ -32,6 +32,7 @@ import time
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 from ..backends import Backend, BackendSettings, backend_class, get_backend
 from ..errors import UsageError
@@ -131,6 +132,22 @@ def _slowest(
     return backend.all_reduce_sum(table.to(device if on_device else torch.device("cpu"))).cpu().tolist()
 
 
+def _start(backend: Backend, kind: str, send: torch.Tensor, receive: torch.Tensor, name: str) -> Callable[[], Any]:
+    """Start one collective of `kind` (harness.backends.traffic.KINDS); the function that waits.
+    all_reduce sums `send` in place through the backend's own communicator (Horovod's controller
+    too); all_gather fills `receive` with every rank's `send` and reduce_scatter leaves this rank's
+    slice of the sum of `send` in `receive`, on the run's torch.distributed process group."""
+    if kind == "all_reduce":
+        return backend.start_all_reduce_sum(send, name)
+    if not dist.is_initialized():
+        raise UsageError(
+            f"backend {backend.name!r} has no process group to time {kind} on; use --backend ddp for {kind}"
+        )
+    start = dist.all_gather_into_tensor if kind == "all_gather" else dist.reduce_scatter_tensor
+    work = start(receive, send, async_op=True)
+    return lambda: (work.wait(), receive)[1]
+
+
 def _time_size(
     backend: Backend, size: int, device: torch.device, settings: BenchSettings, cluster: ClusterEnv
 ) -> dict[str, Any]:
@@ -145,7 +162,7 @@ def _time_size(
     wait_for_device = device_waiter(device)
 
     def start() -> Callable[[], torch.Tensor]:
-        return backend.start_collective(kind, send, receive, name)
+        return _start(backend, kind, send, receive, name)
 
     def once() -> float:
         begin = time.perf_counter()

@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import marshal
 import os
 import sys
 import traceback
@@ -191,13 +192,14 @@ def file_sha256(path: str) -> str:
 
 
 def _function_source(function: Callable[..., Any]) -> tuple[Optional[str], Optional[str]]:
-    """A function's source file (a notebook cell's too) and the sha256 of its source text."""
+    """A function's source file and the sha256 of its source text. A function sent from a notebook
+    to its engines has no source there: then "<module>" and the sha256 of its compiled code, the
+    same for the same cell on every engine."""
     try:
         text = inspect.getsource(function)
-    except (OSError, TypeError):
-        return None, None
-    try:
         source = inspect.getsourcefile(function)
-    except TypeError:
-        source = None
+    except (OSError, TypeError):
+        code = getattr(function, "__code__", None)
+        digest = hashlib.sha256(marshal.dumps(code)).hexdigest() if code is not None else None
+        return f"<{getattr(function, '__module__', '?')}>", digest
     return source, hashlib.sha256(text.encode()).hexdigest()

@@ -247,6 +247,11 @@ def start_engines(
         ) from exc
     view = client[:]
     view.block = True
+    # What a cell defines travels by value: a task whose model class and data are defined in the
+    # notebook, and a function using names the cell imported (ipyparallel's own pickling sends a
+    # function without the globals it reads, and a class defined in a cell by reference to a
+    # notebook the engines do not have).
+    view.use_cloudpickle()
     if activate:
         _activate_magics(view)
     engine_set = cluster.engine_set

@@ -315,7 +315,7 @@ def test_the_check_counts_the_backward_passes_in_which_ddp_communicates(monkeypa
     """The DDP backend's watch sees each backward that reduces, and none run inside no_sync (1 rank, gloo)."""
     monkeypatch.setattr(DistributedDataParallel, "__init__", DistributedDataParallel.__init__)  # put back after
     communicated, backward = [], [0]
-    backend_class("ddp").watch_gradient_syncs(lambda: communicated.append(backward[0]))
+    backend_class("ddp").script_hooks.watch_gradient_syncs(lambda: communicated.append(backward[0]))
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{free_port()}",

@@ -2,7 +2,7 @@
 
 `run_rank` is what every rank of a check runs (through `python -m harness.workshop.checker`). It
 places the rank on a simulated node of its own if asked (devices.simulate_nodes), bounds the
-collectives of the script's framework (its backend's `limit_collective_waits`), installs a
+collectives of the script's framework (its backend's `script_hooks.limit_collective_waits`), installs a
 RankObserver and runs the script with runpy in the rank's own working directory. The observer is
 an ExerciseObserver (harness.workshop.exercise.add_observer: the flags parsed, the samples each
 workshop.digits fetch served, the model workshop.build_model made, the sums workshop.evaluate
@@ -326,8 +326,8 @@ def _watch(observer: RankObserver, framework: type[Backend]) -> None:
     register_optimizer_step_pre_hook(observer.before_step)
     register_optimizer_step_post_hook(observer.after_step)
     watch_set_device(observer.device_chosen)
-    framework.watch_engine_config(observer.engine_config)
-    framework.watch_gradient_syncs(observer.gradients_synced)
+    framework.script_hooks.watch_engine_config(observer.engine_config)
+    framework.script_hooks.watch_gradient_syncs(observer.gradients_synced)
     sys.stdout = StdoutTee(sys.stdout, observer.printed.append)  # type: ignore[assignment]
 
 
@@ -367,7 +367,7 @@ def run_rank(
     files.mkdir(parents=True, exist_ok=True)
     enable_stack_dumps(observations)
     framework = backend_class(backend)
-    framework.limit_collective_waits(collective_timeout)
+    framework.script_hooks.limit_collective_waits(collective_timeout)
     observer = RankObserver(place, script, framework.is_peer_failure)
     _watch(observer, framework)
     os.chdir(files)
