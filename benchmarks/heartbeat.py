@@ -21,7 +21,7 @@ import random
 import statistics
 import time
 
-from harness.process import heartbeat as phase
+from harness.process import phases as phase
 from harness.process.discovery import ClusterEnv
 from harness.process.heartbeat import Heartbeat
 from harness.training.launch import launched_record
@@ -29,7 +29,7 @@ from harness.training.launch import launched_record
 BACKEND, RANKS = "ddp", 2
 GOAL = 0.99
 BOOTSTRAP_SAMPLES = 2000
-STEP_PHASES = (phase.DATA, phase.FORWARD_BACKWARD, phase.GRADIENT_SYNC, phase.OPTIMIZER)
+STEP_PHASES = (phase.DATA, phase.FORWARD, phase.BACKWARD, phase.GRADIENT_SYNC, phase.OPTIMIZER)
 GLOBAL_BATCH = 64 * RANKS
 
 
@@ -57,8 +57,8 @@ def seconds_per_step_added(steps: int = 20000, rounds: int = 7) -> float:
                 started = time.perf_counter()
                 for step in range(1, steps + 1):
                     for name in STEP_PHASES:
-                        beats.beat(step, name)
-                    beats.beat(step, phase.VOTE)
+                        beats.beat(step, name.label)
+                    beats.beat(step, phase.VOTE.label)
                 best[enabled] = min(best[enabled], (time.perf_counter() - started) / steps)
     finally:
         on.stop()

@@ -6,7 +6,7 @@ Python API (what notebooks, exercises and job templates use; every CLI command h
     import harness
     record = harness.train(harness.TrainConfig(backend="ddp", epochs=1))       # harness train
     record = harness.train(config, task=make_task)   # your own harness.Task (harness train --task FILE.py:make_task)
-    result = harness.run_sweep(harness.SweepSettings(...))                      # harness sweep
+    result = harness.run_sweep(harness.SweepSettings(...), task=make_task)     # harness sweep --task FILE.py:make_task
     bench = harness.bench_allreduce(harness.BenchSettings(backend="ddp", ranks=2))   # harness bench allreduce
     harness.check_study("polaris", "submissions/polaris.sc", ["-A", "proj"])    # harness study --check
     status = harness.run_study("polaris")                   # harness study, inside a batch job
@@ -46,11 +46,13 @@ def train(config: TrainConfig, callbacks=(), task=None) -> dict:
     return run(config, callbacks=callbacks, task=task)
 
 
-def run_sweep(settings):
-    """Run a scaling study; returns a SweepResult with its records (see harness.study.sweep.run_sweep)."""
+def run_sweep(settings, task=None):
+    """Run a scaling study; returns a SweepResult with its records (see harness.study.sweep.run_sweep).
+
+    `task` (a spec string, or a function returning a harness.Task defined in a file) is every run's --task."""
     from .study.sweep import run_sweep as run
 
-    return run(settings)
+    return run(settings, task=task)
 
 
 def run_study(site: str, kit_dir=None, script=None) -> int:

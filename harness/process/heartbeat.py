@@ -55,6 +55,7 @@ from typing import Any, Callable, Optional
 
 from .discovery import ClusterEnv
 from .heartbeat_store import encode_beat
+from .phases import PHASES, START
 from .processes import command_line
 
 INTERVAL_S = 1.0  # a live rank's heartbeat is re-sent at least this often
@@ -68,18 +69,8 @@ MAX_NAMED = 8  # ranks listed by name in the line; the rest are counted
 STORE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heartbeat_store.py")
 log = logging.getLogger("harness")
 
-# The phases the training loop reports, in the order of a step.
-START = "start-up"
-DATA = "data"
-FORWARD_BACKWARD = "forward/backward"
-GRADIENT_SYNC = "gradient sync"
-OPTIMIZER = "optimizer"
-VOTE = "preemption vote (all_reduce)"
-CHECKPOINT = "checkpoint"
-EPOCH_END = "epoch end (barrier, all_reduce of losses)"
-EVALUATION = "evaluation"
-FINISH = "finish (all_reduce of timings)"
-PHASES = (START, DATA, FORWARD_BACKWARD, GRADIENT_SYNC, OPTIMIZER, VOTE, CHECKPOINT, EPOCH_END, EVALUATION, FINISH)
+# The phases the training loop reports (harness.process.phases), by label, in the order of a step.
+LABELS = list(dict.fromkeys(phase.label for phase in PHASES))
 # A phase's suffix while the rank waits for a collective inside it: "optimizer, waiting in all_gather".
 WAITING_IN = ", waiting in "
 
@@ -106,7 +97,7 @@ def _within(phase: str) -> str:
 
 def _phase_order(phase: str) -> int:
     """Where `phase` falls in a step (a collective waited for inside it: where its phase falls)."""
-    return PHASES.index(_within(phase)) if _within(phase) in PHASES else 0
+    return LABELS.index(_within(phase)) if _within(phase) in LABELS else 0
 
 
 def stale_after(timeout: float) -> float:
@@ -198,7 +189,7 @@ class Heartbeat:
     def __init__(self, cluster: Optional[ClusterEnv] = None, store: Optional[subprocess.Popen] = None) -> None:
         self.cluster = cluster
         self._store = store  # rank 0's store process
-        self._latest: tuple[int, str] = (0, START)
+        self._latest: tuple[int, str] = (0, START.label)
         self._sent: Optional[tuple[int, str]] = None
         self._sent_at = 0.0
         self._address: Optional[tuple[Any, ...]] = None  # the store's UDP address

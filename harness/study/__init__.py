@@ -11,14 +11,11 @@
   (harness/study/sites/*.json), the scheduler's view of the job, the checks before the queue
   (`--check`) and in the job, the site's NCCL/RCCL network plugin, discovery and the placement it
   shows, the sweep, figures and report, and the job's continuation after a warning or a preemption;
-<<<<<<< HEAD
-- `trace`: the per-rank summary of a merged `harness train --profile-trace` trace (the training
-  layer merges the ranks' traces into one, harness.training.trace);
-- `intervals`: 95% intervals over interleaved repeats (of a mean, of a paired ratio) and whether two overlap;
-=======
 - `trace`: the per-rank summary and spans of a merged `harness train --profile-trace` trace (the
   training layer merges the ranks' traces into one, harness.training.trace); `run_plots` draws it;
->>>>>>> nb06
+- `intervals`: 95% intervals over interleaved repeats (of a mean, of a paired ratio) and whether two overlap;
+- `task_spec`, `shapes`: the task every run of a sweep loads by name, which task a record
+  trained, and the shape of a task's model that a prediction prices;
 - `equivalence`, `weights`: the bound within which a distributed run must train the weights of one
   process on the global batch, and the comparison of saved weights against it.
 
@@ -49,7 +46,8 @@ __getattr__, __dir__ = lazy_exports(
         "Workload": "predict",
         "predict_scaling": "predict",
         "network_from_site": "predict",
-        "model_gradient_bytes": "predict",
+        "model_gradient_bytes": "shapes",
+        "task_shape": "shapes",
         "prediction_table": "predict",
         "EQUIVALENCE_STEPS": "equivalence",
         "UPDATE_BOUND": "equivalence",

@@ -15,7 +15,9 @@ are printed and do not stop it.
     QOS          where the site's queues are partitions and its profile lists QOSes (Frontier), the
                  QOS named with -q exists and accepts this many nodes for this long, too
     chaining     RESUBMIT=1 in a queue or QOS that forbids job chaining (NERSC's and OLCF's debug QOS)
-    data         DATASET's files are in DATA_DIR
+    task         TASK is a spec the runs can resolve and the file it names exists; in the job, the
+                 task loads (its module imports, its function returns a Task) before anything runs
+    data         the images task's DATASET's files are in DATA_DIR
     storage      JOB_DIR and DATA_DIR lie on file systems the job asked for (PBS `-l filesystems`)
                  and meant for job data (at NERSC not $HOME, 40 GB)
     network      the site's libfabric plugin for NCCL/RCCL is where the runs will load it
@@ -35,12 +37,15 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..backends import get_backend
+from ..config import DEFAULT_TASK
 from ..data.disk import DISK_DATASETS
 from ..errors import UsageError
+from ..tasks.loading import check_spec
 from .network import apply_network_plugin, check_network_plugin
 from .settings import StudySettings
 from .sites import Queue, SiteProfile
 from .sweep import SweepSettings, plan_sweep
+from .task_spec import load_sweep_task, names_a_file
 from .walltime import format_walltime
 
 
@@ -211,9 +216,34 @@ def check_chaining(profile: SiteProfile, request: StudyRequest, resubmit: str, r
             )
 
 
+def check_task(settings: StudySettings) -> list[str]:
+    """TASK is a spec the runs can resolve (its form; a built-in task's arguments), and the file it
+    names exists. Its module is not imported here: that happens on the job's node (check_task_loads)."""
+    try:
+        check_spec(settings.task, settings.task_args)
+    except UsageError as exc:
+        return [f"TASK: {exc}"]
+    target = settings.task.rpartition(":")[0]
+    if names_a_file(target) and not os.path.isfile(target):
+        return [
+            f"TASK={settings.task}: no file {target}; give the task file's path (a relative one is read from the kit)"
+        ]
+    return []
+
+
+def check_task_loads(sweep: SweepSettings) -> list[str]:
+    """The runs' task loads (in the job, where the runs will load it): its module imports, its
+    function returns a Task."""
+    try:
+        load_sweep_task(sweep.backends[0], sweep.train_args)
+    except UsageError as exc:
+        return [str(exc)]
+    return []
+
+
 def check_data(settings: StudySettings) -> list[str]:
-    """DATASET's files are where the runs will look for them."""
-    if settings.dataset not in DISK_DATASETS:
+    """DATASET's files are where the runs will look for them (the images task's)."""
+    if settings.task != DEFAULT_TASK or settings.dataset not in DISK_DATASETS:
         return []
     if not settings.data_dir:
         return [
@@ -272,7 +302,7 @@ def run_checks(
     check_queue(profile, request, result)
     check_qos(profile, request, result)
     check_chaining(profile, request, settings.resubmit, result)
-    result.problems += check_data(settings)
+    result.problems += check_task(settings) + check_data(settings)
     environ = dict(environ)
     apply_network_plugin(profile, settings.network_plugin, environ)  # what the runs will search
     result.problems += check_network_plugin(profile, settings.network_plugin, settings.gpus_per_node, environ)

@@ -1,10 +1,11 @@
 """Every study predicts before it runs, and its report says by how much the prediction missed.
 
 Before the first run, `write_prediction` puts JOB_DIR/prediction.json beside the study: for each
-planned backend and node count, the traffic per step the backend declares, what each collective
-costs on the site's network (NCCL's algorithm and protocol where the profile has an `nccl` section)
-and, where a published figure gives the compute of one GPU (harness/study/anchors.json), the step
-time and efficiency. What is fixed then is the communication model; the compute is the node's:
+planned backend and node count, the traffic per step the backend declares for the runs' task (its
+model built here as a run builds it, harness.study.shapes), what each collective costs on the
+site's network (NCCL's algorithm and protocol where the profile has an `nccl` section) and, where
+a published figure gives the compute of one GPU (harness/study/anchors.json: the images task's
+ResNet-50), the step time and efficiency. What is fixed then is the communication model; the compute is the node's:
 after the runs, `prediction_rows` takes each backend's runs at the fewest nodes as the node
 measured first (harness.study.predict_cli.with_node_and_traffic) and sets the saved network's
 prediction for every node count beside the measured step, with the error.
@@ -18,24 +19,23 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any, Optional
 
+from ..config import DEFAULT_TASK, TrainConfig
 from ..fileio import atomic_write
+from ..tasks.images import ImageOptions
+from ..training.flags import parse_train_flags
 from .predict import measured_steps, network_from_site, predict_scaling, workload_from_records
+from .shapes import task_shape
 
 PREDICTION_FILE = "prediction.json"
 
 
-def _flag(arguments: Sequence[str], name: str, default: Optional[str]) -> Optional[str]:
-    for index, argument in enumerate(arguments):
-        if argument == name and index + 1 < len(arguments):
-            return arguments[index + 1]
-        if argument.startswith(name + "="):
-            return argument.split("=", 1)[1]
-    return default
-
-
-def _published_compute(model: str) -> Optional[dict[str, Any]]:
+def _published_compute(config: TrainConfig) -> Optional[dict[str, Any]]:
+    """The published throughput of one GPU for the built-in images task's model, if there is one."""
     from .predict_cli import published_anchors
 
+    if config.task != DEFAULT_TASK:
+        return None
+    model = config.task_args.get("model", ImageOptions().model)
     for anchor in published_anchors():
         if anchor.get("model") == model and anchor.get("gpus") == 1 and anchor.get("samples_per_s"):
             return anchor
@@ -45,7 +45,8 @@ def _published_compute(model: str) -> Optional[dict[str, Any]]:
 def plan_prediction(
     site: str, backends: Sequence[str], nodes: Sequence[int], train_args: Sequence[str]
 ) -> dict[str, Any]:
-    """The prediction document for a study's plan; {"skipped": why} where the site has no network figures."""
+    """The prediction document for a study's plan (the runs' `harness train` flags: their task, its
+    model built here, and each backend's options); {"skipped": why} where the site has no network figures."""
     from ..errors import UsageError
     from .predict import Workload
     from .predict_cli import with_node_and_traffic
@@ -54,21 +55,25 @@ def plan_prediction(
         network = network_from_site(site)
     except UsageError as exc:
         return {"skipped": str(exc)}
-    model = _flag(train_args, "--model", "cnn") or "cnn"
-    batch = int(_flag(train_args, "--batch-size", "32") or 32)
-    anchor = _published_compute(model)
+    configs = {backend: parse_train_flags(["--backend", backend, *train_args]) for backend in backends}
+    config = next(iter(configs.values()))
+    shape = task_shape(config.task, config.task_args)
+    batch = config.batch_size
+    anchor = _published_compute(config)
     compute = batch / anchor["samples_per_s"] if anchor else 1e-9  # 1 ns: communication alone
     document: dict[str, Any] = {
         "site": site,
-        "model": model,
+        "task": {"spec": config.task, "args": config.task_args, "parameter_bytes": shape.parameter_bytes},
         "batch_size": batch,
         "network": asdict(network),
-        "compute": anchor or "none published for this model: only the communication is predicted before the runs",
+        "compute": anchor or "none published for this task: only the communication is predicted before the runs",
         "backends": {},
     }
-    for backend in backends:
-        planned = Workload(compute, 2 / 3 * compute, 0.0, _parameter_bytes(model), 25 * 2**20, 1.0, batch, "plan")
-        workload = with_node_and_traffic(planned, [], network.ranks_per_node, backend, {}, model)
+    for backend, backend_config in configs.items():
+        planned = Workload(compute, 2 / 3 * compute, 0.0, shape.parameter_bytes, 25 * 2**20, 1.0, batch, "plan")
+        workload = with_node_and_traffic(
+            planned, [], network.ranks_per_node, backend, backend_config.backend_options, shape
+        )
         rows = predict_scaling(workload, network, list(nodes))
         document["backends"][backend] = {
             "traffic": [asdict(call) for call in workload.collectives()],
@@ -77,14 +82,6 @@ def plan_prediction(
             else [{k: row[k] for k in ("nodes", "ranks", "allreduce_s", "algorithms")} for row in rows],
         }
     return document
-
-
-def _parameter_bytes(model: str) -> int:
-    from ..data.builtin import synthetic_shape
-    from .predict import model_shape
-
-    (channels, size, _), classes = synthetic_shape(model)
-    return model_shape(model, channels, size, classes).parameter_bytes
 
 
 def write_prediction(

@@ -3,7 +3,8 @@
 It holds the report's tables (throughput and efficiency with their 95% intervals, POP metrics),
 the figures as PNG embedded in base64 (no file beside it, nothing fetched from a network), the
 prediction written before the runs beside what they measured (harness.study.foresight), the
-environment (versions, site, hosts, each run's contention) and the commands that rerun the study
+environment (the task each run trained with its arguments and its source's sha256, versions,
+site, hosts, each run's contention) and the commands that rerun the study
 (a job directory's logs/commands.txt). Every job directory gets one as report.html.
 """
 
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 from ..fileio import atomic_write
+from .task_spec import task_rows
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
@@ -114,7 +116,9 @@ def _environment(records: Sequence[dict[str, Any]], directory: Optional[str]) ->
         ),
     )
     listed = _table(["library", "version"], sorted((k, ", ".join(sorted(v))) for k, v in versions.items()))
-    return f"<h2>Environment</h2>{listed}{study if settings else ''}<h3>Each run and its contention</h3>{runs}"
+    trained = task_rows(records)
+    tasks = _table(["task", "arguments", "source", "sha256"], trained) if trained else ""
+    return f"<h2>Environment</h2>{tasks}{listed}{study if settings else ''}<h3>Each run and its contention</h3>{runs}"
 
 
 def _commands(directory: Optional[str]) -> str:

@@ -39,7 +39,7 @@ from ..process.discovery import RENDEZVOUS_DOMAIN_VARIABLE
 from ..process.imports import IMPORT_FIRST_VARIABLE
 from ..process.launchers import launch_environment
 from ..process.signals import SignalCatcher
-from .check import CheckResult, StudyRequest, run_checks
+from .check import CheckResult, StudyRequest, check_task_loads, run_checks
 from .continuation import continue_study
 from .jobdir import StudyJob, say
 from .network import apply_network_plugin
@@ -91,7 +91,7 @@ def open_job(profile: SiteProfile, environ: dict[str, str], kit_dir: str, script
     )
     saved = load_settings(job_dir)
     settings = saved or resolve_settings(
-        profile, {**environ, "JOB_DIR": job_dir}, allocation, gpus_on_this_node(), job_dir
+        profile, {**environ, "JOB_DIR": job_dir}, allocation, gpus_on_this_node(), job_dir, kit_dir
     )
     return StudyJob(profile, job_id, record, allocation, settings, kit_dir, submitted, saved is not None)
 
@@ -146,6 +146,8 @@ def in_job_checks(job: StudyJob, sweep: SweepSettings, environ: dict[str, str]) 
         queued=True,
     )
     result = run_checks(job.profile, job.settings, request, sweep, environ, job.settings.job_dir)
+    if result.ok:  # on the job's node the task is loaded, as every run will load it
+        result.problems += check_task_loads(sweep)
     pipe = environ["CUDA_MPS_PIPE_DIRECTORY"]
     if job.settings.procs_per_gpu > 1 and len(pipe) > MPS_PIPE_LIMIT:
         result.problems.append(

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 from ..errors import UsageError, require
 from ..fileio import atomic_write
-from ..training.metrics import STEP_PHASES
+from ..process.phases import STEP_COLUMNS
 from .intervals import error_bars
 from .report import ScalingRow, Study, scaling_rows, unresolved_lines
 
@@ -346,7 +346,7 @@ def breakdown_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
     hatches = [CONTENTION_HATCH if row.contended_runs else None for row in rows]
     bottoms = [0.0] * len(rows)
     stacks = []
-    for phase in STEP_PHASES:
+    for phase in STEP_COLUMNS:
         label, colour = PHASE_STYLE[phase]
         heights = [1000 * (row.seconds_per_step.get(phase) or 0.0) for row in rows]
         ax.bar(
@@ -365,7 +365,7 @@ def breakdown_figure(rows: Sequence[ScalingRow], study: Study) -> Any:
     ax.set_ylabel("time per step (ms, mean over ranks)")
     ax.set_ylim(0, max(bottoms + [1e-3]) * 1.3)
     # Plain patches: the legend would otherwise take the first bar's hatching for its phase.
-    handles = [Patch(facecolor=colour, label=label) for label, colour in (PHASE_STYLE[p] for p in STEP_PHASES)]
+    handles = [Patch(facecolor=colour, label=label) for label, colour in (PHASE_STYLE[p] for p in STEP_COLUMNS)]
     if any(hatches):
         handles.append(Patch(facecolor="white", edgecolor="black", hatch=CONTENTION_HATCH, label=CONTENTION_LABEL))
     ax.legend(handles=handles, loc="upper left", ncols=2)

@@ -25,7 +25,6 @@ bandwidth. The CLI is harness.study.predict_cli.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Optional
@@ -315,9 +314,11 @@ def workload_from_records(
     overlap: float,
     bucket_mb: Optional[float],
     backward_share: float = BACKWARD_SHARE,
+    gradient_bytes: Optional[int] = None,
 ) -> Workload:
-    """Compute per step (mean over the runs at the fewest workers), gradient bytes and bucket size
-    of measured runs; the bucket is the run's own (bucket_cap_mb, fusion_threshold_mb) unless given."""
+    """Compute per step (mean over the runs at the fewest workers), gradient bytes (unless given)
+    and bucket size of measured runs; the bucket is the run's own (bucket_cap_mb,
+    fusion_threshold_mb) unless given."""
     runs = _baseline_runs(records)
 
     def mean(key: str) -> float:
@@ -325,42 +326,22 @@ def workload_from_records(
 
     tuning = runs[0].get("tuning", {})
     bucket = bucket_mb or tuning.get("bucket_cap_mb") or tuning.get("fusion_threshold_mb") or 25.0
-    if not runs[0].get("gradient_bytes"):
+    gradient_bytes = gradient_bytes or runs[0].get("gradient_bytes")
+    if not gradient_bytes:
         raise UsageError(
             "these records do not say their gradient bytes (made before this harness recorded them); "
-            "give --gradient-bytes or --model"
+            "give --gradient-bytes, or the task (--task SPEC, or --model NAME for the images task)"
         )
     return Workload(
         compute_s=mean("forward_backward") + mean("optimizer"),
         backward_s=backward_share * mean("forward_backward"),
         overhead_s=mean("data_wait") + mean("other"),
-        gradient_bytes=int(runs[0]["gradient_bytes"]),
+        gradient_bytes=int(gradient_bytes),
         bucket_bytes=int(bucket * 2**20),
         overlap=overlap,
         local_batch=runs[0]["local_batch"],
         source=f"{len(runs)} run(s) of {runs[0]['backend']} x{runs[0]['world_size']}, {runs[0]['model']}",
     )
-
-
-def model_gradient_bytes(model: str, channels: int = 3, size: int = 224, classes: int = 1000) -> int:
-    """Bytes of the trainable float32 parameters of one of the harness's models (ImageNet-shaped by default)."""
-    return model_shape(model, channels, size, classes).parameter_bytes
-
-
-@functools.lru_cache(maxsize=16)  # building ResNet-50 takes seconds; a shape never changes
-def model_shape(model: str, channels: int = 3, size: int = 224, classes: int = 1000) -> ModelShape:
-    """The float32 parameter bytes of one of the harness's models: in all, per top-level child
-    (the root's own parameters as one more), per module that holds parameters, in forward order."""
-    from ..tasks.models import build_model
-
-    built = build_model(model, channels, size, classes)
-
-    def own(module: Any, recurse: bool) -> int:
-        return sum(p.numel() * 4 for p in module.parameters(recurse=recurse) if p.requires_grad)
-
-    units = [own(child, True) for child in built.children()] + [own(built, False)]
-    modules = [own(module, False) for module in built.modules()]
-    return ModelShape(own(built, True), tuple(b for b in units if b), tuple(b for b in modules if b))
 
 
 def backend_traffic(

@@ -11,8 +11,10 @@ from dataclasses import asdict, replace
 from typing import Any, Optional
 
 from ..backends.traffic import ModelShape, per_step
+from ..config import DEFAULT_TASK
 from ..errors import UsageError
 from ..fileio import atomic_write
+from ..training.flags import add_train_flags, task_options_given
 from .predict import (
     BACKWARD_SHARE,
     DEFAULT_NODES,
@@ -20,8 +22,6 @@ from .predict import (
     Workload,
     backend_traffic,
     measured_steps,
-    model_gradient_bytes,
-    model_shape,
     network_from_benches,
     network_from_site,
     predict_scaling,
@@ -29,6 +29,7 @@ from .predict import (
     scaled_to_measured,
     workload_from_records,
 )
+from .shapes import record_shape, task_shape
 
 ANCHORS = os.path.join(os.path.dirname(__file__), "anchors.json")
 
@@ -61,11 +62,6 @@ def add_predict_flags(parser: Any) -> None:
     )
     parser.add_argument("--throughput", type=float, default=None, help="or: published samples/s of one GPU")
     parser.add_argument("--batch-size", type=int, default=None, help="with --throughput: samples per GPU per step")
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="with --throughput: cnn, resnet18 or resnet50 (its gradient bytes, ImageNet-shaped)",
-    )
     parser.add_argument(
         "--backend",
         default=None,
@@ -106,6 +102,9 @@ def add_predict_flags(parser: Any) -> None:
     )
     parser.add_argument("--json", default=None, help="write the prediction (and measured steps) as JSON here")
     parser.add_argument("-o", "--output", default=None, help="figure prefix: PREFIX-prediction.{png,svg,json}")
+    # The task whose model's traffic is priced (default: the records'): --task SPEC --task-arg KEY=VALUE,
+    # or the images task's flags (--model resnet50); its model is built here as a run builds it.
+    add_train_flags(parser, only=("task", "task_args"))
 
 
 def parse_nodes(text: str) -> list[int]:
@@ -201,41 +200,55 @@ def network_and_workload(args: Any) -> tuple[Network, Workload]:
     if args.overlap not in (0, 1):
         raise UsageError(f"--overlap is 0 (after backward) or 1 (as buckets are ready), got {args.overlap:g}")
     bucket = int(args.bucket_mb * 2**20) if args.bucket_mb else None
+    shape = flag_task_shape(args)
+    backend, options = args.backend, _options(args.backend_option)
+    gradient = args.gradient_bytes or (shape.parameter_bytes if shape else None)
     if args.record:
         from ..training.record import read_results
 
         records = read_results(args.record)
-        workload = workload_from_records(records, args.overlap, args.bucket_mb)
-        if args.gradient_bytes:
-            workload = replace(workload, gradient_bytes=args.gradient_bytes)
-        return network, with_node_and_traffic(workload, records, network.ranks_per_node, *_backend(args))
-    if not (args.throughput and args.batch_size and (args.model or args.gradient_bytes)):
+        workload = workload_from_records(records, args.overlap, args.bucket_mb, gradient_bytes=gradient)
+        return network, with_node_and_traffic(workload, records, network.ranks_per_node, backend, options, shape)
+    if not (args.throughput and args.batch_size and gradient):
         raise UsageError(
             "give the compute: --record RESULTS.jsonl, or --throughput SAMPLES_PER_S --batch-size N "
-            "with --model NAME (or --gradient-bytes N)"
+            "with the task (--task SPEC, or --model NAME for the images task) or --gradient-bytes N"
         )
     compute = args.batch_size / args.throughput
-    gradient = args.gradient_bytes or model_gradient_bytes(args.model)
-    return network, with_node_and_traffic(
-        Workload(
-            compute_s=compute,
-            backward_s=BACKWARD_SHARE * compute,
-            overhead_s=0.0,
-            gradient_bytes=gradient,
-            bucket_bytes=bucket or 25 * 2**20,
-            overlap=args.overlap,
-            local_batch=args.batch_size,
-            source=f"{args.throughput:g} samples/s per GPU at batch {args.batch_size}"
-            + (f", {args.model}" if args.model else ""),
-        ),
-        [],
-        network.ranks_per_node,
-        *_backend(args),
+    workload = Workload(
+        compute_s=compute,
+        backward_s=BACKWARD_SHARE * compute,
+        overhead_s=0.0,
+        gradient_bytes=gradient,
+        bucket_bytes=bucket or 25 * 2**20,
+        overlap=args.overlap,
+        local_batch=args.batch_size,
+        source=f"{args.throughput:g} samples/s per GPU at batch {args.batch_size}"
+        + (f", {task_label(args)}" if shape else ""),
     )
+    return network, with_node_and_traffic(workload, [], network.ranks_per_node, backend, options, shape)
 
 
-def _backend(args: Any) -> tuple[Optional[str], dict[str, Any], Optional[str]]:
-    return args.backend, _options(args.backend_option), args.model
+def _task_args(args: Any) -> dict[str, Any]:
+    """The task's arguments the flags give: --task-arg, and a built-in task's own flags (--model ...)."""
+    return {**(args.task_args or {}), **task_options_given(args, args.task)}
+
+
+def task_label(args: Any) -> str:
+    """The task the flags name, e.g. 'images model=resnet50' or 'model.py:make_task width=64'."""
+    return " ".join([args.task, *(f"{key}={value}" for key, value in sorted(_task_args(args).items()))])
+
+
+def flag_task_shape(args: Any) -> Optional[ModelShape]:
+    """The shape of the task the flags name (its model built here), or None where they name none
+    (then the records' own is priced). The images task's --dataset defaults to synthetic here: the
+    input published throughputs are for (ImageNet-shaped for the ResNets)."""
+    task_args = _task_args(args)
+    if args.task == DEFAULT_TASK and not task_args:
+        return None
+    if args.task == DEFAULT_TASK:
+        task_args = {"dataset": "synthetic", **task_args}
+    return task_shape(args.task, task_args)
 
 
 def _options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -262,11 +275,12 @@ def with_node_and_traffic(
     ranks_per_node: int,
     backend: Optional[str] = None,
     options: Optional[Mapping[str, Any]] = None,
-    model: Optional[str] = None,
+    shape: Optional[ModelShape] = None,
 ) -> Workload:
     """The workload with its backend's own collectives (`backend` with `options`, else the
-    records' own; bytes per kind as measured where the record has them) and, where its runs
-    filled one node, that node's measured step."""
+    records' own; bytes per kind as measured where the record has them) on the model of `shape`
+    (else the records' task's; one unit of the gradient bytes where neither has as many bytes)
+    and, where its runs filled one node, that node's measured step."""
     baseline = [r for r in records if r.get("world_size") == min(x["world_size"] for x in records)] if records else []
     first = baseline[0] if baseline else {}
     if not backend:
@@ -274,7 +288,9 @@ def with_node_and_traffic(
     if not backend:
         return workload
     options = options or {}
-    shape = _shape_for(model or first.get("model"), workload.gradient_bytes)
+    shape = shape or record_shape(first)
+    if shape is None or shape.parameter_bytes != workload.gradient_bytes:  # --gradient-bytes over the model's
+        shape = ModelShape(workload.gradient_bytes)
     calls = backend_traffic(backend, options, shape, on_gpu=first.get("device", "cuda") != "cpu")
     # Measured bytes stand for the traffic only where ranks had peers: alone, a backend sends little
     # or nothing (DDP and FSDP skip their reductions at one rank), which is not what N ranks send.
@@ -286,23 +302,6 @@ def with_node_and_traffic(
     if ranks_per_node > 1 and first.get("world_size") == ranks_per_node == first.get("local_world_size"):
         node_step = measured_steps(baseline)[ranks_per_node]["mean"]
     return replace(workload, calls=calls, traffic_source=source, node_step_s=node_step)
-
-
-# Inputs the harness's models are built for (ImageNet, MNIST, CIFAR-10): channels, size, classes.
-MODEL_INPUTS = ((3, 224, 1000), (1, 28, 10), (3, 32, 10))
-
-
-def _shape_for(model: Optional[str], gradient_bytes: int) -> ModelShape:
-    """The model's units and modules, built for the input whose parameters match `gradient_bytes`;
-    one unit of that size where none does."""
-    for inputs in MODEL_INPUTS if model else ():
-        try:
-            shape = model_shape(model, *inputs)
-        except (UsageError, ValueError, KeyError, RuntimeError):
-            return ModelShape(gradient_bytes)
-        if shape.parameter_bytes == gradient_bytes:
-            return shape
-    return ModelShape(gradient_bytes)
 
 
 def describe(network: Any, workload: Workload) -> list[str]:

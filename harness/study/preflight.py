@@ -4,8 +4,9 @@ Run through the job template (`bash submissions/polaris.sc --check -- -A <projec
 sees the job's own software environment (the template's module and venv lines ran first), reads the
 request the way the scheduler will (the template's directives, the command line over them), and
 judges it with harness.study.check, and refuses the submission options the site says break its
-jobs (the profile's `refused_options`: `qsub -V` on Aurora). `--submit` queues it only when the
-check passed.
+jobs (the profile's `refused_options`: `qsub -V` on Aurora) and a qsub/sbatch from outside the kit
+that does not name it (the job would find no kit and exit 2). `--submit` queues it, from the kit,
+only when the check passed.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def check_study(
     scheduler_args: Sequence[str] = (),
     environ: Optional[Mapping[str, str]] = None,
     kit_dir: Optional[str] = None,
+    submit_dir: Optional[str] = None,
 ) -> tuple[CheckResult, Submission]:
-    """Judge `qsub/sbatch SCHEDULER_ARGS SCRIPT` for site `site` before it is queued.
+    """Judge `qsub/sbatch SCHEDULER_ARGS SCRIPT` for site `site` before it is queued, issued from
+    `submit_dir` (None: from the kit, as `--submit` does).
 
     Returns the problems and warnings (one line each, naming the fix) and the parsed submission;
     bad input that stops the check itself (an unreadable script, a malformed -l) raises UsageError."""
@@ -55,6 +58,7 @@ def check_study(
             allocation,
             profile.gpus_per_node,
             os.path.join(kit, "runs", f"{stem}-<job id>"),
+            kit,
         )
     except UsageError as exc:
         return CheckResult(problems=[str(exc)]), submission
@@ -71,6 +75,9 @@ def check_study(
     result.problems += [
         f"{option}: {why}" for option, why in profile.refused_options.items() if option in submission.options
     ]
+    outside = _kit_out_of_reach(profile.scheduler, submission, kit, submit_dir)
+    if outside:
+        result.problems.append(outside)
     stop = settings.stop_before_walltime
     if profile.warning == "timer" and stop and submission.walltime_s is not None and submission.walltime_s <= stop:
         result.problems.append(
@@ -78,6 +85,23 @@ def check_study(
             f"STOP_BEFORE_WALLTIME={stop}; ask for more walltime or pass a smaller one"
         )
     return result, submission
+
+
+def _kit_out_of_reach(scheduler: str, submission: Submission, kit: str, submit_dir: Optional[str]) -> Optional[str]:
+    """Why the job, submitted from `submit_dir`, would not find the kit: the templates look for it in
+    KIT_DIR, else where the job was submitted from (PBS_O_WORKDIR, SLURM_SUBMIT_DIR), and a job that
+    finds no kit there exits 2 at its start."""
+    if submit_dir is None or os.path.realpath(submit_dir) == os.path.realpath(kit):
+        return None
+    if "KIT_DIR" in submission.variables:  # -v KIT_DIR=... (PBS), the environment sbatch passes (Slurm)
+        return None
+    program, option = (
+        ("qsub", f"-v KIT_DIR={kit}") if scheduler == "pbs" else ("sbatch", f"--export=ALL,KIT_DIR={kit}")
+    )
+    return (
+        f"{program} from {submit_dir} starts the job there, not in the kit, and the job would exit 2; "
+        f"cd {kit} before {program}, or pass {option}"
+    )
 
 
 def _print(result: CheckResult) -> None:
@@ -106,7 +130,9 @@ def study_command(
         raise UsageError(
             "--check and --submit judge a job script: name it with --script (the templates pass themselves)"
         )
-    result, submission = check_study(site, script, scheduler_args, kit_dir=kit_dir)
+    # --check judges the qsub/sbatch it prints, which the user runs from here; --submit runs it from the kit
+    submit_dir = os.getcwd() if check else None
+    result, submission = check_study(site, script, scheduler_args, kit_dir=kit_dir, submit_dir=submit_dir)
     _print(result)
     if not result.ok:
         return EXIT_USAGE

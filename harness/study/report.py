@@ -2,28 +2,31 @@
 
 Besides the per-run table (RUN_COLUMNS), this module turns a scaling study's records into one
 row per backend x worker count (`scaling_rows`), which both `harness report` and `harness plot`
-use, so a table and a figure of the same file always show the same numbers. A row's efficiency is
-computed only against a baseline that did the same work per rank (threads per rank); runs measured
-under contention are marked, and a weak-scaling efficiency above 1.05 is marked suspect with its
-likely cause. Each row is set against its own fewest-worker run and against the study's common
-baseline, the fastest single-process run of the same work per rank; speedup and efficiency carry
-95% intervals paired by interleave round (harness.study.intervals), and configurations whose
-intervals overlap are said to be not resolved rather than ranked. The definitions printed under
-each table are harness.training.metrics's own.
+use, so a table and a figure of the same file always show the same numbers. A study is one task
+(its spec and arguments, where the records name them), scaling mode, batch and device: records of
+different tasks never pool into one row, and each study's footnotes name its task and the sha256
+of its source. A row's efficiency is computed only against a baseline that did the same work per
+rank (threads per rank); runs measured under contention are marked, and a weak-scaling efficiency
+above 1.05 is marked suspect with its likely cause. Each row is set against its own fewest-worker
+run and against the study's common baseline, the fastest single-process run of the same work per
+rank; speedup and efficiency carry 95% intervals paired by interleave round
+(harness.study.intervals), and configurations whose intervals overlap are said to be not resolved
+rather than ranked. The definitions printed under each table are harness.training.metrics's own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..backends import BACKENDS
 from ..errors import UsageError
+from ..process.phases import STEP_COLUMNS
 from ..training.metrics import (
     DEFINITIONS,
-    STEP_PHASES,
     computation_scalability,
     global_efficiency,
     scaling_efficiency,
@@ -32,6 +35,7 @@ from ..training.metrics import (
 )
 from . import intervals
 from .intervals import Interval
+from .task_spec import record_task, short_digest, task_lines
 
 Column = tuple[str, Callable[[dict[str, Any]], Any]]
 MIB = 2**20
@@ -128,15 +132,22 @@ class Study:
     dataset: str
     batch: int  # per worker for weak scaling, global for strong scaling
     device: str
+    task: str = ""  # the task's spec and arguments (harness.study.task_spec.record_task); "" before tasks
+    task_label: str = ""  # how a title names a task of one's own, e.g. 'tasks.py:regression width=64'
 
     def title(self) -> str:
-        """e.g. 'Weak scaling: cnn on synthetic, 64 samples per worker (cpu)'."""
+        """e.g. 'Weak scaling: cnn on synthetic, 64 samples per worker (cpu)'; a task of one's own
+        named after the model, e.g. '... mlp on points (tasks.py:regression width=64), ...'."""
         batch = f"{self.batch} samples per worker" if self.scaling == "weak" else f"global batch {self.batch}"
-        return f"{self.scaling.capitalize()} scaling: {self.model} on {self.dataset}, {batch} ({self.device})"
+        task = f" ({self.task_label})" if self.task_label else ""
+        return f"{self.scaling.capitalize()} scaling: {self.model} on {self.dataset}{task}, {batch} ({self.device})"
 
     def slug(self) -> str:
-        """A file-name fragment, e.g. 'weak-cnn-synthetic-b64-cpu'."""
-        return f"{self.scaling}-{self.model}-{self.dataset}-b{self.batch}-{self.device}"
+        """A file-name fragment, e.g. 'weak-cnn-synthetic-b64-cpu' (with six hex digits of the task's
+        spec and arguments where the records name them: 'weak-cnn-synthetic-3fa2c1-b64-cpu')."""
+        task = f"-{short_digest(self.task)}" if self.task else ""
+        name = f"{self.scaling}-{self.model}-{self.dataset}{task}-b{self.batch}-{self.device}"
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
 @dataclass
@@ -156,7 +167,7 @@ class ScalingRow:
     load_balance: Optional[float]
     communication_efficiency: Optional[float]
     parallel_efficiency: Optional[float]
-    seconds_per_step: dict[str, Optional[float]]  # STEP_PHASES, mean over ranks and runs
+    seconds_per_step: dict[str, Optional[float]]  # STEP_COLUMNS, mean over ranks and runs
     rounds: dict[str, float] = field(default_factory=dict)  # interleave round -> throughput (mean of its runs)
     useful_per_step: Optional[float] = None  # one rank's useful seconds per step, mean over ranks and runs
     transfer_efficiency_bound: Optional[float] = None
@@ -193,7 +204,8 @@ def study_of(record: dict[str, Any]) -> Study:
     """The study a record belongs to."""
     mode = scaling_mode(record)
     batch = record["local_batch"] if mode == "weak" else record["global_batch"]
-    return Study(mode, record["model"], record["dataset"], batch, record.get("device", "cpu"))
+    task = record_task(record)
+    return Study(mode, record["model"], record["dataset"], batch, record.get("device", "cpu"), task.key, task.label)
 
 
 def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
@@ -228,7 +240,7 @@ def _aggregate(key: GroupKey, runs: list[dict[str, Any]]) -> ScalingRow:
         load_balance=_mean([run.get("load_balance") for run in runs]),
         communication_efficiency=_mean([run.get("communication_efficiency") for run in runs]),
         parallel_efficiency=_mean([run.get("parallel_efficiency") for run in runs]),
-        seconds_per_step={phase: _mean([b.get(phase) for b in breakdowns]) for phase in STEP_PHASES},
+        seconds_per_step={phase: _mean([b.get(phase) for b in breakdowns]) for phase in STEP_COLUMNS},
         rounds={key: sum(values) / len(values) for key, values in by_round.items()},
         useful_per_step=_mean([b.get("useful") for b in breakdowns]),
         transfer_efficiency_bound=_mean([run.get("transfer_efficiency_bound") for run in runs]),
@@ -379,9 +391,10 @@ def _as_dict(row: ScalingRow) -> dict[str, Any]:
     return {**dataclasses.asdict(row), "label": row.label}
 
 
-def _footnotes(rows: Sequence[ScalingRow]) -> list[str]:
-    """One line per thing a reader must know about these rows, then the definitions."""
-    lines = [row.note for row in rows if row.note]
+def _footnotes(rows: Sequence[ScalingRow], records: Sequence[dict[str, Any]] = ()) -> list[str]:
+    """One line per thing a reader must know about these rows (and the task their `records`
+    trained), then the definitions."""
+    lines = task_lines(records) + [row.note for row in rows if row.note]
     for row in rows:
         if row.contended_runs:
             lines.append(
@@ -456,10 +469,11 @@ def scaling_report(records: Sequence[dict[str, Any]]) -> str:
     sections = []
     for study in sorted({row.study for row in rows}):
         mine = [row for row in rows if row.study == study]
+        trained = [record for record in records if record.get("throughput") and study_of(record) == study]
         sections.append(
             f"### {study.title()}\n\n"
             + markdown_table([_as_dict(row) for row in mine], SCALING_COLUMNS)
             + "\n\n"
-            + "\n".join(f"- {line}" for line in _footnotes(mine))
+            + "\n".join(f"- {line}" for line in _footnotes(mine, trained))
         )
     return "\n\n".join(sections)

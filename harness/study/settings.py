@@ -8,8 +8,13 @@ defaults, resolved against the allocation into one checked `StudySettings`.
     GPUS_PER_NODE       default: the node's GPUs (harness.process.accelerator; 0 on a CPU node)
     PROCS_PER_GPU       K > 1: K ranks per GPU under NVIDIA MPS
     SCALING REPEATS     weak | strong; runs per configuration, interleaved
-    MODEL DATASET DATA_DIR BATCH_SIZE GLOBAL_BATCH EPOCHS STEPS PRECISION CHECKPOINT_EVERY
-    TRACE_STEPS TRAIN_ARGS   the runs' `harness train` flags (TRAIN_ARGS: any others)
+    TASK                what the runs train: images (the built-in task, the default), MODULE:FUNCTION
+                        or path/to/file.py:FUNCTION returning a harness.Task (a relative path is read
+                        from the kit, as a module is imported from it: the job's PYTHONPATH)
+    TASK_ARGS           the task's arguments: KEY=VALUE words (VALUE read as JSON where it is JSON)
+    MODEL DATASET DATA_DIR   the images task's arguments (refused beside another TASK)
+    BATCH_SIZE GLOBAL_BATCH EPOCHS STEPS PRECISION CHECKPOINT_EVERY TRACE_STEPS TRAIN_ARGS
+                        the runs' `harness train` flags (TRAIN_ARGS: any others but the task's)
     CORES_PER_NODE DEPTH THREADS   cores a rank is bound to (--depth), its CPU threads
     SRUN_MPI            srun --mpi (Slurm sites)
     RUN_TIMEOUT         seconds before a run is killed
@@ -32,11 +37,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from ..config import DEFAULT_TASK
 from ..errors import UsageError
 from .network import plugin_choice
 from .scheduler import Allocation
 from .sites import SiteProfile
 from .sweep import RUN_TEMPLATE, SweepSettings
+from .task_spec import absolute_spec, parse_task_args, task_arg_words
 
 RESUBMIT_CHOICES = ("auto", "1", "0")
 BUILTIN_DEFAULTS = {
@@ -46,6 +53,8 @@ BUILTIN_DEFAULTS = {
     "GLOBAL_BATCH": "",
     "EPOCHS": "1000",
     "TRAIN_ARGS": "",
+    "TASK": DEFAULT_TASK,
+    "TASK_ARGS": "",
     "PROCS_PER_GPU": "1",
     "RUN_TIMEOUT": "3600",
     "RESUBMIT": "auto",
@@ -93,14 +102,22 @@ class StudySettings:
     job_dir: str
     sweep_id: str
     network_plugin: str = "on"  # NCCL_NET_PLUGIN; a default, for the study.json of an older job
+    task: str = DEFAULT_TASK  # TASK (a file's path absolute); model, dataset and data_dir are the images task's
+    task_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # TASK_ARGS
+
+    def task_flags(self) -> list[str]:
+        """The runs' --task and its arguments (the images task's as its own flags)."""
+        if self.task == DEFAULT_TASK:
+            flags = ["--model", self.model, "--dataset", self.dataset]
+            flags += ["--data-dir", self.data_dir] if self.data_dir else []
+        else:
+            flags = ["--task", self.task]
+        return flags + task_arg_words(self.task_args)
 
     def train_flags(self) -> list[str]:
         """The `harness train` flags every run of the study shares."""
         flags = [
-            "--model",
-            self.model,
-            "--dataset",
-            self.dataset,
+            *self.task_flags(),
             "--batch-size",
             str(self.batch_size),
             "--epochs",
@@ -118,8 +135,6 @@ class StudySettings:
         ]
         if self.global_batch is not None:
             flags += ["--global-batch", str(self.global_batch)]
-        if self.data_dir:
-            flags += ["--data-dir", self.data_dir]
         if self.procs_per_gpu > 1:
             flags += ["--procs-per-gpu", str(self.procs_per_gpu)]
         return flags + self.train_args
@@ -229,11 +244,40 @@ def _backend_list(value: str) -> list[str]:
     return list(dict.fromkeys(backends))
 
 
+IMAGE_SETTINGS = {"MODEL": "model", "DATASET": "dataset", "DATA_DIR": "data_dir"}  # the images task's arguments
+
+
+def _task_settings(get: Callable[[str], str], values: Mapping[str, str], kit_dir: str) -> dict[str, Any]:
+    """TASK (a file's path made absolute against the kit), TASK_ARGS, and the images task's
+    MODEL, DATASET and DATA_DIR: set (not a site's default) beside another TASK, refused."""
+    task, task_args = get("TASK") or DEFAULT_TASK, parse_task_args(get("TASK_ARGS"))
+    if any(word.startswith("--task") for word in shlex.split(get("TRAIN_ARGS"))):
+        raise UsageError('TRAIN_ARGS names the task; set TASK=... and TASK_ARGS="KEY=VALUE ..." instead')
+    if task == DEFAULT_TASK:
+        given = [key for key, name in IMAGE_SETTINGS.items() if name in task_args]
+        if given:
+            raise UsageError(f"TASK_ARGS sets the images task's {' and '.join(given)}: set {given[0]}=... instead")
+        return {"task": task, "task_args": task_args, **{name: get(key) for key, name in IMAGE_SETTINGS.items()}}
+    given = [name for name in IMAGE_SETTINGS if (values.get(name) or "").strip()]
+    if given:
+        raise UsageError(
+            f"{' and '.join(given)} {'is an argument' if len(given) == 1 else 'are arguments'} of the images task, "
+            f"not of TASK={task}; drop {'it' if len(given) == 1 else 'them'}, and give the task's own as "
+            'TASK_ARGS="KEY=VALUE ..."'
+        )
+    return {"task": absolute_spec(task, kit_dir), "task_args": task_args, "model": "", "dataset": "", "data_dir": ""}
+
+
 def resolve_settings(
-    profile: SiteProfile, values: Mapping[str, str], allocation: Allocation, gpus_detected: int, default_job_dir: str
+    profile: SiteProfile,
+    values: Mapping[str, str],
+    allocation: Allocation,
+    gpus_detected: int,
+    default_job_dir: str,
+    kit_dir: Optional[str] = None,
 ) -> StudySettings:
-    """Settings from `values` (NAME=VALUE) over the site's defaults, checked against the allocation;
-    bad input raises UsageError naming the variable and the fix."""
+    """Settings from `values` (NAME=VALUE) over the site's defaults, checked against the allocation (a
+    relative TASK file read from `kit_dir`, default the kit); bad input raises UsageError naming the fix."""
     defaults = {
         **BUILTIN_DEFAULTS,
         "BACKENDS": " ".join(profile.backends),
@@ -262,9 +306,7 @@ def resolve_settings(
         procs_per_gpu=procs_per_gpu,
         scaling=get("SCALING"),
         repeats=_positive("REPEATS", get("REPEATS")),
-        model=get("MODEL"),
-        dataset=get("DATASET"),
-        data_dir=get("DATA_DIR"),
+        **_task_settings(get, values, kit_dir or kit_directory(values)),
         batch_size=_positive("BATCH_SIZE", get("BATCH_SIZE")),
         global_batch=_given(get, "GLOBAL_BATCH", None),
         epochs=_positive("EPOCHS", get("EPOCHS")),

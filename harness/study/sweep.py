@@ -2,8 +2,10 @@
 
 Weak scaling keeps the batch per worker fixed (--batch-size); strong scaling keeps the global
 batch fixed (--global-batch, default --batch-size) and splits it over the workers. Every run is a
-plain `harness train`, so every backend is measured by the same loop, window and formula; the
-sweep adds the tags `scaling`, `repeat`, `sweep_id`, `order_seed` and `order` to each record.
+plain `harness train` of the same task (--task, or `run_sweep(settings, task=...)`; loaded once
+here before any run, so that a task that cannot load fails with one line, not in every run), so
+every backend is measured by the same loop, window and formula; the sweep adds the tags
+`scaling`, `repeat`, `sweep_id`, `order_seed` and `order` to each record.
 Repeats are interleaved in rounds (every configuration once, then all again) so slow drifts of a
 shared machine spread evenly, and within each round the runs go in a random order drawn from
 --order-seed and the round's number, so that no configuration always runs first (after a cold
@@ -67,6 +69,7 @@ from ..process.signals import SignalCatcher
 from ..training.flags import parse_train_flags
 from ..training.launch import launch_command
 from ..training.record import read_records
+from .task_spec import absolute_task_flags, load_sweep_task, with_task
 
 SCALING_MODES = ("weak", "strong")
 RUN_TEMPLATE = "{python} -m harness train {args}"  # what each rank runs, after the site launcher's words
@@ -406,13 +409,20 @@ def _run_one(
             output.close()
 
 
-def run_sweep(settings: SweepSettings) -> SweepResult:
+def run_sweep(settings: SweepSettings, task: Any = None) -> SweepResult:
     """Run (or with dry_run print) every run of the sweep; return its records and failures.
 
-    Prints one line per run as it starts. Raises UsageError for bad input before any run starts.
+    `task` (a spec, or a function returning a harness.Task defined in a file: see
+    harness.study.task_spec.sweep_spec) becomes every run's --task; a task file's relative path is
+    made absolute. The task is loaded here once before any run. Prints one line per run as it
+    starts. Raises UsageError for bad input before any run starts.
     """
+    if task is not None:
+        settings.train_args = with_task(settings.train_args, task)
+    settings.train_args = absolute_task_flags(settings.train_args, os.getcwd())
     settings.sweep_id = settings.sweep_id or uuid.uuid4().hex[:8]
     runs = plan_sweep(settings)
+    load_sweep_task(settings.backends[0], settings.train_args)  # a task that cannot load fails here, once
     if settings.dry_run:
         for run in runs:
             print(shlex.join(run.command))

@@ -12,18 +12,14 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ..process.phases import GRADIENT_SYNC, REGION_PREFIX, REGIONS
 from ..training.trace import PID_STRIDE, load_trace
 
-SYNC_ANNOTATION = "harness: gradient sync"
+SYNC_ANNOTATION = REGION_PREFIX + GRADIENT_SYNC.region
 TRAINING_LANE = "training thread"
 COMMUNICATION_LANE = "allreduces"
-# The harness's annotations on the training thread (harness.training.loop), by the kind they mark.
-ANNOTATIONS = {
-    "harness: forward": "forward",
-    "harness: backward": "backward",
-    SYNC_ANNOTATION: "gradient sync",
-    "harness: optimizer": "optimizer",
-}
+# The harness's regions on the training thread (harness.training.phases), by the kind they mark.
+ANNOTATIONS = REGIONS
 Span = tuple[str, float, float]  # (kind, start, end), seconds from the first profiled step of any rank
 
 

@@ -33,7 +33,7 @@ from ..data.loader import iterate_batches, to_device_ahead
 from ..data.sharding import RankSchedule, train_batches
 from ..errors import EXIT_PREEMPTED, Preempted, require
 from ..fileio import atomic_write
-from ..process import heartbeat as phase
+from ..process import phases as phase
 from ..process.heartbeat import Heartbeat
 from ..process.preemption import PreemptionWatcher, TestSignal, peer_failure
 from ..process.state import preserved_process_state
@@ -43,10 +43,11 @@ from .checkpoint import Checkpointer, Progress, ResumeState, restore
 from .contention import own_demand
 from .evaluate import Evaluation, evaluation_line
 from .memory import WindowPeak, model_state_bytes
+from .phases import PhaseLog
 from .placement import place_process
 from .plan import RunPlan, plan_run, shape_record
 from .probe import check_unused_alike
-from .profiling import PROFILED_STEPS, annotate, make_profiler
+from .profiling import PROFILED_STEPS, make_profiler
 from .record import append_record, run_record
 from .resume import find_resume_checkpoint
 from .timing import StepTimer, calibrated_compute_per_step, device_events, device_waiter, gather_breakdown
@@ -166,6 +167,12 @@ class RunState:
     epoch_throughputs: list[float] = field(default_factory=list)
     preempted: bool = False
     heartbeat: Heartbeat = field(default_factory=Heartbeat)  # where this rank is, for peers after a hang
+    phases: Optional[PhaseLog] = None  # the loop's one call per phase: timer, heartbeat, profiler follow
+
+    def enter(self, entered: phase.Phase, step: int) -> None:
+        """This rank now works on phase `entered` of optimizer step `step` (harness.training.phases)."""
+        assert self.phases is not None
+        self.phases.enter(entered, step)
 
     @classmethod
     def start(
@@ -200,6 +207,7 @@ class RunState:
         backend.collectives.listener = heartbeat.in_collective  # a rank hung in a collective names it
         return cls(
             heartbeat=heartbeat,
+            phases=PhaseLog(timer, heartbeat),
             step=resumed.step if resumed else 0,
             start_step=resumed.step if resumed else 0,
             progress=resumed.progress if resumed else Progress(),
@@ -272,8 +280,7 @@ def _train_epochs(
         epoch_start = _synchronised(plan)  # windows open and close at barriers: they span the slowest rank
         if state.step - state.start_step >= timing_warmup:
             state.timer.open_window()
-        state.timer.waiting_for_data()
-        state.heartbeat.beat(state.step + 1, phase.DATA)
+        state.enter(phase.DATA, state.step + 1)
         for batch in itertools.islice(stream, epoch_last_step - state.step):
             loss, lr = _train_step(plan, state, model, optimizer, batch, epoch)
             watchers.on_step_end(StepEnd(state.step, epoch, loss, lr, plan.local_batch, cluster.rank))
@@ -284,7 +291,7 @@ def _train_epochs(
                 state.timer.open_window()
             # The preemption vote, a collective: a signal reaches one rank (or the ranks at different
             # steps), and a rank that stopped alone would leave its peers waiting in the next allreduce.
-            state.heartbeat.beat(state.step, phase.VOTE)
+            state.enter(phase.VOTE, state.step)
             state.preempted = preemption.stop_agreed(state.step, cluster.rank, backend, device)
             if state.preempted:
                 break
@@ -292,8 +299,7 @@ def _train_epochs(
                 pause = _checkpoint(plan, state, "every --checkpoint-every steps")
                 epoch_start += pause  # not training time
                 state.timer.pause(pause)
-            state.timer.waiting_for_data()
-            state.heartbeat.beat(state.step + 1, phase.DATA)
+            state.enter(phase.DATA, state.step + 1)
         if state.preempted and state.step < epoch_last_step:  # stopped mid-epoch: checkpoint where every rank stopped
             if state.checkpointer is not None:
                 _checkpoint(plan, state, "preempted")
@@ -316,13 +322,11 @@ def _train_step(
     epoch: int,
 ) -> tuple[torch.Tensor, float]:
     """One optimizer step on this rank's batch, its phases timed; (this rank's loss, the step's LR)."""
-    backend, device, timer = plan.placement.backend, plan.placement.device, state.timer
-    batch = plan.prepare(batch, epoch, state.step)  # on the device already (to_device_ahead)
-    timer.data_ready()
-    state.heartbeat.beat(state.step + 1, phase.FORWARD_BACKWARD)
+    backend, device, step = plan.placement.backend, plan.placement.device, state.step + 1
     lr = plan.lr_at(state.step)  # a pure function of the step, written into the optimizer for every backend
     for group in optimizer.param_groups:
         group["lr"] = lr
+    batch = plan.prepare(batch, epoch, state.step)  # on the device already (to_device_ahead)
     # Gradient accumulation: each micro-batch adds its share of the step's mean loss; only the last
     # one communicates (DDP no_sync, Horovod's count of backward passes, DeepSpeed's boundary).
     loss_sum, count = torch.zeros((), dtype=torch.float64, device=device), 0
@@ -330,20 +334,18 @@ def _train_step(
         sync = first + plan.micro_batch >= plan.local_batch
         micro_batch = slice_batch(batch, first, first + plan.micro_batch)
         with backend.no_sync(sync):
-            with plan.precision.autocast(device), annotate("forward"):  # named in a --profile-trace
+            state.enter(phase.FORWARD, step)  # the step's first: its data is ready
+            with plan.precision.autocast(device):
                 mean, items = loss_and_count(plan.loaded.task, model, micro_batch, plan.loaded.label)
-            with annotate("backward"):
-                backend.backward(mean / plan.config.grad_accum, sync)
+            state.enter(phase.BACKWARD, step)
+            backend.backward(mean / plan.config.grad_accum, sync)
         loss_sum += mean.detach().double() * items
         count += items
-    state.heartbeat.beat(state.step + 1, phase.GRADIENT_SYNC)
-    with annotate("gradient sync"):  # where Horovod waits for its allreduce, which the profiler cannot see
-        backend.finish_gradient_sync()
-    timer.gradients_ready()
-    state.heartbeat.beat(state.step + 1, phase.OPTIMIZER)
-    with annotate("optimizer"):
-        backend.step()
-    timer.stepped()
+    state.enter(phase.GRADIENT_SYNC, step)  # where Horovod waits for its allreduces, which no profiler sees
+    backend.finish_gradient_sync()
+    state.enter(phase.OPTIMIZER, step)
+    backend.step()
+    state.enter(phase.BOOKKEEPING, step)
     state.record_loss(plan, epoch, loss_sum, count)
     return loss_sum / count, lr
 
@@ -360,7 +362,7 @@ def _end_epoch(
 ) -> None:
     """Close the timed window, reduce the epoch's losses (one collective), evaluate, log, checkpoint."""
     config, (backend, cluster, device, *_) = plan.config, plan.placement
-    state.heartbeat.beat(state.step, phase.EPOCH_END)
+    state.enter(phase.EPOCH_END, state.step)
     epoch_end = _synchronised(plan)
     window = state.timer.close_window()
     state.epoch_times.append(epoch_end - epoch_start)
@@ -378,7 +380,7 @@ def _end_epoch(
         last or bool(config.eval_every and (epoch + 1) % config.eval_every == 0)
     )
     if evaluated:
-        state.heartbeat.beat(state.step, phase.EVALUATION)
+        state.enter(phase.EVALUATION, state.step)
         state.progress.evaluation = state.evaluation(
             backend.evaluation_model(plan.make_model), backend, cluster, device
         )
@@ -410,7 +412,7 @@ def _end_epoch(
 def _checkpoint(plan: RunPlan, state: RunState, reason: str) -> float:
     """Write a checkpoint after `state.step` (a collective); the seconds it took."""
     assert state.checkpointer is not None
-    state.heartbeat.beat(state.step, phase.CHECKPOINT)
+    state.enter(phase.CHECKPOINT, state.step)
     return state.checkpointer.save(state.step, state.progress, state.epoch_step_losses, reason)
 
 
@@ -455,7 +457,7 @@ def _calibration_batches(plan: RunPlan) -> list[Any]:
 def _finish(plan: RunPlan, state: RunState, started: float) -> dict[str, Any]:
     """Measure what the timed window could not (compute per step, every rank's breakdown); the run's record."""
     config, (backend, cluster, device, *_) = plan.config, plan.placement
-    state.heartbeat.beat(state.step, phase.FINISH)
+    state.enter(phase.FINISH, state.step)
     if state.timer.profiler is not None:
         state.timer.profiler.finish(state.timer)
     # Outside every timed window: the optional cross-check of compute on a fresh copy (timing.py

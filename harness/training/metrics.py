@@ -194,14 +194,10 @@ def global_efficiency(parallel: Optional[float], scalability: Optional[float]) -
     return None if parallel is None or scalability is None else parallel * scalability
 
 
-# Phases of one training step, in the order they happen; the loop measures each rank's totals.
-STEP_PHASES = ("data_wait", "forward_backward", "communication", "optimizer", "other")
-
-
 def rank_breakdown(
     runtime: float, data_wait: float, forward_backward: float, communication: float, optimizer: float
 ) -> dict[str, float]:
-    """One rank's timed window (seconds, totals over its steps) as STEP_PHASES plus `useful`.
+    """One rank's timed window (seconds, totals over its steps) as STEP_COLUMNS plus `useful`.
 
     `other` is what the measured phases leave of the window (never negative: the phases are
     measured inside it, so only clock granularity could make it so).

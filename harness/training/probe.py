@@ -107,8 +107,11 @@ def _checked(call: Callable[[], Any], label: str, what: str, batch: Batch = None
     """`call()`, an exception from the task's code turned into one line naming `what` failed."""
     try:
         return call()
-    except UsageError:
-        raise
+    except UsageError as exc:
+        # A check of the kit's own (check_batch) names what is wrong, not whose task it is.
+        if str(exc).startswith(label):
+            raise
+        raise UsageError(f"{label}: {exc}") from None
     except Exception as exc:
         held = f"; the batch holds {describe_batch(batch)}" if batch is not None else ""
         raise UsageError(

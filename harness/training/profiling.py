@@ -24,7 +24,8 @@ import torch
 
 from ..errors import UsageError
 from ..fileio import atomic_write
-from .timing import TRACE_PHASES, StepTimer
+from ..process.phases import TRACE_COLUMNS
+from .timing import StepTimer
 from .trace import merge_traces, rank_steps_path, rank_trace_path
 
 WAIT, WARMUP, ACTIVE = 1, 1, 3
@@ -106,7 +107,7 @@ class RankProfiler:
                 tmp,
                 {
                     "rank": self.rank,
-                    "phases": list(TRACE_PHASES),
+                    "phases": list(TRACE_COLUMNS),
                     "clock": "unix_ns",
                     "doc": "per traced step: the instants wait start, data ready, last gradient, gradients averaged, "
                     "stepped (Unix nanoseconds); phase k runs from instant k to k+1",
@@ -124,15 +125,6 @@ class RankProfiler:
 def _write_json(path: str, value: Any) -> None:
     with open(path, "w") as handle:
         json.dump(value, handle)
-
-
-ANNOTATION_PREFIX = "harness: "
-
-
-def annotate(phase: str) -> Any:
-    """A region of the step named `harness: PHASE` in the profiler's trace (about a microsecond when no
-    profiler runs): the trace then tells forward, backward and optimizer apart under every backend."""
-    return torch.profiler.record_function(ANNOTATION_PREFIX + phase)
 
 
 def make_profiler(directory: Optional[str], rank: int, device: torch.device) -> Optional[RankProfiler]:

@@ -1,7 +1,8 @@
 """Where a step's time goes: the timed window, per-phase totals, every collective, a per-rank
 timeline (definitions: harness.training.metrics).
 
-The loop marks four instants of each step on every rank: it starts waiting for data, the data is
+Four instants of each step are marked on every rank, from the phases the loop enters
+(harness.training.phases): it starts waiting for data, the data is
 on the device, the averaged gradients are ready (Backend.finish_gradient_sync returned), the
 optimizer has stepped. `StepTimer` sums the phases over the timed window (which opens and closes
 at barriers, so it spans the slowest rank's work) and keeps the instants of the first
@@ -45,11 +46,12 @@ import torch
 from torch import nn
 
 from ..backends.collectives import FIELDS, KINDS, CollectiveMeter, per_step_section, window_totals
+from ..process import phases
+from ..process.phases import TRACE_COLUMNS, Phase
 from .contention import CpuMeter
 from .memory import MODEL_STATE, WindowPeak, memory_section
 from .metrics import POP_KEYS, accelerator_utilisation, contention_summary, pop_metrics, rank_breakdown
 
-TRACE_PHASES = ("data_wait", "forward_backward", "communication", "optimizer")
 COLLECTIVE_COLUMNS = tuple(f"{kind}_{name}" for kind in KINDS for name in FIELDS)
 WAIT, DATA, GRADIENTS, STEPPED = range(4)  # the step's marks
 COMMUNICATION_METHOD = (
@@ -115,6 +117,7 @@ class StepTimer:
         self._window_open = False
         self._window_steps = 0
         self._stepped_before = False  # an optimizer step has run: the optimizer's state exists
+        self._in_step = False  # between a step's first FORWARD and its BOOKKEEPING
         self._window_start = 0.0
         self._instants = [0.0] * 4
         self._exposed = [0.0] * 4  # the meter's exposed seconds at each mark
@@ -170,6 +173,19 @@ class StepTimer:
     def pause(self, seconds: float) -> None:
         """Leave `seconds` (a checkpoint written mid-window) out of the window."""
         self._window_start += seconds
+
+    def enter(self, phase: Phase) -> None:
+        """Mark the step's instants from the phases the loop enters (harness.training.phases)."""
+        if phase is phases.DATA:
+            self.waiting_for_data()
+        elif phase is phases.FORWARD and not self._in_step:  # the step's first micro-batch
+            self._in_step = True
+            self.data_ready()
+        elif phase is phases.OPTIMIZER:
+            self.gradients_ready()
+        elif phase is phases.BOOKKEEPING and self._in_step:
+            self._in_step = False
+            self.stepped()
 
     def waiting_for_data(self) -> None:
         if self.enabled:
@@ -410,12 +426,12 @@ def process_contention(meter: CpuMeter) -> dict[str, Any]:
 def _timeline(instants: torch.Tensor, trace_steps: int, world_size: int) -> dict[str, Any]:
     table = instants.view(trace_steps, 5, world_size)
     return {
-        "phases": list(TRACE_PHASES),
+        "phases": list(TRACE_COLUMNS),
         "doc": "per rank, per traced step: [start, end] seconds of each phase from the first timed "
         "window's opening (a barrier, so the ranks' clocks share that zero)",
         "per_rank": [
             [
-                [[table[s, p, r].item(), table[s, p + 1, r].item()] for p in range(len(TRACE_PHASES))]
+                [[table[s, p, r].item(), table[s, p + 1, r].item()] for p in range(len(TRACE_COLUMNS))]
                 for s in range(trace_steps)
                 if table[s, 0, r].item() >= 0
             ]

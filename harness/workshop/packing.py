@@ -220,13 +220,13 @@ def _rounds(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 
 def _per_step_ms(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Milliseconds per step of one rank, per phase (harness.training.metrics.STEP_PHASES), mean over runs."""
-    from ..training.metrics import STEP_PHASES
+    """Milliseconds per step of one rank, per phase (harness.training.metrics.STEP_COLUMNS), mean over runs."""
+    from ..process.phases import STEP_COLUMNS
 
     breakdowns = [run["step_breakdown"]["seconds_per_step"] for run in runs if run.get("step_breakdown")]
     if not breakdowns:
         return {}
-    return {phase: 1000 * sum(b.get(phase, 0.0) for b in breakdowns) / len(breakdowns) for phase in STEP_PHASES}
+    return {phase: 1000 * sum(b.get(phase, 0.0) for b in breakdowns) / len(breakdowns) for phase in STEP_COLUMNS}
 
 
 def packing_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -8,12 +8,13 @@ its Options examples), never from an `if` on its name.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import pytest
 
-from harness.backends import BACKENDS
-from harness.errors import EXIT_PREEMPTED
+from harness.backends import BACKENDS, get_backend
+from harness.errors import EXIT_PREEMPTED, UsageError
 
 ALL = list(BACKENDS)
 # Backends that run on any number of ranks (the single-process baseline runs on one).
@@ -38,6 +39,26 @@ def with_options(backends: list[str] = DISTRIBUTED, turns: Optional[LauncherTurn
                 launcher = turns.next(backend)
                 cases.append(pytest.param(backend, example.to_flags(), launcher, id=f"{backend}{changed}-{launcher}"))
     return cases
+
+
+def for_unused_parameters(backend: str, flags: list[str]) -> list[str]:
+    """`flags` and the switch `backend` asks for before it trains a model whose loss leaves some
+    parameters without a gradient in some steps (DDP's --ddp-find-unused-parameters), as the backend
+    itself answers it (Backend.check_unused_parameters): none where it trains such a model as it is."""
+    cls = BACKENDS[backend]
+
+    def accepts(options: dict[str, bool]) -> bool:
+        try:
+            get_backend(backend, options).check_unused_parameters(["unused.weight"])
+        except UsageError:
+            return False
+        return True
+
+    if accepts({}):
+        return flags
+    switches = [spec.name for spec in dataclasses.fields(cls.Options) if spec.default is False]
+    switch = next(name for name in switches if accepts({name: True}))
+    return [*flags, cls.Options.flag(switch)]
 
 
 def launcher_pairs(backends: list[str] = ALL) -> list[tuple[str, str]]:

@@ -13,23 +13,17 @@ from harness.process.processes import children, command_line
 from harness.training.launch import launch_command
 from harness.training.record import read_records
 from tests.conftest import REPO, run
+from tests.helpers import tasks
 
 RANKS = 2
-# 2 ranks x 64 on the 1,500 digits: 11 steps per epoch, 33 in three epochs. Dropout stays on, so a
-# resumed run must also restore every rank's RNG to match.
-COMMON = [
-    "--model",
-    "cnn",
-    "--dataset",
-    "digits",
+# 2 ranks x 64 on 1,500 samples: 11 steps per epoch, 33 in three epochs.
+RUN = [
     "--batch-size",
     "64",
     "--epochs",
     "3",
     "--lr",
     "0.02",
-    "--dropout",
-    "0.25",
     "--seed",
     "7",
     "--threads",
@@ -41,6 +35,14 @@ COMMON = [
     "--timing-warmup-steps",
     "2",
 ]
+# The built-in task's CNN on the 1,500 digits. Dropout stays on, so a resumed run must also restore
+# every rank's RNG to match.
+CNN_TASK = ["--model", "cnn", "--dataset", "digits", "--dropout", "0.25"]
+COMMON = [*CNN_TASK, *RUN]
+# Tasks the kit does not ship (tests/helpers/tasks.py), with as many training samples: the same
+# steps. `regression` has batch norm (each rank's statistics, rank 0's saved and evaluated),
+# `tokens` dropout (every rank's RNG restored on resume).
+TEST_TASKS = {name: tasks.flags(name, train_samples=1500) for name in ("regression", "tokens")}
 STEPS_PER_EPOCH = 11
 TOTAL_STEPS = 33
 

@@ -8,11 +8,15 @@ CLI reaches as `--task tests/helpers/tasks.py:FUNCTION` on every rank under any 
 - `tokens`: token ids in, a next-token loss over a sequence out (an embedding and a GRU), its
   count the tokens, with dropout.
 
-Each is small enough that a 2-rank run of a few steps takes about a second.
+Each is small enough that a 2-rank run of a few steps takes about a second. `flags(NAME, KEY=VALUE...)`
+gives the `harness train` flags that select one (by this file's absolute path, so that a run finds
+it from any working directory).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import numpy as np
@@ -24,6 +28,13 @@ from torch.utils.data import Dataset
 from harness import BatchContext, Task
 
 FEATURES = 8
+TASK_FILE = os.path.abspath(__file__)
+
+
+def flags(name: str, **args: Any) -> list[str]:
+    """`--task` and `--task-arg` flags that select task function `name` of this file with `args`."""
+    task_args = [part for key, value in args.items() for part in ("--task-arg", f"{key}={json.dumps(value)}")]
+    return ["--task", f"{TASK_FILE}:{name}", *task_args]
 
 
 class Points(Dataset):
@@ -53,10 +64,13 @@ def _regression_scores(model: nn.Module, batch: Any) -> dict[str, tuple[torch.Te
 
 
 def regression(width: int = 32, train_samples: int = 512, test_samples: int = 101) -> Task:
-    """An MLP with batch norm, fitting Points; metrics: the loss and the mean absolute error."""
+    """An MLP with batch norm, fitting Points; metrics: the loss and the mean absolute error. The layer
+    before the batch norm has no bias, as usual: the norm subtracts it, so its gradient is zero and
+    its "update" only rounding, which no comparison relative to the update could measure."""
 
     def build() -> nn.Module:
-        return nn.Sequential(nn.Linear(FEATURES, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Linear(width, 1))
+        hidden = nn.Linear(FEATURES, width, bias=False)
+        return nn.Sequential(hidden, nn.BatchNorm1d(width), nn.ReLU(), nn.Linear(width, 1))
 
     return Task(
         build_model=build,

@@ -6,6 +6,8 @@ freezes it instead, like a hung process or a lost node, whose sockets stay open,
 can end the wait. The surviving rank must say which problem ended it; the job must exit non-zero,
 leaving no process behind, nothing in --results and nothing in /dev/shm. benchmarks/checkpoint.py reports the times.
 The hung jobs of all backends run side by side (they mostly wait), the others one after another.
+The killed rank trains a task the kit does not ship (tests/helpers/tasks.py's `regression`), the
+others the built-in CNN.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from harness.process.processes import processes_with_command
 from harness.training.launch import launch_command
 from tests.helpers.backend_cases import DISTRIBUTED
 from tests.helpers.checkpoint_helpers import (
+    CNN_TASK,
     COMMON,
     RANKS,
+    RUN,
+    TEST_TASKS,
     TimedJob,
     launch_may_fail,
     output,
@@ -63,13 +68,15 @@ def _failure_is_named(command: list[str], output: str, timeout_s: int) -> bool:
     return Path(command[0]).name == "horovodrun" and HOROVODRUN_REPORT.search(output) is not None
 
 
-def _start_failure(directory: Path, backend: str, signal_name: str, timeout_s: int) -> Callable[[], Failed]:
-    """Start a job whose rank 1 gets SIG`signal_name` after step 5, in a thread; a call returns it
-    once it has ended (or been killed at its limit)."""
+def _start_failure(
+    directory: Path, backend: str, signal_name: str, timeout_s: int, task: list[str] = CNN_TASK
+) -> Callable[[], Failed]:
+    """Start a job of `task` whose rank 1 gets SIG`signal_name` after step 5, in a thread; a call
+    returns it once it has ended (or been killed at its limit)."""
     results = directory / "results.jsonl"
     # Long enough that the survivor is still training when its peer fails.
     command = launch_command(
-        RANKS, backend, [*COMMON, "--epochs", "20", "--timeout", str(timeout_s), "--results", str(results)]
+        RANKS, backend, [*task, *RUN, "--epochs", "20", "--timeout", str(timeout_s), "--results", str(results)]
     )
     signalled = f"sending SIG{signal_name} to itself"
     jobs: list[TimedJob] = []
@@ -104,9 +111,9 @@ def _assert_failed_cleanly(backend: str, failed: Failed, timeout_s: int) -> str:
     return tail
 
 
-def _fail_rank_1(tmp_path, backend: str, signal_name: str, timeout_s: int):
+def _fail_rank_1(tmp_path, backend: str, signal_name: str, timeout_s: int, task: list[str]):
     shared_memory_before = shared_memory_segments()
-    failed = _start_failure(tmp_path, backend, signal_name, timeout_s)()
+    failed = _start_failure(tmp_path, backend, signal_name, timeout_s, task)()
     time.sleep(1)
     tail = _assert_failed_cleanly(backend, failed, timeout_s)
     assert shared_memory_segments() - shared_memory_before == set(), f"{backend}: left shared memory behind"
@@ -126,7 +133,7 @@ def test_a_finished_job_leaves_no_shared_memory(tmp_path, backend):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", DISTRIBUTED)
 def test_killing_one_rank_ends_the_job_within_the_timeout(tmp_path, backend):
-    job, killed, tail = _fail_rank_1(tmp_path, backend, "KILL", TIMEOUT_S)
+    job, killed, tail = _fail_rank_1(tmp_path, backend, "KILL", TIMEOUT_S, TEST_TASKS["regression"])
     print(f"\n{backend}: job exited {job.seconds(killed):.1f} s after rank 1 was killed (status {job.returncode})")
     assert job.seconds(killed) <= TIMEOUT_S + SLACK_S, tail
 

@@ -1,4 +1,7 @@
-"""harness launch --dry-run as a command: the launch line it prints, and its flags checked first."""
+"""harness launch --dry-run as a command: the launch line it prints, and its flags checked first.
+
+A task of one's own reaches every rank as its spec and arguments, passed on as given: each rank
+imports it itself (harness.tasks.loading), so nothing is pickled between processes."""
 
 from __future__ import annotations
 
@@ -7,6 +10,9 @@ import shlex
 import pytest
 
 from tests.conftest import harness
+from tests.helpers import tasks
+
+TASK = tasks.flags("regression", width=8)
 
 EXPECTED = {
     # launcher: tokens that must appear, in this order
@@ -37,8 +43,7 @@ def test_dry_run_prints_the_real_launch_command(launcher):
         launcher,
         "--dry-run",
         "--",
-        "--epochs",
-        "2",
+        *TASK,
         "--batch-size",
         "16",
         timeout=60,
@@ -46,10 +51,23 @@ def test_dry_run_prints_the_real_launch_command(launcher):
     assert result.returncode == 0, result.stderr
     tokens = shlex.split(result.stdout.strip())
     assert _in_order(tokens, EXPECTED[launcher]), tokens
-    assert tokens[-6:] == ["--backend", "ddp", "--epochs", "2", "--batch-size", "16"]
+    assert tokens[-8:] == ["--backend", "ddp", *TASK, "--batch-size", "16"]
 
 
-def test_dry_run_validates_flags_before_printing():
-    result = harness("launch", "-n", "2", "--dry-run", "--", "--batch-size", "-3", timeout=60)
-    assert result.returncode == 2 and "--batch-size must be a positive integer" in result.stderr
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--batch-size", "-3"], "--batch-size must be a positive integer"),
+        (
+            ["--task", "digits-cnn"],
+            "unknown task 'digits-cnn'; choose a built-in task (images) or give MODULE:FUNCTION",
+        ),
+        ([*TASK, "--model", "resnet18"], "--model is an argument of task images; drop it or use --task images"),
+    ],
+    ids=["batch", "task", "argument of another task"],
+)
+def test_dry_run_validates_flags_before_printing(flags, message):
+    result = harness("launch", "-n", "2", "--dry-run", "--", *flags, timeout=60)
+    (line,) = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and line.startswith("harness launch: error: ") and message in line, result.stderr
     assert result.stdout == ""

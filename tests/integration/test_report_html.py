@@ -14,6 +14,14 @@ from tests.helpers.browser import chromium_driver
 from tests.helpers.handmade_records import record
 
 PAGE_S = 60
+# What a record says of a task of one's own (harness.tasks.loading.LoadedTask.origin).
+TASK = {
+    "spec": "/home/me/model.py:make_task",
+    "args": {"width": 64},
+    "source": "/home/me/model.py",
+    "sha256": "0123456789abcdef" * 4,
+    "builtin": False,
+}
 
 
 def _runs():
@@ -29,7 +37,7 @@ def _runs():
             "communication": 0.0,
         }
         run["step_breakdown"]["timed_steps"] = 20
-        run.update(local_world_size=4, gradient_bytes=102_228_128, tuning={}, versions={"torch": "2.x"})
+        run.update(local_world_size=4, gradient_bytes=102_228_128, tuning={}, versions={"torch": "2.x"}, task=TASK)
         runs.append(run)
     return runs
 
@@ -48,7 +56,9 @@ def test_the_html_report_renders_its_figures_from_the_file_alone(tmp_path, brows
     (job / "logs").mkdir(parents=True)
     (job / "results.jsonl").write_text("".join(json.dumps(run) + "\n" for run in _runs()))
     (job / "logs" / "commands.txt").write_text("mpiexec -n 8 python -m harness train --backend ddp\n")
-    write_prediction(str(job), "polaris", ["ddp"], [1, 2], ["--model", "resnet50", "--batch-size", "256"])
+    write_prediction(
+        str(job), "polaris", ["ddp"], [1, 2], ["--model", "resnet50", "--dataset", "synthetic", "--batch-size", "256"]
+    )
     page = tmp_path / "report.html"
     result = harness("report", str(job), "--html", str(page), timeout=300)
     assert result.returncode == 0, result.stderr
@@ -63,5 +73,6 @@ def test_the_html_report_renders_its_figures_from_the_file_alone(tmp_path, brows
     assert "Predicted before the runs, and measured" in body and "+" in body.split("measured")[-1]
     assert "mpiexec -n 8 python -m harness train --backend ddp" in body
     assert "Each run and its contention" in body and "2.x" in body
+    assert "/home/me/model.py:make_task width=64 /home/me/model.py 0123456789ab" in body  # the task's row
     headers = [h.text for h in browser.find_elements("tag name", "th")]
     assert "error" in headers and any("95" in h for h in headers)

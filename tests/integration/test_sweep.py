@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from harness.training.record import read_records
-from tests.conftest import harness
+from tests.conftest import REPO, harness
 from tests.unit.test_sweep import BACKENDS, DEFAULT_TUNING
 
 
@@ -56,12 +56,36 @@ def test_sweep_cli_dry_run_and_one_line_errors(tmp_path):
         timeout=120,
     )
     assert unknown.returncode == 2 and "unrecognized arguments: --modell cnn" in unknown.stderr
+    # A task that cannot load fails once, in the sweep's own process, before any run.
+    missing = harness(
+        "sweep",
+        "--backends",
+        "ddp",
+        "--ranks",
+        "1",
+        "--scaling",
+        "weak",
+        "--results",
+        results,
+        "--task",
+        "nothing.py:make",
+    )
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+        f"harness sweep: error: task '{REPO}/nothing.py:make': file {REPO}/nothing.py does not exist; "
+        "fix --task (a path, then :FUNCTION)"
+    ]
     assert not (tmp_path / "r.jsonl").exists()
+
+
+# A task of the researcher's own (tests/helpers/tasks.py), named by its file's path relative to where
+# the sweep runs: every run gets it as an absolute path.
+TASK = "tests/helpers/tasks.py:regression"
 
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
-    """A real weak-scaling sweep: every distributed backend on 1 and 2 ranks, 10 short steps each."""
+    """A real weak-scaling sweep of a task of one's own: every distributed backend on 1 and 2 ranks,
+    10 short steps each."""
     out = tmp_path_factory.mktemp("sweep")
     results = out / "weak.jsonl"
     result = harness(
@@ -72,10 +96,8 @@ def swept(tmp_path_factory):
         "1,2",
         "--scaling",
         "weak",
-        "--model",
-        "cnn",
-        "--dataset",
-        "synthetic",
+        "--task",
+        TASK,
         "--batch-size",
         "16",
         "--max-steps",
@@ -106,6 +128,8 @@ def test_sweep_records_are_complete(swept):
         (backend, ranks) for backend in BACKENDS for ranks in (1, 2)
     )
     for record in records:
+        assert (record["task"]["spec"], record["task"]["args"]) == (f"{REPO}/{TASK}", {})
+        assert (record["model"], record["dataset"]) == ("mlp-bn-32", "points")
         order = record["tags"].pop("order")
         assert record["tags"] == {"scaling": "weak", "sweep_id": "e2e", "repeat": "0", "order_seed": "0"}
         assert order.endswith(f"/{len(records)}")
@@ -115,8 +139,11 @@ def test_sweep_records_are_complete(swept):
         reduces = {"gradient_allreduce": record["world_size"] > 1} if "gradient_allreduce" in record["tuning"] else {}
         if record["backend"] == "ddp":  # the metered allreduce hook, registered where there is a peer
             reduces["comm_hook"] = "default allreduce_hook (metered)" if record["world_size"] > 1 else None
+        # FSDP's units are the model's top-level children with parameters, and the root.
+        units = {"fsdp_units": len(record["task"]["unit_bytes"]) + 1} if record["backend"] == "fsdp" else {}
         assert record["tuning"] == {
             **DEFAULT_TUNING[record["backend"]],
+            **units,
             **reduces,
             "cpu_malloc": "reuse",
             "pinned_cores": None,
@@ -146,10 +173,13 @@ def test_plot_and_report_of_the_sweep(swept):
     metadata = json.loads((out / "fig-throughput.json").read_text())
     assert sorted(series["backend"] for series in metadata["series"]) == sorted(BACKENDS)  # runs' order is random
     assert all(series["workers"] == [1, 2] for series in metadata["series"])
-    assert "Weak scaling: cnn on synthetic, 16 samples per worker" in metadata["title"]
+    assert "Weak scaling: mlp-bn-32 on points (tasks.py:regression), 16 samples per worker" in metadata["title"]
 
     report = harness("report", str(results), timeout=300)
     assert report.returncode == 0, report.stderr
+    records = read_records([str(results)])
+    digest = records[0]["task"]["sha256"]
+    assert f"- task {REPO}/{TASK} ({REPO}/tests/helpers/tasks.py, sha256 {digest[:12]})" in report.stdout
     rows = [
         [cell.strip() for cell in line.strip("|").split("|")]
         for line in report.stdout.splitlines()
@@ -161,4 +191,16 @@ def test_plot_and_report_of_the_sweep(swept):
     )
     assert all(row[2] == "1" for row in rows)  # the same threads per rank at 1 and 2 ranks
     assert all(row[6].removesuffix(" ?") != "-" for row in rows)  # every configuration has an efficiency
-    assert ("†" in report.stdout) == any(r["contention"]["flagged"] for r in read_records([str(results)]))
+    assert ("†" in report.stdout) == any(r["contention"]["flagged"] for r in records)
+
+    # The prediction prices FSDP's traffic on the task's own model, as its runs recorded it.
+    prediction = out / "prediction.json"
+    predicted = harness(
+        "predict", "--site", "polaris", "--record", str(results), "--backend", "fsdp", "--json", str(prediction)
+    )
+    assert predicted.returncode == 0, predicted.stderr
+    workload = json.loads(prediction.read_text())["workload"]
+    shape = records[0]["task"]
+    assert workload["gradient_bytes"] == shape["parameter_bytes"] == records[0]["gradient_bytes"]
+    units = [call["bytes"] for call in workload["calls"] if call["phase"] == "forward_gather"]
+    assert units == shape["unit_bytes"] and len(units) == 3  # the MLP's two linear layers and its batch norm

@@ -6,7 +6,8 @@ run the job is signalled (Slurm: `scancel --full --signal=USR1`, the batch shell
 both nodes; PBS: `qsig -s USR1` to the batch shell, which passes it on through mpiexec to the ranks
 on both nodes): it checkpoints, resubmits itself, and the next job ends the study with the weights
 of an uninterrupted run, its report and figures in the one job directory (one-node versions of
-these: test_job_templates*.py). About 1.5 minutes each on 2 shared cores.
+these: test_job_templates*.py). The study trains a task of one's own (TASK, TASK_ARGS: the regression
+task of tests/helpers/tasks.py, paced). About 1.5 minutes each on 2 shared cores.
 """
 
 from __future__ import annotations
@@ -82,11 +83,21 @@ def pbs(cluster, tmp_path) -> Iterator[EmulatedPbs]:
         emulation.stop()
 
 
+# A task of the researcher's own, named relative to the kit as a study reads it: every rank on both
+# nodes, under srun and under the emulated PBS's mpiexec, loads it from its path. Its batches come
+# 0.1 s apart, so that the signal lands mid-run.
+TASK = "tests/helpers/paced_tasks.py:paced_regression"
+TASK_ARGS = {"width": 16, "delay": 0.1}
+
+
 def study_settings(job_dir: str) -> dict[str, str]:
     """The tiny study both templates run: ddp on one node, then on both, saving the last run's model."""
     model = os.path.join(job_dir, "model.pt")
+    images_task = ("MODEL", "DATASET")  # the images task's settings: refused beside another TASK
     return dict(
-        STUDY,
+        {name: value for name, value in STUDY.items() if name not in images_task},
+        TASK=TASK,
+        TASK_ARGS=" ".join(f"{name}={value}" for name, value in TASK_ARGS.items()),
         BACKENDS="ddp",
         RANKS=f"{RANKS_PER_NODE} {SPANNING}",
         STEPS=str(STEPS),
@@ -128,6 +139,7 @@ def assert_spans_both_nodes(cluster: NetnsCluster, job_dir: str, launcher: str, 
         (SPANNING, RANKS_PER_NODE, cluster.hostnames[0]),
     ]
     assert all(r["steps"] == STEPS for r in records)
+    assert all((r["task"]["spec"], r["task"]["args"]) == (f"{REPO}/{TASK}", TASK_ARGS) for r in records)
     return records
 
 

@@ -64,7 +64,8 @@ def test_horovod_missing_from_polaris_conda_is_refused_before_anything_is_queued
 
 @pytest.mark.parametrize(
     "template, args",
-    [(AURORA, ["-A", "p", "-v", "BACKENDS=ddp horovod,RESUBMIT=0"]), (FRONTIER, ["-A", "p"])],
+    # run from tmp_path: -v KIT_DIR names the kit, as a qsub from outside it must (preflight)
+    [(AURORA, ["-A", "p", "-v", f"BACKENDS=ddp horovod,RESUBMIT=0,KIT_DIR={REPO}"]), (FRONTIER, ["-A", "p"])],
     ids=["aurora", "frontier"],
 )
 def test_a_backend_the_site_lacks_is_refused_through_the_template_in_one_line(template, args, tmp_path):

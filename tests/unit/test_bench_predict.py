@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 
 import pytest
@@ -195,3 +197,41 @@ def test_the_prediction_figure_boxes_contended_measurements_and_shows_anchors():
     assert CONTENTION_LABEL in [text.get_text() for text in step_axis.get_legend().get_texts()]
     assert "published" in [text.get_text() for text in efficiency_axis.get_legend().get_texts()]
     assert figure.harness_metadata["anchors"][0]["efficiency"] == 0.8
+
+
+def test_traffic_is_priced_on_the_tasks_own_model(tmp_path):
+    from harness.backends.traffic import ModelShape
+    from harness.cli import main
+    from harness.study.predict import backend_traffic
+    from harness.study.predict_cli import with_node_and_traffic
+    from harness.training.plan import model_shape, shape_record
+    from tests.conftest import REPO
+    from tests.helpers.tasks import regression
+
+    model = regression(width=64).build_model()
+    shape = model_shape(model)
+    out = tmp_path / "prediction.json"
+    published = ["predict", "--site", "polaris", "--throughput", "2470", "--batch-size", "256", "--nodes", "1,2"]
+
+    def predicted(*flags: str) -> dict:
+        assert main([*published, *flags, "--backend", "fsdp", "--json", str(out)]) == 0
+        return json.loads(out.read_text())["workload"]
+
+    # Without records: the task the flags name, its model built here as a run builds it.
+    spec = f"{REPO}/tests/helpers/tasks.py:regression"
+    workload = predicted("--task", spec, "--task-arg", "width=64")
+    assert workload["gradient_bytes"] == shape.parameter_bytes
+    assert workload["calls"] == [dataclasses.asdict(call) for call in backend_traffic("fsdp", {}, shape)]
+    assert len(workload["calls"]) == 3 * 3  # per unit (three layers with parameters): 2 all-gathers, 1 reduce-scatter
+    # The images task by its own flag, as before tasks: the CNN's 4.8 MB.
+    assert predicted("--model", "cnn")["gradient_bytes"] == 4_799_528
+    # From records: the shape the run recorded (record["task"]), here on the CPU.
+    run = _measured_run(1, 0.075)
+    run.update(backend="fsdp", gradient_bytes=shape.parameter_bytes, task={"spec": spec, **shape_record(model)})
+    priced = with_node_and_traffic(workload_from_records([run], 1.0, None), [run], 1)
+    assert priced.calls == tuple(backend_traffic("fsdp", {}, shape, on_gpu=False))
+    # A record made before tasks: the images task's model of that name (the CNN: two units), not one unit.
+    legacy = _measured_run(1, 0.075)
+    legacy.update(backend="fsdp", gradient_bytes=4_799_528)
+    calls = with_node_and_traffic(workload_from_records([legacy], 1.0, None), [legacy], 1).calls
+    assert len(calls) == 3 * 2 and calls != tuple(backend_traffic("fsdp", {}, ModelShape(4_799_528), on_gpu=False))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from harness.backends import BACKENDS
 from harness.study.foresight import PREDICTION_FILE, prediction_markdown, prediction_rows, write_prediction
+from tests.conftest import REPO
 from tests.helpers.handmade_records import record
 
 DISTRIBUTED = sorted(name for name, cls in BACKENDS.items() if cls.max_world_size is None)
@@ -30,7 +32,11 @@ def _run(backend, world_size, runtime, repeat):
 
 def test_the_plan_is_predicted_before_the_runs_and_the_report_gives_the_error(tmp_path):
     path = write_prediction(
-        str(tmp_path), "polaris", DISTRIBUTED, [2, 1, 2], ["--model", "resnet50", "--batch-size", "256"]
+        str(tmp_path),
+        "polaris",
+        DISTRIBUTED,
+        [2, 1, 2],
+        ["--model", "resnet50", "--dataset", "synthetic", "--batch-size", "256"],
     )
     saved = json.loads((tmp_path / PREDICTION_FILE).read_text())
     assert path.endswith(PREDICTION_FILE) and set(saved["backends"]) == set(DISTRIBUTED)
@@ -59,3 +65,26 @@ def test_a_site_without_network_figures_writes_why_and_reports_nothing(tmp_path)
     write_prediction(str(tmp_path), "generic-slurm", DISTRIBUTED, [1, 2], [])
     assert "has no network figures" in json.loads((tmp_path / PREDICTION_FILE).read_text())["skipped"]
     assert prediction_rows(str(tmp_path), [_run(DISTRIBUTED[0], 4, 0.1, 0)]) == []
+
+
+def test_the_plan_prices_the_runs_task_from_their_flags(tmp_path):
+    from harness.backends.traffic import ModelShape
+    from harness.study.predict import backend_traffic
+    from harness.training.plan import model_shape
+    from tests.helpers.tasks import regression
+
+    spec = f"{REPO}/tests/helpers/tasks.py:regression"
+    flags = ["--task", spec, "--task-arg", "width=64", "--batch-size", "16"]
+    write_prediction(str(tmp_path), "polaris", ["fsdp"], [1, 2], [*flags, "--fsdp-keep-gathered"])
+    saved = json.loads((tmp_path / PREDICTION_FILE).read_text())
+    shape = model_shape(regression(width=64).build_model())
+    assert saved["task"] == {
+        "spec": spec,
+        "args": {"width": 64},
+        "parameter_bytes": shape.parameter_bytes,
+    }
+    assert saved["batch_size"] == 16 and saved["compute"].startswith("none published for this task")
+    # FSDP's traffic per unit of this model (three layers with parameters), with the runs' own option.
+    fsdp = backend_traffic("fsdp", {"keep_gathered": True}, shape)
+    assert saved["backends"]["fsdp"]["traffic"] == [dataclasses.asdict(call) for call in fsdp]
+    assert fsdp != backend_traffic("fsdp", {"keep_gathered": True}, ModelShape(shape.parameter_bytes))

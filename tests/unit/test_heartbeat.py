@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from harness.process import heartbeat
+from harness.process import heartbeat, phases
 from harness.process.heartbeat import Seen, describe, read_store, stale_after, stopped
 from harness.process.heartbeat_store import decode_beat, encode_beat, serve
 from harness.process.launchers import free_port
 
 
-def _seen(rank: int, age: float, step: int = 41, phase: str = heartbeat.FORWARD_BACKWARD, host: str = "") -> Seen:
+def _seen(rank: int, age: float, step: int = 41, phase: str = phases.FORWARD.label, host: str = "") -> Seen:
     return Seen(rank, host or f"node{rank // 2 + 1}", step, phase, age)
 
 
@@ -34,7 +34,7 @@ def test_stopped_ranks_are_the_stale_ones_oldest_first_and_the_never_seen():
 
 
 def test_the_line_names_rank_host_step_phase_and_age():
-    seen = {0: _seen(0, 0.4), 1: _seen(1, 12.04, step=5, phase=heartbeat.GRADIENT_SYNC, host="gpu07")}
+    seen = {0: _seen(0, 0.4), 1: _seen(1, 12.04, step=5, phase=phases.GRADIENT_SYNC.label, host="gpu07")}
     line = describe(seen, world_size=2, timeout=10, store_host="gpu01", reader=0)
     assert line == (
         "stopped answering: rank 1 (host gpu07, step 5, gradient sync, last seen 12.0 s ago); "
@@ -43,7 +43,7 @@ def test_the_line_names_rank_host_step_phase_and_age():
 
 
 def test_a_silenced_node_names_each_of_its_ranks():
-    seen = {0: _seen(0, 0.2), 1: _seen(1, 0.9), 2: _seen(2, 21.0), 3: _seen(3, 20.5, phase=heartbeat.DATA)}
+    seen = {0: _seen(0, 0.2), 1: _seen(1, 0.9), 2: _seen(2, 21.0), 3: _seen(3, 20.5, phase=phases.DATA.label)}
     line = describe(seen, world_size=4, timeout=20, store_host="node1", reader=0)
     assert "rank 2 (host node2, step 41, forward/backward, last seen 21.0 s ago)" in line
     assert "rank 3 (host node2, step 41, data, last seen 20.5 s ago)" in line
@@ -61,9 +61,9 @@ def test_many_stopped_ranks_are_counted_past_the_named_ones():
 
 def test_with_every_rank_beating_the_line_names_the_rank_furthest_behind():
     seen = {
-        0: _seen(0, 0.3, step=7, phase=heartbeat.GRADIENT_SYNC),
-        1: _seen(1, 0.5, step=6, phase=heartbeat.OPTIMIZER),
-        2: _seen(2, 0.1, step=6, phase=heartbeat.VOTE),
+        0: _seen(0, 0.3, step=7, phase=phases.GRADIENT_SYNC.label),
+        1: _seen(1, 0.5, step=6, phase=phases.OPTIMIZER.label),
+        2: _seen(2, 0.1, step=6, phase=phases.VOTE.label),
     }
     line = describe(seen, world_size=3, timeout=10, store_host="node1", reader=0)
     assert line.startswith("every rank was seen within 5 s (as are one that just died and one stuck inside")
@@ -85,9 +85,9 @@ def test_a_store_that_does_not_answer_names_rank_0s_host():
 
 
 def test_a_beat_survives_the_round_trip_through_its_datagram():
-    assert decode_beat(encode_beat(3, 17, "node2", 4242, heartbeat.EPOCH_END)) == (
+    assert decode_beat(encode_beat(3, 17, "node2", 4242, phases.EPOCH_END.label)) == (
         3,
-        {"step": 17, "host": "node2", "pid": 4242, "phase": heartbeat.EPOCH_END},
+        {"step": 17, "host": "node2", "pid": 4242, "phase": phases.EPOCH_END.label},
     )
     with pytest.raises(ValueError):
         decode_beat(b"not a heartbeat")
@@ -112,7 +112,7 @@ def store():
 def test_the_store_keeps_each_ranks_latest_beat_and_its_age(store):
     tcp, udp = store
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
-        for beat in ((0, 4, heartbeat.DATA), (1, 5, heartbeat.OPTIMIZER), (0, 5, heartbeat.VOTE)):
+        for beat in ((0, 4, phases.DATA.label), (1, 5, phases.OPTIMIZER.label), (0, 5, phases.VOTE.label)):
             sender.sendto(encode_beat(beat[0], beat[1], "here", 100 + beat[0], beat[2]), ("127.0.0.1", udp))
         deadline = time.monotonic() + 10
         while (seen := read_store("127.0.0.1", tcp)) is None or seen.get(0, _seen(0, 0, step=0)).step != 5:
@@ -120,7 +120,7 @@ def test_the_store_keeps_each_ranks_latest_beat_and_its_age(store):
             time.sleep(0.05)
     time.sleep(0.3)
     seen = read_store("127.0.0.1", tcp)
-    assert (seen[0].step, seen[0].phase, seen[1].phase) == (5, heartbeat.VOTE, heartbeat.OPTIMIZER)
+    assert (seen[0].step, seen[0].phase, seen[1].phase) == (5, phases.VOTE.label, phases.OPTIMIZER.label)
     assert (seen[0].pid, seen[1].pid) == (100, 101)
     assert 0.3 <= seen[0].age < 10
 
@@ -137,10 +137,10 @@ def test_only_a_stopped_rank_on_this_host_that_is_still_a_harness_process_is_end
     (tests/integration/test_stuck_rank.py shows a frozen rank on the host ended)."""
     here = socket.gethostname()
     stale = [
-        Seen(0, "elsewhere", 5, heartbeat.OPTIMIZER, 12.0, pid=os.getppid()),
-        Seen(1, here, 5, heartbeat.OPTIMIZER, 12.0, pid=os.getpid()),
-        Seen(2, here, 5, heartbeat.OPTIMIZER, 12.0, pid=2**31 - 1),  # above any pid_max: no such process
-        Seen(3, here, 5, heartbeat.OPTIMIZER, 12.0),  # an old store's beat without a pid
+        Seen(0, "elsewhere", 5, phases.OPTIMIZER.label, 12.0, pid=os.getppid()),
+        Seen(1, here, 5, phases.OPTIMIZER.label, 12.0, pid=os.getpid()),
+        Seen(2, here, 5, phases.OPTIMIZER.label, 12.0, pid=2**31 - 1),  # above any pid_max: no such process
+        Seen(3, here, 5, phases.OPTIMIZER.label, 12.0),  # an old store's beat without a pid
     ]
     assert heartbeat.end_frozen_here(stale, here) == []
 
@@ -152,13 +152,13 @@ def test_a_rank_waiting_in_a_collective_names_it_in_its_phase():
 
     pulse = heartbeat.Heartbeat()  # not started: beats only set where this rank is
     meter = CollectiveMeter(listener=pulse.in_collective)
-    pulse.beat(4, heartbeat.OPTIMIZER)
+    pulse.beat(4, phases.OPTIMIZER.label)
     with meter.waiting(meter.issued("all_gather", 1024)):
         assert pulse._latest == (4, "optimizer, waiting in all_gather")
-    assert pulse._latest == (4, heartbeat.OPTIMIZER)
+    assert pulse._latest == (4, phases.OPTIMIZER.label)
     seen = {
-        0: _seen(0, 0.3, step=6, phase=f"{heartbeat.VOTE}{heartbeat.WAITING_IN}all_reduce"),
-        1: _seen(1, 0.5, step=6, phase=f"{heartbeat.FORWARD_BACKWARD}{heartbeat.WAITING_IN}all_reduce"),
+        0: _seen(0, 0.3, step=6, phase=f"{phases.VOTE.label}{heartbeat.WAITING_IN}all_reduce"),
+        1: _seen(1, 0.5, step=6, phase=f"{phases.FORWARD.label}{heartbeat.WAITING_IN}all_reduce"),
     }
     line = describe(seen, world_size=2, timeout=10, store_host="node1", reader=0)
     assert line.endswith(

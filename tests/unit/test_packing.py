@@ -13,7 +13,7 @@ import stat
 import pytest
 
 from harness.errors import UsageError
-from harness.training.metrics import STEP_PHASES
+from harness.process.phases import STEP_COLUMNS
 from harness.workshop.packing import (
     MPS_VARIABLES,
     mps_daemon,
@@ -94,7 +94,7 @@ def _record(world_size: int, per_device: int, throughput: float, threads: int = 
         "threads_per_rank": threads or 2 // world_size,
         "device": "cpu",
         "tags": {"ranks_per_device": str(per_device), "mps": "off", "packing_repeat": str(repeat)},
-        "step_breakdown": {"seconds_per_step": {phase: 0.001 for phase in STEP_PHASES}},
+        "step_breakdown": {"seconds_per_step": {phase: 0.001 for phase in STEP_COLUMNS}},
     }
 
 

@@ -6,10 +6,13 @@ nothing is submitted."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 
 import pytest
 
+from harness.errors import UsageError
 from harness.study.job import apply_site_environment, in_job_checks
 from harness.study.preflight import check_study
 from harness.study.scheduler import JobRecord
@@ -363,3 +366,64 @@ def test_workshop_queues_pass_with_one_warning_that_their_limits_are_unknown(che
 def test_a_lowercase_queue_the_profile_does_not_know_is_still_refused():
     result = polaris("-A", "DLscaling", "-q", "prodd")
     assert not result.ok and any("prodd" in line for line in result.problems), result.problems
+
+
+REGRESSION = "tests/helpers/tasks.py:regression"
+
+
+def test_a_task_of_ones_own_becomes_every_runs_task_read_from_the_kit(tmp_path):
+    from harness.study.settings import load_settings
+    from harness.training.flags import parse_train_flags
+
+    job = make_job(
+        "polaris", str(tmp_path / "job"), {"TASK": REGRESSION, "TASK_ARGS": 'width=16 note="64" sizes=[1,2]'}, gpus=4
+    )
+    settings = job.settings
+    assert (settings.task, settings.model, settings.dataset) == (f"{REPO}/{REGRESSION}", "", "")
+    config = parse_train_flags(["--backend", "ddp", *settings.train_flags()])
+    assert (config.task, config.task_args) == (f"{REPO}/{REGRESSION}", {"width": 16, "note": "64", "sizes": [1, 2]})
+    # Without TASK, the images task with the site's MODEL and DATASET, as before tasks existed; a
+    # study.json written then (no task fields) runs the same flags.
+    images = make_job("polaris", str(tmp_path / "images"), {"DATA_DIR": str(tmp_path)}, gpus=4).settings
+    assert images.train_flags()[:6] == ["--model", "resnet50", "--dataset", "synthetic", "--data-dir", str(tmp_path)]
+    saved = json.loads(open(images.save()).read())
+    del saved["task"], saved["task_args"]
+    (tmp_path / "images" / "study.json").write_text(json.dumps(saved))
+    assert load_settings(str(tmp_path / "images")).train_flags() == images.train_flags()
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (
+            {"TASK": REGRESSION, "MODEL": "cnn", "DATASET": "digits"},
+            "MODEL and DATASET are arguments of the images task, not of TASK=",
+        ),
+        (
+            {"TASK": REGRESSION, "TASK_ARGS": "width"},
+            "TASK_ARGS takes KEY=VALUE words separated by spaces, got 'width'",
+        ),
+        ({"TASK_ARGS": "model=cnn"}, "TASK_ARGS sets the images task's MODEL: set MODEL=... instead"),
+        ({"TRAIN_ARGS": f"--task {REGRESSION}"}, "TRAIN_ARGS names the task; set TASK=... and TASK_ARGS="),
+    ],
+)
+def test_task_settings_that_contradict_themselves_are_one_line(tmp_path, values, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        make_job("polaris", str(tmp_path / "job"), values, gpus=4)
+
+
+def test_the_task_is_checked_before_the_queue_and_loaded_in_the_job(tmp_path):
+    assert polaris("-A", "p", TASK=REGRESSION, TASK_ARGS="width=16").ok
+    missing = f"{REPO}/mine/model.py"
+    assert polaris("-A", "p", TASK="mine/model.py:make_task").problems == [
+        f"TASK={missing}:make_task: no file {missing}; give the task file's path (a relative one is read from the kit)"
+    ]
+    assert polaris("-A", "p", TASK="mymodel").problems[0].startswith("TASK: unknown task 'mymodel'; choose a built-in")
+    # Its module is imported on the job's node only: a function it lacks is found there, before anything runs.
+    job = make_job("generic-pbs", str(tmp_path / "job"), {"BACKENDS": "ddp", "TASK": "tests/helpers/tasks.py:nothing"})
+    environ: dict[str, str] = {}
+    apply_site_environment(job, environ)
+    result = in_job_checks(job, sweep_settings(job.profile, job.settings, REPO), environ)
+    assert len(result.problems) == 1 and result.problems[0].startswith(
+        f"task '{REPO}/tests/helpers/tasks.py:nothing': {REPO}/tests/helpers/tasks.py has no function 'nothing'"
+    )

@@ -3,21 +3,28 @@ tests/integration/test_sweep.py)."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
 
 from harness.errors import UsageError
 from harness.study.sweep import PBS_TEMPLATE, SweepSettings, plan_sweep
+from tests.conftest import REPO
 from tests.helpers.backend_cases import DISTRIBUTED
 
 BACKENDS = DISTRIBUTED
-# Each framework's speed knobs as the sweep below applies them to the CNN (defaults; Horovod's cycle
+# Each framework's speed knobs as a sweep applies them to a model (defaults; Horovod's cycle
 # is the harness's CPU default, not Horovod's 1 ms). A backend registered without its entry here
 # fails test_every_backend_declares_its_knobs. A backend that records `gradient_allreduce` skips the
 # identity allreduce at one rank (Horovod does so itself, and does not record it).
 DEFAULT_TUNING = {
-    "ddp": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "process_group": "gloo"},
+    "ddp": {
+        "bucket_cap_mb": 25.0,
+        "gradient_as_bucket_view": True,
+        "find_unused_parameters": False,
+        "process_group": "gloo",
+    },
     "deepspeed": {
         "zero_stage": 0,
         "process_group": "gloo",
@@ -220,3 +227,95 @@ def test_sweep_accepts_checkpoint_every_with_a_checkpoint_root(tmp_path):
     )
     flags = runs[0].command
     assert flags[flags.index("--checkpoint-dir") + 1] == str(tmp_path / "ck" / "ddp-2r-rep0")
+
+
+def test_the_task_reaches_every_run_by_name_and_loads_once_here(tmp_path, monkeypatch, capsys):
+    import harness
+    from harness.study.task_spec import sweep_spec
+    from harness.tasks.loading import import_factory
+    from tests.helpers import tasks
+
+    monkeypatch.chdir(REPO)  # a task file's relative path is read from here, and made absolute for the runs
+    relative = _settings(
+        tmp_path,
+        backends=["ddp"],
+        ranks=[2],
+        dry_run=True,
+        train_args=["--task", "tests/helpers/tasks.py:regression", "--task-arg", "width=16"],
+    )
+    harness.run_sweep(relative)
+    (command,) = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert _flag(command, "--task") == f"{REPO}/tests/helpers/tasks.py:regression"
+    assert _flag(command, "--task-arg") == "width=16"
+    # A function: by its module's name where it lives in a package, else by its file's absolute path.
+    harness.run_sweep(_settings(tmp_path, backends=["ddp"], ranks=[2], dry_run=True, train_args=[]), task=tasks.tokens)
+    (command,) = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert _flag(command, "--task") == "tests.helpers.tasks:tokens"
+    from_file, _ = import_factory(f"{REPO}/tests/helpers/tasks.py:auxiliary")
+    assert sweep_spec(from_file) == f"{REPO}/tests/helpers/tasks.py:auxiliary"
+    assert sweep_spec("images") == "images"
+
+
+def _nested():
+    def make():
+        return None
+
+    return make
+
+
+def _in_a_notebook():
+    return None
+
+
+_in_a_notebook.__module__ = "__main__"  # what a function defined in a notebook cell says of itself
+
+
+@pytest.mark.parametrize(
+    "task, train_args, message",
+    [
+        ("object", [], "task=a Task object: a sweep starts new processes"),
+        (lambda: None, [], "task=<lambda> (defined in tests.unit.test_sweep): a sweep starts new processes"),
+        (_nested(), [], "task=_nested.<locals>.make"),
+        (_in_a_notebook, [], "task=_in_a_notebook (defined in __main__): a sweep starts new processes"),
+        ("images", ["--task", "images"], "the task is given twice"),
+        (None, ["--task", "tests/helpers/tasks.py:nothing"], "tests/helpers/tasks.py has no function 'nothing'"),
+        (None, ["--task", "tests/helpers/tasks.py:regression", "--task-arg", "depth=2"], "takes arguments width,"),
+    ],
+)
+def test_a_task_the_runs_cannot_reach_fails_in_one_line_before_any_run(tmp_path, task, train_args, message):
+    import harness
+    from tests.helpers import tasks
+
+    settings = _settings(tmp_path, backends=["ddp"], ranks=[1], train_args=train_args)
+    with pytest.raises(UsageError, match=re.escape(message)) as refused:
+        harness.run_sweep(settings, task=tasks.regression() if task == "object" else task)
+    assert "\n" not in str(refused.value)
+    if task is not None and not isinstance(task, str):
+        assert str(refused.value).endswith("give task='FILE.py:FUNCTION' (or that function)")
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_records_of_different_tasks_never_pool_into_one_row():
+    from harness.study.report import scaling_report, scaling_rows
+    from tests.helpers.handmade_records import record
+
+    def run(throughput, spec, args, sha):
+        made = record("ddp", 1, throughput, model="mlp", dataset="points")
+        made["task"] = {"spec": spec, "args": args, "source": spec.split(":")[0], "sha256": sha, "builtin": False}
+        return made
+
+    mine, other = "/home/me/model.py:make_task", "/home/me/other.py:make_task"
+    records = [
+        run(100.0, mine, {"width": 64}, "a" * 64),
+        run(110.0, mine, {"width": 64}, "b" * 64),  # the file changed between runs: the same task, two digests
+        run(300.0, mine, {"width": 8}, "a" * 64),
+        run(500.0, other, {"width": 64}, "c" * 64),
+        record("ddp", 1, 900.0, model="mlp", dataset="points"),  # a record made before tasks
+    ]
+    rows = scaling_rows(records)
+    assert sorted((row.runs, row.throughput) for row in rows) == [(1, 300.0), (1, 500.0), (1, 900.0), (2, 105.0)]
+    assert len({row.study.slug() for row in rows}) == 4
+    report = scaling_report(records)
+    assert "Weak scaling: mlp on points (model.py:make_task width=64), 64 samples per worker (cpu)" in report
+    assert "- task /home/me/model.py:make_task width=64 (/home/me/model.py, sha256 aaaaaaaaaaaa)" in report
+    assert "- task /home/me/model.py:make_task width=64 (/home/me/model.py, sha256 bbbbbbbbbbbb)" in report
