@@ -1,9 +1,25 @@
 """Where rank, local rank, world size and the rendezvous address come from.
 
-Every launcher exports the same four quantities under different names. Each quantity has one
-ordered list of variables; the first one set wins (the approach of accelerate and Lightning's
-cluster environments). The lists cover torchrun and the deepspeed launcher, horovodrun (gloo
-mode), OpenMPI's mpirun, MPICH Hydra and Cray PALS mpiexec (Polaris, Aurora) and Slurm's srun.
+Every launcher exports the same four quantities under its own names: one table (`FAMILIES`) lists,
+per launcher family, the variables of each quantity in order; the first one set wins, and all four
+come from the one family whose rank variable is set (the approach of accelerate and Lightning's
+cluster environments). The families cover torchrun and the deepspeed launcher, horovodrun (gloo
+mode), OpenMPI's mpirun, MPICH Hydra, Cray PALS mpiexec (Polaris; Aurora with PMIx) and Slurm's srun.
+
+Inside a Slurm step (SLURM_STEP_ID, SLURM_STEP_NUM_TASKS: srun sets them for its tasks alone) the
+step's tasks are the ranks: rank, sizes and rank 0's host (the step's first node) come from Slurm,
+whatever PMI_*, PMIX_* or PALS_* say. Slurm's MPI plugins set those in every task: `cray_shasta`
+(Frontier, Perlmutter) PALS_RANKID and PALS_NODEID, with Cray PMI's PMI_RANK and PMI_SIZE beside
+them; `pmi2` PMI_RANK and PMI_SIZE; `pmix` PMIX_RANK. Two kinds of process do not follow Slurm
+there: the ranks of torchrun or horovodrun started by an srun task (their own variables win), and
+the ranks of an MPI launcher that used the step only to start its daemons (OpenMPI's mpirun and
+MPICH's Hydra under Slurm start one daemon task per node with srun): their MPI world is not the
+step's, told by a world size other than SLURM_STEP_NUM_TASKS.
+
+Where only MPI can tell rank 0's host (an MPI family across nodes without MASTER_ADDR), mpi4py's
+MPI is imported before torch (`import_mpi_first`, run by `python -m harness` before anything
+imports torch): Cray MPICH aborts a rank that initialises MPI after torch is loaded (ALCF's Polaris
+Python page; OLCF's PyTorch on Frontier guide, "MPICH mpi4py Errors").
 """
 
 from __future__ import annotations
@@ -12,6 +28,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 import zlib
@@ -22,45 +39,65 @@ from typing import Callable, Optional
 from ..errors import UsageError, require
 from .launchers import MPI_FAMILIES
 
-# (variable, launcher that sets it), in priority order per quantity. The launcher named here is the
-# family a rank reports as ClusterEnv.launcher; harness.process.launchers says which launcher
-# programs start ranks of each family.
-RANK_VARIABLES: tuple[tuple[str, str], ...] = (
-    ("RANK", "torchrun"),
-    ("HOROVOD_RANK", "horovodrun"),
-    ("OMPI_COMM_WORLD_RANK", "openmpi"),
-    ("PMI_RANK", "mpich"),
-    ("PALS_RANKID", "pals"),
-    ("SLURM_PROCID", "slurm"),
+
+@dataclass(frozen=True)
+class LauncherVariables:
+    """One launcher family's names for the four quantities, each in priority order."""
+
+    family: str  # as ClusterEnv.launcher reports it; harness.process.launchers says who sets it
+    rank: tuple[str, ...]
+    world_size: tuple[str, ...]
+    local_rank: tuple[str, ...]
+    local_world_size: tuple[str, ...]
+
+
+SLURM = LauncherVariables(
+    "slurm",
+    ("SLURM_PROCID",),
+    ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+    ("SLURM_LOCALID",),
+    # per-node task counts ("4(x2),3"): this node's entry is read (SLURM_NODEID)
+    ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
 )
-WORLD_SIZE_VARIABLES: tuple[str, ...] = (
-    "WORLD_SIZE",
-    "HOROVOD_SIZE",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMI_SIZE",
-    "SLURM_STEP_NUM_TASKS",
-    "SLURM_NTASKS",
+# In priority order: a launcher started inside another's process (torchrun in an srun task) sets
+# its own variables over the outer one's, which its ranks inherit.
+FAMILIES: tuple[LauncherVariables, ...] = (
+    LauncherVariables("torchrun", ("RANK",), ("WORLD_SIZE",), ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE", "LOCAL_SIZE")),
+    LauncherVariables(
+        "horovodrun", ("HOROVOD_RANK",), ("HOROVOD_SIZE",), ("HOROVOD_LOCAL_RANK",), ("HOROVOD_LOCAL_SIZE",)
+    ),
+    LauncherVariables(
+        "openmpi",
+        ("OMPI_COMM_WORLD_RANK",),
+        ("OMPI_COMM_WORLD_SIZE",),
+        ("OMPI_COMM_WORLD_LOCAL_RANK",),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE",),
+    ),
+    # MPICH's PMI (Hydra; Cray PALS mpiexec with PMI, Polaris: PMI_LOCAL_* and PALS_LOCAL_* beside)
+    LauncherVariables(
+        "mpich",
+        ("PMI_RANK",),
+        ("PMI_SIZE",),
+        ("PMI_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID"),
+        ("PMI_LOCAL_SIZE", "MPI_LOCALNRANKS", "PALS_LOCAL_SIZE"),
+    ),
+    # Cray PALS mpiexec without PMI's variables: with PMIx (Aurora, where ALCF's scripts read
+    # PMIX_RANK and PALS_LOCAL_RANKID: docs/aurora/running-jobs-aurora.md, debugging/gdb-oneapi.md)
+    LauncherVariables(
+        "pals",
+        ("PALS_RANKID", "PMIX_RANK"),
+        ("PMI_SIZE", "PMIX_SIZE"),
+        ("PALS_LOCAL_RANKID", "PMIX_LOCAL_RANK", "PMI_LOCAL_RANK"),
+        ("PALS_LOCAL_SIZE", "PMIX_LOCAL_SIZE", "PMI_LOCAL_SIZE"),
+    ),
+    SLURM,
 )
-LOCAL_RANK_VARIABLES: tuple[str, ...] = (
-    "LOCAL_RANK",
-    "HOROVOD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "PMI_LOCAL_RANK",
-    "PALS_LOCAL_RANKID",
-    "MPI_LOCALRANKID",
-    "SLURM_LOCALID",
-)
-LOCAL_WORLD_SIZE_VARIABLES: tuple[str, ...] = (
-    "LOCAL_WORLD_SIZE",
-    "LOCAL_SIZE",
-    "HOROVOD_LOCAL_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "PMI_LOCAL_SIZE",
-    "PALS_LOCAL_SIZE",
-    "MPI_LOCALNRANKS",
-    "SLURM_STEP_TASKS_PER_NODE",
-    "SLURM_NTASKS_PER_NODE",
-    "SLURM_TASKS_PER_NODE",
+# (variable, family) for every rank variable, in priority order
+RANK_VARIABLES: tuple[tuple[str, str], ...] = tuple((name, f.family) for f in FAMILIES for name in f.rank)
+# Every launcher's local rank and local size variables (the workshop's checker rewrites them)
+LOCAL_RANK_VARIABLES: tuple[str, ...] = tuple(dict.fromkeys(name for f in FAMILIES for name in f.local_rank))
+LOCAL_WORLD_SIZE_VARIABLES: tuple[str, ...] = tuple(
+    dict.fromkeys(name for f in FAMILIES for name in f.local_world_size)
 )
 # Slurm's SLURM_* task variables are also set in a job's batch shell (SLURM_PROCID=0, SLURM_NTASKS=N)
 # and inherited by whatever it starts without srun (a Jupyter kernel on a compute node, a sweep's
@@ -147,14 +184,18 @@ def _slurm_first_host(nodelist: str) -> str:
     return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
 
 
-def _mpi_rank0_hostname() -> str:
-    """Rank 0's hostname, broadcast over MPI (a collective: every rank must call it)."""
-    MPI = require(
+def _mpi() -> object:
+    """mpi4py's MPI module (importing it initialises MPI), or UsageError naming the fix."""
+    return require(
         "mpi4py.MPI",
         "finding rank 0's host without MASTER_ADDR",
         "export MASTER_ADDR=<rank 0 hostname> or pip install mpi4py",
     )
-    return MPI.COMM_WORLD.bcast(socket.gethostname(), root=0)
+
+
+def _mpi_rank0_hostname() -> str:
+    """Rank 0's hostname, broadcast over MPI (a collective: every rank must call it)."""
+    return _mpi().COMM_WORLD.bcast(socket.gethostname(), root=0)  # type: ignore[attr-defined]
 
 
 def _horovodrun_rank0_hostname(environ: Mapping[str, str], rank: int) -> str:
@@ -233,6 +274,62 @@ def _master_port(environ: Mapping[str, str]) -> int:
     return DEFAULT_MASTER_PORT
 
 
+def _launcher_family(environ: Mapping[str, str]) -> Optional[LauncherVariables]:
+    """The family whose variables describe this process's rank; None for a plain process."""
+    found = next((family for family in FAMILIES[:-1] if _first(environ, family.rank)), None)
+    if not _is_slurm_step_task(environ):
+        return found  # a batch shell's SLURM_PROCID=0 is no rank
+    if found is None or found.family not in MPI_FAMILIES:
+        # torchrun or horovodrun ranks started by an srun task follow their own launcher
+        return found or (SLURM if _first(environ, SLURM.rank) else None)
+    # An MPI family's variables in a Slurm step: set by Slurm's MPI plugin for the step's tasks, so
+    # the step's tasks are the ranks, unless that MPI launcher started a world of another size
+    # through the step (mpirun's or Hydra's daemons, one srun task per node).
+    mpi_size = _first(environ, found.world_size)
+    step_size = _first(environ, SLURM.world_size)
+    if mpi_size is None or step_size is None or _as_int(*mpi_size) == _as_int(*step_size):
+        return SLURM
+    return found
+
+
+def _needs_mpi_for_rendezvous(environ: Mapping[str, str]) -> bool:
+    """Whether discovery will ask MPI for rank 0's host: an MPI family's rank across nodes, without
+    MASTER_ADDR. Malformed variables answer False: detect_cluster says what is wrong with them."""
+    try:
+        family = _launcher_family(environ)
+        if family is None or family.family not in MPI_FAMILIES or environ.get("MASTER_ADDR"):
+            return False
+        size, local_size = _first(environ, family.world_size), _first(environ, family.local_world_size)
+        return size is not None and (local_size is None or _as_int(*local_size) < _as_int(*size))
+    except UsageError:
+        return False
+
+
+def import_mpi_first(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Import mpi4py's MPI now, before anything imports torch, where discovery will need it to find
+    rank 0's host (Cray MPICH aborts an MPI initialised after torch is loaded: "GTL library is not
+    linked" on Polaris, "Unable to use a NIC_POLICY of 'NUMA'" on Frontier). Whether it did; raises
+    UsageError (discovery's own line) where it is needed and not installed."""
+    if "mpi4py.MPI" in sys.modules or not _needs_mpi_for_rendezvous(os.environ if environ is None else environ):
+        return False
+    _mpi()
+    return True
+
+
+def _local_world_size(
+    environ: Mapping[str, str], family: LauncherVariables, world_size: int, local_rank_set: bool
+) -> int:
+    """Ranks on this node: the family's count (Slurm's per-node list read at this node's entry);
+    without one, 1 where no local rank is set either, else every rank (one node)."""
+    found = _first(environ, family.local_world_size)
+    if found is None:
+        return 1 if not local_rank_set else world_size
+    if family is SLURM:
+        node = _as_int("SLURM_NODEID", environ["SLURM_NODEID"]) if environ.get("SLURM_NODEID") else 0
+        return _slurm_tasks_on_node(*found, node)
+    return _as_int(*found)
+
+
 def detect_cluster(
     environ: Optional[Mapping[str, str]] = None, mpi_hostname: Callable[[], str] = _mpi_rank0_hostname
 ) -> ClusterEnv:
@@ -242,45 +339,34 @@ def detect_cluster(
     world) raise UsageError naming the variables involved.
     """
     environ = os.environ if environ is None else environ
-    found_rank = None
-    for name, launcher in RANK_VARIABLES:
-        if launcher == "slurm" and not _is_slurm_step_task(environ):
-            continue  # a batch shell or a process it started without srun: not a rank
-        if environ.get(name) not in (None, ""):
-            found_rank = (name, launcher)
-            break
-    if found_rank is None:
+    family = _launcher_family(environ)
+    if family is None:
         return ClusterEnv(0, 1, 0, 1, environ.get("MASTER_ADDR") or "127.0.0.1", _master_port(environ), "none")
-    rank_name, launcher = found_rank
-    rank = _as_int(rank_name, environ[rank_name])
-    size_var = _first(environ, WORLD_SIZE_VARIABLES)
+    rank_name, rank_text = _first(environ, family.rank) or ("", "")
+    rank = _as_int(rank_name, rank_text)
+    size_var = _first(environ, family.world_size)
     if size_var is None:
         raise UsageError(
-            f"{rank_name} is set but no world size variable is ({', '.join(WORLD_SIZE_VARIABLES)}); "
+            f"{rank_name} is set but no world size variable is ({', '.join(family.world_size)}); "
             "start the job with torchrun, mpirun, srun, horovodrun or deepspeed"
         )
     world_size = _as_int(*size_var)
-    local_var = _first(environ, LOCAL_RANK_VARIABLES)
+    local_var = _first(environ, family.local_rank)
     local_rank = _as_int(*local_var) if local_var else (rank if world_size == 1 else 0)
-    local_size_var = _first(environ, LOCAL_WORLD_SIZE_VARIABLES)
-    if local_size_var is None:
-        local_world_size = 1 if local_var is None else world_size
-    elif local_size_var[0].startswith("SLURM_"):
-        node_id = _as_int("SLURM_NODEID", environ["SLURM_NODEID"]) if environ.get("SLURM_NODEID") else 0
-        local_world_size = _slurm_tasks_on_node(*local_size_var, node_id)
-    else:
-        local_world_size = _as_int(*local_size_var)
+    local_world_size = _local_world_size(environ, family, world_size, local_var is not None)
     if not 0 <= rank < world_size:
         raise UsageError(
             f"{rank_name}={rank} is outside the world of size {world_size} ({size_var[0]}); "
             "check the launcher's variables"
         )
     if not (0 <= local_rank < local_world_size <= world_size):
+        local_size_var = _first(environ, family.local_world_size)
         raise UsageError(
             f"local rank {local_rank} of {local_world_size} per node does not fit a world of "
             f"{world_size} (from {local_var and local_var[0]}, {local_size_var and local_size_var[0]}); "
             "check the launcher's variables"
         )
+    launcher = family.family
     master_addr = _master_addr(environ, launcher, world_size, local_world_size, mpi_hostname, rank)
     return ClusterEnv(rank, world_size, local_rank, local_world_size, master_addr, _master_port(environ), launcher)
 

@@ -120,7 +120,8 @@ LAUNCHERS: dict[str, Launcher] = {
         Launcher("mpirun", "mpirun", ("openmpi",), mpi=True, local=_mpirun),
         Launcher("horovodrun", "horovodrun", ("horovodrun",), local=_horovodrun),  # in gloo mode: its own variables
         Launcher("deepspeed", "deepspeed", ("torchrun",), local=_deepspeed),  # it exports torchrun's variables
-        # Under PBS, mpiexec is whichever MPI the site has: Cray PALS on Polaris, MPICH's Hydra, OpenMPI.
+        # Under PBS, mpiexec is whichever MPI the site has: Cray PALS (Polaris: PMI_*; Aurora, with
+        # PMIx: PALS_* and PMIX_*, the "pals" family), MPICH's Hydra, OpenMPI.
         Launcher(
             "mpiexec",
             "mpiexec",
@@ -129,6 +130,8 @@ LAUNCHERS: dict[str, Launcher] = {
             scheduler="pbs",
             site="mpiexec -n {ranks} --ppn {ppn}",
         ),
+        # srun's tasks are "slurm" ranks whatever its MPI plugin adds (cray_shasta: PALS_* with Cray
+        # PMI's PMI_*; pmi2: PMI_*; pmix: PMIX_RANK): harness.process.discovery reads Slurm's first.
         Launcher(
             "srun",
             "srun",

@@ -11,10 +11,12 @@
 
 A new job is the same submission, after this one ends (harness.study.submit): PBS to the queue the
 job was submitted to (a routing queue stays a routing queue), Slurm with every resource it asked
-for (at Frontier its partition and its QOS) and --requeue where the queue allows it. RESUBMIT=0
-never does it; neither does a job the scheduler could not describe at its start (what it asked for
-is unknown); a queue or QOS that forbids job chaining (OLCF's debug QOS) never gets it; and
-MAX_RESUBMISSIONS bounds the chain.
+for (at Frontier its partition and its QOS) and --requeue where the queue allows it. The queue or
+QOS a job record names is the profile's by name or by alias (Perlmutter's records name gpu_debug,
+gpu_regular, gpu_preempt for -q debug, regular, preempt): its rules apply, and the continuation
+asks for it by its own name. RESUBMIT=0 never does it; neither does a job the scheduler could not
+describe at its start (what it asked for is unknown); a queue or QOS that forbids job chaining
+(NERSC's and OLCF's debug QOS) never gets it; and MAX_RESUBMISSIONS bounds the chain.
 """
 
 from __future__ import annotations
@@ -81,7 +83,13 @@ def _submission(job: StudyJob, queue: Optional[Queue]) -> tuple[list[str], dict[
     else:
         requeue = queue is not None and queue.preempt == "requeue"
         command = sbatch_resubmission(
-            job.record, job.profile.queue_field, job_dir, job.script, requeue, with_qos=bool(job.profile.qos)
+            job.record,
+            job.profile.queue_field,
+            job_dir,
+            job.script,
+            requeue,
+            with_qos=bool(job.profile.qos),
+            submit_name=job.profile.submit_name,
         )
         # sbatch passes its environment to the new job: not this job's own SLURM_* variables, which
         # would leak into the new job's steps.

@@ -10,7 +10,9 @@ A job continues itself with the same request: PBS replays the job's own `Submit_
 queue it was submitted to (PBS_O_QUEUE: the routing queue, not the execution queue it landed in);
 Slurm asks again for every resource the job record shows (nodes, tasks and GPUs per node,
 constraint, QOS or partition, account, reservation, time limit; both partition and QOS where the site names its
-queues by partition and lists QOSes, Frontier), so nothing given on sbatch's command line is dropped.
+queues by partition and lists QOSes, Frontier), so nothing given on sbatch's command line is dropped;
+a QOS the record names by a site's alias is asked for by its own name (Perlmutter: gpu_regular is -q
+regular).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from ..errors import UsageError
 from .scheduler import JobRecord, qsub_words
@@ -283,11 +285,19 @@ def qsub_resubmission(
 
 
 def sbatch_resubmission(
-    record: JobRecord, queue_field: str, job_dir: str, script: str, requeue: bool, with_qos: bool = False
+    record: JobRecord,
+    queue_field: str,
+    job_dir: str,
+    script: str,
+    requeue: bool,
+    with_qos: bool = False,
+    submit_name: Callable[[str], str] = str,
 ) -> list[str]:
     """sbatch for this job's continuation: every resource the job asked for, after it ends, output
     into `job_dir`; --requeue where the queue lets Slurm requeue a preempted job. `with_qos` asks for
-    the job's QOS too where its queue is a partition (a site whose profile lists QOSes: Frontier)."""
+    the job's QOS too where its queue is a partition (a site whose profile lists QOSes: Frontier).
+    `submit_name` turns the QOS or partition the record shows into the one to ask for (the site's
+    alias: a Perlmutter GPU job's record shows QOS gpu_regular for -q regular)."""
     words = [
         "sbatch",
         "--parsable",
@@ -305,7 +315,8 @@ def sbatch_resubmission(
     names = [*RESUBMITTED_RESOURCES, *(name for name in fields if name in ("qos", "partition"))]
     for name in names:
         if name in record.options:
-            words += [f"--{name}", record.options[name]]
+            value = record.options[name]
+            words += [f"--{name}", submit_name(value) if name in ("qos", "partition") else value]
     if requeue:
         words.append("--requeue")
     return [*words, script]

@@ -6,6 +6,7 @@ any rank waits for another.
 
 from __future__ import annotations
 
+import os
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -24,7 +25,7 @@ from .resume import check_checkpoint_flags
 def check_config(config: TrainConfig) -> None:
     """Raise UsageError for anything wrong with `config` that can be told before a process starts:
     each field, the backend and its own options, the task's spec (a built-in task's arguments too),
-    checkpoint flags."""
+    checkpoint flags, and that the files the run writes at its end can be written."""
     config.validate()
     backend = backend_class(config.backend)
     check_spec(config.task, config.task_args)
@@ -34,6 +35,32 @@ def check_config(config: TrainConfig) -> None:
     check_checkpoint_flags(config)
     if config.profile_trace:
         check_trace_directory(config.profile_trace)
+    # the model replaces its file (a rename in its directory); the record is appended to its file
+    for flag, path, replaced in (("--save-model", config.save_model, True), ("--results", config.results, False)):
+        if path:
+            check_output_file(flag, path, replaced)
+
+
+def check_output_file(flag: str, path: str, replaced: bool) -> None:
+    """Raise UsageError (one line) unless the file `path` can be written when the run ends (`replaced`:
+    by a new file renamed onto it, which needs its directory; else appended to): a run must not
+    train for an hour and then lose its model to a directory that is a file. Creates nothing."""
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a directory; give a file path")
+    existing = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(
+            f"{flag} {path} cannot be written: {existing} is a file, not a directory; choose another path"
+        )
+    exists = os.path.exists(path)
+    writable = (not exists or os.access(path, os.W_OK)) and (
+        (exists and not replaced) or os.access(existing, os.W_OK | os.X_OK)
+    )
+    if not writable:
+        denies = path if exists and not os.access(path, os.W_OK) else existing
+        raise UsageError(f"{flag} {path} is not writable ({denies} denies it); choose a path you can write to")
 
 
 def check_device(backend: type[Backend], device: torch.device) -> None:

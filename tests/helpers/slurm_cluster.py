@@ -16,6 +16,14 @@ job steps and the jobs' tasks all carry the cluster's SLURM_CONF in their enviro
 a port, spool, pid and log file of its own; Debian's Slurm allows it): the first node is named after
 this host, the others `<host>-2`, ... with this host's address, so a job's first node, where rank 0
 meets the others, resolves. Every node has every core; they share them.
+
+`SlurmCluster(directory, mpi="cray_shasta")` runs every srun task under an MPI plugin by default
+(MpiDefault), as a site does: `cray_shasta` is Slurm's own plugin for HPE Cray systems (Frontier,
+Perlmutter), which Debian ships, so its PALS_RANKID, PALS_NODEID, PALS_APID, PALS_APINFO and
+PALS_SPOOL_DIR are the real ones. What it cannot have here is Cray PMI (libpmi of Cray MPICH), which
+puts PMI_RANK and PMI_SIZE beside them on a Cray: a TaskProlog emulates that part and nothing else
+(`CRAY_PMI_TASK_PROLOG`). `mpi="pmi2"` is Slurm's PMI-2 plugin, which sets PMI_RANK, PMI_SIZE and
+PMI_FD itself; `mpi="pmix"` its PMIx plugin (PMIX_RANK).
 """
 
 from __future__ import annotations
@@ -40,7 +48,8 @@ STOP_TIMEOUT_S = 30.0
 RECORDS_DIR = "/run/dp-harness-slurm"
 
 
-# What every test Slurm sets alike, one node or several: no accounting, no cgroups, quick timeouts.
+# What every test Slurm sets alike, one node or several: no accounting, no cgroups, quick timeouts
+# (MpiDefault, the plugin srun tasks run under, is the cluster's `mpi`).
 COMMON_SETTINGS = [
     "ProctrackType=proctrack/pgid",
     "TaskPlugin=task/none",
@@ -48,7 +57,6 @@ COMMON_SETTINGS = [
     "SelectTypeParameters=CR_CPU",
     "ReturnToService=2",
     "SchedulerType=sched/backfill",
-    "MpiDefault=none",
     "JobAcctGatherType=jobacct_gather/none",
     "AccountingStorageType=accounting_storage/none",
     "SlurmctldTimeout=30",
@@ -57,6 +65,18 @@ COMMON_SETTINGS = [
     "MinJobAge=600",
     "KillWait=10",
 ]
+
+
+# The MPI plugins a test Slurm may run its tasks under (srun --mpi=list names Debian's).
+MPI_PLUGINS = ("none", "pmi2", "pmix", "cray_shasta")
+# Cray PMI's part of a Cray's srun task environment, which no Debian package provides: on top of the
+# real cray_shasta plugin's PALS_* variables, PMI_RANK and PMI_SIZE as Cray PMI exposes them (the
+# task's global rank and the step's task count). A TaskProlog's `export NAME=VALUE` lines reach the
+# task's environment (slurm.conf(5), TaskProlog).
+CRAY_PMI_TASK_PROLOG = """#!/bin/sh
+echo "export PMI_RANK=$SLURM_PROCID"
+echo "export PMI_SIZE=$SLURM_STEP_NUM_TASKS"
+"""
 
 
 def write_conf_and_key(conf: str, munge_directory: str, lines: list[str]) -> None:
@@ -99,7 +119,10 @@ class SlurmClient(Protocol):
 class SlurmCluster:
     """munged + slurmctld + slurmd with every file under `directory`."""
 
-    def __init__(self, directory: str, nodes: int = 1) -> None:
+    def __init__(self, directory: str, nodes: int = 1, mpi: str = "none") -> None:
+        if mpi not in MPI_PLUGINS:
+            raise ValueError(f"mpi={mpi!r}: the test Slurm runs one of {', '.join(MPI_PLUGINS)}")
+        self.mpi = mpi
         self.directory = os.path.abspath(directory)
         self.host = socket.gethostname()
         self.conf = os.path.join(self.directory, "slurm.conf")
@@ -170,11 +193,22 @@ class SlurmCluster:
             f"SlurmdLogFile={path}/log/slurmd{suffix}.log",
             *([f"TmpFS={path}/tmp/%n"] if several else []),
             *COMMON_SETTINGS,
+            *self._mpi_settings(),
             *node_lines,
             f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP "
             "OverSubscribe=FORCE:4",
         ]
         write_conf_and_key(self.conf, os.path.join(self.directory, "munge"), lines)
+
+    def _mpi_settings(self) -> list[str]:
+        """MpiDefault, and under cray_shasta the TaskProlog that adds Cray PMI's variables."""
+        if self.mpi != "cray_shasta":
+            return [f"MpiDefault={self.mpi}"]
+        prolog = os.path.join(self.directory, "cray_pmi_task_prolog.sh")
+        with open(prolog, "w") as handle:
+            handle.write(CRAY_PMI_TASK_PROLOG)
+        os.chmod(prolog, 0o755)
+        return ["MpiDefault=cray_shasta", f"TaskProlog={prolog}"]
 
     def _daemon_commands(self) -> dict[str, list[str]]:
         munge = os.path.join(self.directory, "munge")

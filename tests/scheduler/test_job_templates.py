@@ -32,6 +32,7 @@ from typing import Callable
 
 import pytest
 
+from harness.study.sites import load_site
 from harness.training.record import read_records
 from tests.conftest import REPO, launch
 from tests.helpers.slurm_cluster import SlurmClient, SlurmCluster, SlurmUnavailable, check_installed
@@ -195,7 +196,61 @@ def test_every_helper_and_emulated_command_passes_shellcheck():
         "set_affinity_gpu_polaris.sh",
         "set_affinity_gpu_aurora.sh",
     }
-    shellcheck([*helpers, *emulated, os.path.join(REPO, "tools", "layered_venv.sh")])
+    tools = [os.path.join(REPO, "tools", name) for name in ("layered_venv.sh", "setup_frontier.sh")]
+    shellcheck([*helpers, *emulated, *tools])
+
+
+def test_frontiers_setup_follows_olcfs_pytorch_guide_step_by_step(tmp_path):
+    """tools/setup_frontier.sh with Lmod, conda and the environment's Python stood in for (each logs
+    what it was asked): the modules of OLCF's guide, a Python 3.12 conda environment, torch and
+    torchvision from the profile's ROCm wheel index, DeepSpeed, ROCm unloaded and mpi4py built with
+    MPICC="cc -shared" --no-binary=mpi4py, the kit last (its torch already there); a module that does
+    not load is one line, exit 2."""
+    log = tmp_path / "log"
+    shims = tmp_path / "shims.sh"
+    shims.write_text(
+        f'module() {{ echo "module $*" >> {log}; [[ "$2" != "${{FAIL_MODULE:-}}" ]]; }}\n'
+        f'conda() {{ echo "conda $*" >> {log}; }}\n'
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python"
+    python.write_text(f'#!/bin/sh\necho "python MPICC=${{MPICC:-}} $*" >> {log}\n')
+    python.chmod(0o755)
+    env = dict(os.environ, BASH_ENV=str(shims), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    script = os.path.join(REPO, "tools", "setup_frontier.sh")
+    done = subprocess.run(["bash", script, str(tmp_path / "env")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    steps = log.read_text().splitlines()
+    index = load_site("frontier").pins["wheel index"]["value"]
+    assert steps == [
+        "module load PrgEnv-gnu/8.7.0",
+        "module load cpe/26.03",
+        "module load miniforge3/23.11.0-0",
+        "module load rocm/7.1.1",
+        "module load craype-accel-amd-gfx90a",
+        f"conda create -y -p {tmp_path / 'env'} python=3.12 -c conda-forge",
+        f"conda activate {tmp_path / 'env'}",
+        "python MPICC= -m pip install --disable-pip-version-check torch==2.10.0 torchvision==0.25.0 "
+        f"--index-url {index}",
+        "python MPICC= -m pip install --disable-pip-version-check deepspeed",
+        "module unload craype-accel-amd-gfx90a",
+        "module unload rocm",
+        "python MPICC=cc -shared -m pip install --disable-pip-version-check --no-cache-dir --no-binary=mpi4py mpi4py",
+        f"python MPICC= -m pip install --disable-pip-version-check -e {REPO}",
+    ]
+    log.unlink()
+    refused = subprocess.run(
+        ["bash", script, str(tmp_path / "env")],
+        env=dict(env, FAIL_MODULE="miniforge3/23.11.0-0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and refused.stdout.strip().splitlines()[-1] == (
+        "[setup-frontier] `module load miniforge3/23.11.0-0` failed; `module avail miniforge3` lists what "
+        "Frontier has (set FRONTIER_MODULES)"
+    )
 
 
 @pytest.mark.parametrize("procs_per_gpu, expected", [("1", "3 2 1 0 3 2 1 0"), ("2", "3 3 2 2 1 1 0 0")])

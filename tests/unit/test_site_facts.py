@@ -136,10 +136,46 @@ def test_frontier_and_aurora_pin_their_guides_versions():
 
 @pytest.mark.parametrize(
     "template, pinned",
-    [("aurora.sc", ["frameworks"]), ("frontier.sbatch", ["rocm", "wheel index"])],
+    [("aurora.sc", ["frameworks"]), ("frontier.sbatch", ["rocm"])],  # the wheel index: tools/setup_frontier.sh
 )
 def test_the_templates_load_what_the_profiles_pin(template, pinned):
     text = open(os.path.join(REPO, "submissions", template)).read()
     profile = load_site(template.split(".")[0])
     for what in pinned:
         assert profile.pins[what]["value"] in text, f"{template} does not use {what} {profile.pins[what]['value']}"
+
+
+def test_a_qsub_from_outside_the_kit_that_names_no_kit_fails_the_check(tmp_path):
+    # The job looks for the kit in KIT_DIR, else where it was submitted from (PBS_O_WORKDIR): from
+    # elsewhere, without -v KIT_DIR, it exits 2 at its start; --check says so before the queue.
+    words = ["-A", "p", "-v", "BACKENDS=ddp"]
+    plugins = {"LD_LIBRARY_PATH": PLUGINS}
+    outside = check_study("polaris", POLARIS, words, environ=plugins, submit_dir=str(tmp_path))[0]
+    assert outside.problems == [
+        f"qsub from {tmp_path} starts the job there, not in the kit, and the job would exit 2; cd {REPO} "
+        f"before qsub, or pass -v KIT_DIR={REPO}"
+    ]
+    named = ["-A", "p", "-v", f"BACKENDS=ddp,KIT_DIR={REPO}"]
+    assert check_study("polaris", POLARIS, named, environ=plugins, submit_dir=str(tmp_path))[0].ok
+    assert check_study("polaris", POLARIS, words, environ=plugins, submit_dir=REPO)[0].ok
+
+
+def test_polaris_warns_of_job_data_in_home_as_alcf_discourages_it(tmp_path):
+    # ALCF user guide, docs/data-management/filesystem-and-storage/index.md: home (50 GB quota) is for
+    # small files; intensive I/O from compute nodes belongs on the project file systems (Eagle).
+    words = ["-A", "p", "-v", "BACKENDS=ddp,JOB_DIR=/home/jdoe/runs/study"]
+    result = check_study("polaris", POLARIS, words, environ={"LD_LIBRARY_PATH": PLUGINS})[0]
+    assert result.ok and any("/lus/eagle/projects/<project>" in line for line in result.warnings), result
+
+
+def test_frontiers_setup_script_installs_what_the_profile_pins():
+    text = open(os.path.join(REPO, "tools", "setup_frontier.sh")).read()
+    profile = load_site("frontier")
+    for what in ("programming environment", "rocm", "wheel index", "torch", "mpi4py"):
+        for word in profile.pins[what]["value"].split():
+            assert word.strip('"') in text, f"setup_frontier.sh lacks {what}'s {word}"
+    assert "miniforge3/23.11.0-0" in text and "python=3.12" in text and "deepspeed" in text.lower()
+    assert (
+        "deepspeed" in profile.backends
+        and "setup_frontier.sh" in open(os.path.join(REPO, "submissions", "frontier.sbatch")).read()
+    )

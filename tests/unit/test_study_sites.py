@@ -4,15 +4,19 @@ high-speed network; discovery reads the step's node list, not the job's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+import signal
 
 import pytest
 
-from harness.errors import UsageError
+from harness.errors import EXIT_PREEMPTED, UsageError
 from harness.process.discovery import RENDEZVOUS_DOMAIN_VARIABLE, detect_cluster
+from harness.study import continuation
 from harness.study.job import apply_site_environment
+from harness.study.scheduler import parse_scontrol_json
 from harness.study.settings import site_launch
 from harness.study.sites import load_site, profile_from_dict, site_names
 from tests.conftest import REPO
@@ -234,3 +238,75 @@ def test_a_profile_with_a_bad_socket_range_is_refused_naming_it():
     data = json.load(open(os.path.join(REPO, "harness", "study", "sites", "aurora.json")))
     with pytest.raises(UsageError, match="cpu_sockets entry '53-' is not a core range"):
         profile_from_dict({**data, "cpu_sockets": ["1-51", "53-"]}, "x.json")
+
+
+def _perlmutter_gpu_job(tmp_path, fixture: str, qos: str, **values: str):
+    """A Perlmutter GPU job as its record shows it: submitted with -q QOS -C gpu, its QOS gpu_QOS
+    (`sacctmgr show qos` names gpu_debug, gpu_regular, gpu_shared: doe-iri/iri-facility-api-python#49)."""
+    with open(os.path.join(REPO, "tests", "data", fixture)) as handle:
+        record = parse_scontrol_json(handle.read(), "qos")
+    record = dataclasses.replace(record, queue=f"gpu_{qos}", options={**record.options, "qos": f"gpu_{qos}"})
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\n")
+    return make_job("perlmutter", str(tmp_path / "job"), values, record=record, gpus=4, script=str(script))
+
+
+def test_perlmutters_default_study_asks_only_for_what_nerscs_pytorch_module_has():
+    profile = load_site("perlmutter")
+    assert profile.backends == ("ddp", "fsdp")
+    assert {"horovod", "deepspeed"} <= set(profile.backend_notes)  # how to add each, in a layered venv
+    with open(os.path.join(REPO, "submissions", "perlmutter.sbatch")) as handle:
+        examples = [line for line in handle if 'BACKENDS="' in line]
+    assert examples and not any("horovod" in line for line in examples)  # the template's own example
+
+
+def test_job_records_name_perlmutters_qos_by_alias_and_are_judged_and_resubmitted_by_name(
+    tmp_path, monkeypatch, capsys
+):
+    profile = load_site("perlmutter")
+    assert [profile.queue(f"gpu_{name}").name for name in ("debug", "regular", "preempt")] == [
+        "debug",
+        "regular",
+        "preempt",
+    ]
+    assert profile.unlisted_queue("gpu_shared") is not None and profile.submit_name("gpu_regular") == "regular"
+    cut_short = []
+    monkeypatch.setattr(continuation, "resubmit", lambda job, queue: cut_short.append(queue) or "77")
+    monkeypatch.setattr(continuation, "_cause", lambda job: "preempted")
+    # a debug study cut short does not chain itself: NERSC forbids it
+    debug = _perlmutter_gpu_job(tmp_path / "debug", "scontrol_perlmutter_debug.json", "debug")
+    assert continuation.continue_study(debug, signal.SIGUSR1) == EXIT_PREEMPTED and cut_short == []
+    assert (
+        "not resubmitting (queue debug allows no job chaining (NERSC allows no job chaining" in capsys.readouterr().out
+    )
+    # the preempt QOS's rule: Slurm requeues a preempted job submitted with --requeue itself
+    preempted = _perlmutter_gpu_job(tmp_path / "preempt", "scontrol_perlmutter_preempted.json", "preempt")
+    assert continuation.continue_study(preempted, signal.SIGTERM) == 0 and cut_short == []
+    assert preempted.events() == ["preempted: requeued by the scheduler"]
+    # a regular study continues, asking for -q regular (and --requeue only where the QOS requeues)
+    regular = _perlmutter_gpu_job(tmp_path / "regular", "scontrol_perlmutter_regular.json", "regular")
+    command, _, _ = continuation._submission(regular, profile.queue("gpu_regular"))
+    assert command[command.index("--qos") + 1] == "regular" and "--requeue" not in command
+    command, _, _ = continuation._submission(regular, profile.queue("gpu_preempt"))
+    assert "--requeue" in command
+
+
+def test_an_alias_means_one_queue_only():
+    data = json.loads(open(os.path.join(REPO, "harness", "study", "sites", "perlmutter.json")).read())
+    data["queues"]["premium"]["aliases"] = ["gpu_regular"]
+    with pytest.raises(UsageError, match="premium's alias gpu_regular is also regular's name or alias"):
+        profile_from_dict(data, "twice.json")
+    data["queues"]["premium"]["aliases"] = "gpu_premium"
+    with pytest.raises(UsageError, match="queue premium: aliases 'gpu_premium' is not a list of names"):
+        profile_from_dict(data, "string.json")
+
+
+def test_polaris_accepts_its_demand_queue_and_knows_its_backfill_queues():
+    # ALCF user guide, docs/polaris/running-jobs/index.md: demand, 1-56 nodes, 1 hour, by request;
+    # prod routes to small/medium/large and, for a project with a negative balance, backfill-*.
+    profile = load_site("polaris")
+    demand = profile.queue("demand")
+    assert (demand.min_nodes, demand.max_nodes, demand.max_walltime_s) == (1, 56, 3600)
+    assert profile.execution_queue("prod", 30).name == "medium"
+    assert profile.queue("backfill-medium").execution_only and profile.submit_queue("backfill-medium") == "prod"

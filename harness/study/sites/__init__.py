@@ -3,7 +3,8 @@
 A profile names its batch system, the site launcher's words for one run (a template whose
 placeholders the study fills), ranks and GPUs per node, CPU binding, GPU affinity order, the
 network variables, the software environment, the queues with their node and walltime limits and
-whether a job may resubmit itself there (and, at a Slurm site whose queues are partitions, the
+whether a job may resubmit itself there, each with the other names job records give it (`aliases`:
+Perlmutter's gpu_debug for -q debug) (and, at a Slurm site whose queues are partitions, the
 QOSes a job may name beside its partition with -q, each with limits of its own: Frontier's debug),
 the file systems job data may live on, and the network's figures (NICs, links, latencies) that
 `harness predict` models the site with. Site facts carry their source: `network_plugin` (the
@@ -67,6 +68,9 @@ class Queue:
     preempt: Optional[str] = None  # "requeue": a preempted job is requeued by the scheduler itself
     max_running_jobs: Optional[int] = None  # a user's jobs running here at once (a later one waits)
     note: str = ""
+    # the names the scheduler's job records give this queue (Perlmutter: a job submitted with
+    # -q regular -C gpu runs in QOS gpu_regular): judged as this queue, resubmitted by its own name
+    aliases: tuple[str, ...] = ()
 
     def accepts(self, nodes: int) -> bool:
         return self.min_nodes <= nodes <= (self.max_nodes if self.max_nodes is not None else nodes)
@@ -164,24 +168,36 @@ class SiteProfile:
     nccl: dict[str, Any] = field(default_factory=dict)
 
     def queue(self, name: Optional[str]) -> Optional[Queue]:
-        """The queue `name`; None where the profile lists no queues, no name is given, or the name
-        is one of `unlisted_queues` (limits unknown); UsageError naming the known ones otherwise."""
+        """The queue `name` (or the queue it is an alias of); None where the profile lists no queues,
+        no name is given, or the name is one of `unlisted_queues` (limits unknown); UsageError
+        naming the known ones otherwise."""
         if not self.queues or not name or self.unlisted_queue(name):
             return None
-        if name not in self.queues:
+        found = _by_name_or_alias(self.queues, name)
+        if found is None:
             raise unknown_choice(
                 f"{self.name} queue", name, [q for q, v in self.queues.items() if not v.execution_only]
             )
-        return self.queues[name]
+        return found
 
     def qos_limits(self, name: Optional[str]) -> Optional[Queue]:
-        """The QOS `name` (-q) and its limits; None where the profile lists no QOSes (or no name is
-        given); UsageError naming the known ones for another name."""
+        """The QOS `name` (-q, or a name it goes by) and its limits; None where the profile lists no
+        QOSes (or no name is given); UsageError naming the known ones for another name."""
         if not self.qos or not name:
             return None
-        if name not in self.qos:
+        found = _by_name_or_alias(self.qos, name)
+        if found is None:
             raise unknown_choice(f"{self.name} QOS", name, self.qos)
-        return self.qos[name]
+        return found
+
+    def submit_name(self, name: str) -> str:
+        """The name to submit to for `name` as a job record shows it: the queue or QOS an alias
+        belongs to (gpu_regular: regular), else `name` itself."""
+        for table in (self.queues, self.qos):
+            found = _by_name_or_alias(table, name)
+            if found is not None:
+                return found.name
+        return name
 
     def execution_queue(self, name: str, nodes: int) -> Optional[Queue]:
         """Where a job of `nodes` submitted to `name` runs: `name` itself, or the routing queue's
@@ -199,7 +215,9 @@ class SiteProfile:
         )
 
     def submit_queue(self, name: str) -> str:
-        """The queue to name when submitting again: the routing queue an execution queue belongs to."""
+        """The queue to name when submitting again: the routing queue an execution queue belongs to,
+        the queue an alias belongs to."""
+        name = self.submit_name(name)
         for routing in self.queues.values():
             if name in routing.routes_to:
                 return routing.name
@@ -270,6 +288,11 @@ class SiteProfile:
         if not template:
             return None
         return shlex.split(_PLACEHOLDER.sub(lambda m: shlex.quote(str(values.get(m[1], m[0]))), template))
+
+
+def _by_name_or_alias(table: Mapping[str, Queue], name: str) -> Optional[Queue]:
+    """The entry of `table` called `name`, or the one `name` is an alias of."""
+    return table.get(name) or next((entry for entry in table.values() if name in entry.aliases), None)
 
 
 def expand_path(path: str, environ: Mapping[str, str]) -> str:
@@ -343,7 +366,23 @@ def profile_from_dict(data: dict[str, Any], source: str) -> SiteProfile:
         if missing:
             raise UsageError(f"site profile {source}: queue {queue.name} routes to unknown queues {missing}")
     _check_qos(profile, source)
+    _check_aliases(profile, source)
     return profile
+
+
+def _check_aliases(profile: SiteProfile, source: str) -> None:
+    """Each name a queue or QOS goes by means one of them only."""
+    for table in (profile.queues, profile.qos):
+        owners: dict[str, str] = {}
+        for entry in table.values():
+            for alias in entry.aliases:
+                other = alias if alias in table else owners.get(alias)
+                if other is not None:
+                    raise UsageError(
+                        f"site profile {source}: {entry.name}'s alias {alias} is also {other}'s name or alias; "
+                        "give each name one queue"
+                    )
+                owners[alias] = entry.name
 
 
 def _check_qos(profile: SiteProfile, source: str) -> None:
@@ -384,10 +423,14 @@ def _queue(label: str, name: str, spec: dict[str, Any], source: str) -> Queue:
             # bool is an int to isinstance: "max_nodes": true must not pass as 1
             if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
                 raise UsageError(f"{key} {value!r} is not {wanted}")
+        aliases = spec.pop("aliases", [])
+        if not isinstance(aliases, list) or not all(isinstance(alias, str) and alias for alias in aliases):
+            raise UsageError(f"aliases {aliases!r} is not a list of names")
         return Queue(
             name=name,
             max_walltime_s=None if walltime is None else parse_walltime(walltime, "slurm"),
             routes_to=tuple(spec.pop("routes_to", ())),
+            aliases=tuple(aliases),
             **spec,
         )
     except (TypeError, UsageError) as exc:
