@@ -4,11 +4,10 @@ ranks x 1 thread, and the single-process baseline at 1 rank. Goal: on / off >= 0
 
 Runs are paired: each round runs a configuration on and off back to back, in an order that swaps
 every round, so drift in the machine's load hits both alike. Each round gives one ratio on / off;
-the figure is the geometric mean of the rounds' ratios with a 95% Student's t interval over their
-logarithms. Not the studies' paired bootstrap (harness.study.intervals): over the same 3 rounds it
-drew intervals wholly above 1, a speed-up the breakdown cannot give, for three configurations of
-nine, where Student's t did so for one. Neither is safe at 3 rounds: a shared or loaded machine
-widens the interval, and an interval that excludes 1 needs more rounds before it is believed.
+the figure is the geometric mean of the rounds' ratios with the studies' own 95% interval
+(harness.study.intervals: Student's t over their logarithms, paired by round; none below 3 rounds).
+A shared or loaded machine widens the interval, and an interval that excludes 1 at a few rounds
+needs more rounds before it is believed.
 
 Whole runs on this machine vary by 3-5% from one to the next, far more than the 1% at stake, so the
 table also bounds the cost from what the breakdown adds to one step, measured in this process (as
@@ -20,7 +19,7 @@ more path with the breakdown on: DDP's Python allreduce_hook, so that the meter 
 the reducer's C++ allreduce. Its extra is measured alone, as the 2-rank rows run it: DDP (buckets as
 gradient views, as harness.backends.ddp wraps) on two ranks of a gloo group, a core each, the
 metered hook against the built-in allreduce in interleaved rounds; the mean of the rounds' paired
-differences, with its bootstrap interval, is added to the rows whose buckets took the hook (their
+differences, with its Student's t interval, is added to the rows whose buckets took the hook (their
 records' tuning.comm_hook). On a GPU each mark also records a CUDA event; this CPU bound does not
 cover that (benchmarks/gpu_throughput.py runs there).
 
@@ -32,7 +31,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import math
 import multiprocessing
 import os
 import queue
@@ -49,9 +47,8 @@ import torch.distributed as dist
 from harness.backends import BACKENDS
 from harness.backends.collectives import CollectiveMeter, torch_distributed_wrappers
 from harness.process.launchers import free_port
-from harness.study.intervals import mean_interval
+from harness.study import intervals
 from harness.training.launch import launched_record
-from harness.training.record import mean_and_ci95
 from harness.training.timing import StepTimer
 
 
@@ -209,21 +206,14 @@ def ddp_hook_steps(steps: int = 30, rounds: int = 15) -> dict[str, list[float]]:
 
 def hook_extra(seconds: dict[str, list[float]]) -> tuple[float, Optional[tuple[float, float]]]:
     """The metered hook's extra per step over the built-in allreduce: the mean of the rounds' paired
-    differences and its bootstrap interval (harness.study.intervals)."""
+    differences and its 95% interval (harness.study.intervals.difference_interval)."""
     differences = [metered - builtin for metered, builtin in zip(seconds["metered"], seconds["builtin"])]
-    return statistics.fmean(differences), mean_interval(differences)
+    return statistics.fmean(differences), intervals.difference_interval(differences)
 
 
 def collectives_per_step(record: dict[str, Any]) -> float:
     """Collectives one rank issued per step in the record's timed window."""
     return sum(kind["count"] for kind in record["step_breakdown"].get("collectives", {}).values())
-
-
-def ratio_interval(ratios: list[float]) -> tuple[float, float, float]:
-    """Geometric mean of `ratios` and its 95% Student's t interval (over the logarithms; nan with one)."""
-    spread = mean_and_ci95([math.log(ratio) for ratio in ratios])
-    half = spread["ci95"] if spread["ci95"] is not None else math.nan
-    return math.exp(spread["mean"]), math.exp(spread["mean"] - half), math.exp(spread["mean"] + half)
 
 
 def configurations(names: list[str]) -> list[tuple[str, list[str]]]:
@@ -289,14 +279,16 @@ def print_table(rows: list, marks: float, call: float, hook: tuple[float, float]
     )
     for label, runs in rows:
         on, off = ([run["throughput"] for run in runs[variant]] for variant in (True, False))
-        ratio, low, high = ratio_interval([a / b for a, b in zip(on, off)])
+        ratio = intervals.geometric_mean([a / b for a, b in zip(on, off)])
+        paired = intervals.ratio_interval(dict(enumerate(on)), dict(enumerate(off)))
+        spread = f"{paired[0]:.3f} - {paired[1]:.3f}" if paired else intervals.missing()
         calls = statistics.median(collectives_per_step(run) for run in runs[True])
         hooked = any(run.get("tuning", {}).get("comm_hook") for run in runs[True])  # its buckets took the hook
         added, most = (marks + calls * call + (extra if hooked else 0.0) for extra in hook)
         step = statistics.median(run["global_batch"] / run["throughput"] for run in runs[False])
         print(
-            f"| {label} | {statistics.median(on):.0f} | {statistics.median(off):.0f} | {ratio:.3f} | {low:.3f} - "
-            f"{high:.3f} | {calls:.1f} | {added * 1e6:.1f} | {1 - added / step:.5f} | {1 - most / step:.5f} |"
+            f"| {label} | {statistics.median(on):.0f} | {statistics.median(off):.0f} | {ratio:.3f} | {spread} "
+            f"| {calls:.1f} | {added * 1e6:.1f} | {1 - added / step:.5f} | {1 - most / step:.5f} |"
         )
 
 

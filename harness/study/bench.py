@@ -18,6 +18,11 @@ Ranks start like `harness launch`: with `ranks` set, this process starts them th
 backend's local launcher (or `launcher`); without, this process is a rank of whatever launched it
 (mpiexec or srun inside an allocation, for a benchmark across nodes). The model, the fit and the
 printed table are in harness.study.allreduce (no torch).
+
+`bench_collectives` times several collectives in one go: `harness bench allreduce --backend B`
+without --collective times every collective B issues (`backend_collectives`: FSDP's and ZeRO's
+all-gathers and reduce-scatters), each written to its own results file, so that `harness predict
+--network` prices each of a backend's calls from its own measurement.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -44,20 +51,53 @@ from ..training.contention import CpuMeter, own_demand, usable_cores
 from ..training.metrics import contention_summary
 from ..training.placement import check_device
 from ..training.timing import device_waiter
-from .allreduce import ELEMENT_BYTES, BenchSettings, fit_alpha_beta, repeats_for, size_result
+from .allreduce import ELEMENT_BYTES, RING_STEPS, BenchSettings, fit_alpha_beta, repeats_for, size_result
 
 
 def bench_allreduce(settings: BenchSettings) -> dict[str, Any]:
-    """Measure (or, with settings.ranks, launch ranks that measure) and return the result; rank 0
-    writes it to settings.results. Bad input raises UsageError before any rank starts."""
-    settings.check()
+    """Measure (or, with settings.ranks, launch ranks that measure) settings.collective and return
+    the result; rank 0 writes it to settings.results. Bad input raises UsageError before any rank starts."""
+    return bench_collectives(settings, (settings.collective,))[0]
+
+
+def backend_collectives(backend: str, options: Optional[Mapping[str, Any]] = None) -> tuple[str, ...]:
+    """The collectives `harness bench` times that `backend` with `options` issues in a training step
+    (its declared traffic, harness.backends.traffic, on a CPU or a GPU); all_reduce where it issues none."""
+    from ..backends.traffic import ModelShape
+    from .predict import backend_traffic
+
+    shape = ModelShape(2**20)
+    issued = {call.kind for gpu in (False, True) for call in backend_traffic(backend, options or {}, shape, gpu)}
+    return tuple(kind for kind in RING_STEPS if kind in issued) or ("all_reduce",)
+
+
+def results_path(path: Optional[str], collective: str, several: bool) -> Optional[str]:
+    """Where one collective's result goes: `path` itself, or with several 'bench.json' ->
+    'bench-all_gather.json'."""
+    if not path or not several:
+        return path
+    stem, extension = os.path.splitext(path)
+    return f"{stem}-{collective}{extension or '.json'}"
+
+
+def bench_collectives(settings: BenchSettings, collectives: Sequence[str]) -> list[dict[str, Any]]:
+    """Each of `collectives` benchmarked as bench_allreduce does (a launch each with settings.ranks,
+    else all on this rank's one process group), with several each in its own `results_path`."""
+    several = len(collectives) > 1
+    each = [
+        replace(settings, collective=kind, results=results_path(settings.results, kind, several))
+        for kind in collectives
+    ]
+    for one in each:
+        one.check()
     get_backend(settings.backend).check_available()
     if settings.ranks is not None:
-        return _launch(settings)
-    result = measure_on_this_rank(settings)
-    if result["rank"] == 0 and settings.results:
-        _write(settings.results, result)
-    return result
+        return [_launch(one) for one in each]
+    results = measure_on_this_rank(each)
+    for one, result in zip(each, results):
+        if result["rank"] == 0 and one.results:
+            _write(one.results, result)
+    return results
 
 
 def _write(path: str, result: dict[str, Any]) -> None:
@@ -202,9 +242,10 @@ def _timed(
     }
 
 
-def measure_on_this_rank(settings: BenchSettings) -> dict[str, Any]:
-    """This rank's part of the benchmark; every rank returns the same result."""
-    started = time.time()
+def measure_on_this_rank(each: Sequence[BenchSettings]) -> list[dict[str, Any]]:
+    """This rank's part of the benchmark of each settings' collective, on one process group; every
+    rank returns the same results."""
+    settings, started = each[0], time.time()
     backend = get_backend(settings.backend, settings=BackendSettings(timeout=settings.timeout))
     with preserved_process_state():
         cluster = detect_cluster()
@@ -213,15 +254,30 @@ def measure_on_this_rank(settings: BenchSettings) -> dict[str, Any]:
         backend.check_launch(cluster, device)
         backend.init(cluster, device)
         try:
-            measured = _timed(
-                backend,
-                cluster,
-                device,
-                lambda: [_time_size(backend, size, device, settings, cluster) for size in settings.sizes],
-            )
+            measured = [
+                _timed(
+                    backend,
+                    cluster,
+                    device,
+                    lambda one=one: [_time_size(backend, size, device, one, cluster) for size in one.sizes],
+                )
+                for one in each
+            ]
             backend.barrier()
         finally:
             backend.shutdown()
+    return [_result(one, cluster, device, backend, found, started) for one, found in zip(each, measured)]
+
+
+def _result(
+    settings: BenchSettings,
+    cluster: ClusterEnv,
+    device: torch.device,
+    backend: Backend,
+    measured: dict[str, Any],
+    started: float,
+) -> dict[str, Any]:
+    """The result document of one collective's measurement (what --results writes)."""
     lines = measured["sizes"]
     fit = fit_alpha_beta(
         [line["bytes"] for line in lines], [line["seconds"] for line in lines], cluster.world_size, settings.collective

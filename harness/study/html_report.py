@@ -15,37 +15,46 @@ import html
 import io
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 from ..fileio import atomic_write
 from .task_spec import task_rows
 
+# A wide table scrolls inside its own box (.table), so the page never scrolls sideways.
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
-table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; padding: 0 1em; max-width: 72em; color: #222; }
+.table { max-width: 100%; overflow-x: auto; margin: 1em 0; }
+table { border-collapse: collapse; font-size: 0.9em; }
 th, td { border: 1px solid #bbb; padding: 0.25em 0.6em; text-align: right; }
 th { background: #eee; } td:first-child, th:first-child { text-align: left; }
+td { white-space: nowrap; } li { margin: 0.3em 0; }
 img { max-width: 100%; display: block; margin: 1em 0; }
 pre { background: #f4f4f4; padding: 0.8em; overflow-x: auto; }
 """
 
 
+def _inline(text: str) -> str:
+    """One line of the report's Markdown as HTML: escaped, with **bold** and `code`."""
+    escaped = html.escape(text)
+    escaped = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", escaped)
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
+
+
 def _markdown(text: str) -> str:
-    """The report's Markdown (headings, pipe tables, paragraphs) as HTML."""
-    parts, table = [], []
+    """The report's Markdown (headings, pipe tables, lists, paragraphs) as HTML."""
+    parts: list[str] = []
+    table: list[list[str]] = []
+    items: list[str] = []
 
     def flush() -> None:
         if table:
-            head, *body = table
-            parts.append(
-                "<table><tr>"
-                + "".join(f"<th>{html.escape(cell)}</th>" for cell in head)
-                + "</tr>"
-                + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body)
-                + "</table>"
-            )
+            parts.append(_table(table[0], table[1:]))
             table.clear()
+        if items:
+            parts.append("<ul>" + "".join(f"<li>{item}</li>" for item in items) + "</ul>")
+            items.clear()
 
     for line in text.splitlines():
         if line.startswith("|"):
@@ -53,12 +62,15 @@ def _markdown(text: str) -> str:
             if not all(set(cell) <= set("-: ") for cell in cells):
                 table.append(cells)
             continue
+        if line.startswith("- "):
+            items.append(_inline(line[2:]))
+            continue
         flush()
         if line.startswith("#"):
             level = min(len(line) - len(line.lstrip("#")) + 1, 4)
-            parts.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
+            parts.append(f"<h{level}>{_inline(line.lstrip('#').strip())}</h{level}>")
         elif line.strip():
-            parts.append(f"<p>{html.escape(line)}</p>")
+            parts.append(f"<p>{_inline(line)}</p>")
     flush()
     return "\n".join(parts)
 
@@ -69,7 +81,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
         "<tr>" + "".join(f"<td>{html.escape('-' if c is None else str(c))}</td>" for c in row) + "</tr>"
         for row in rows
     )
-    return f"<table><tr>{lines}</tr>{body}</table>"
+    return f'<div class="table"><table><tr>{lines}</tr>{body}</table></div>'
 
 
 def _figures(records: Sequence[dict[str, Any]]) -> str:
@@ -129,17 +141,30 @@ def _commands(directory: Optional[str]) -> str:
         return f"<h2>Commands that rerun the study</h2><pre>{html.escape(handle.read())}</pre>"
 
 
+def study_title(records: Sequence[dict[str, Any]]) -> str:
+    """The report's title: its study's own (e.g. 'Weak scaling: cnn on digits, 64 samples per worker
+    (cpu)'), the first of several with how many more."""
+    from .report import scaling_rows
+
+    titles = sorted({row.study.title() for row in scaling_rows(records)})
+    if not titles:
+        return "Scaling study"
+    return titles[0] + (f" (and {len(titles) - 1} more studies)" if len(titles) > 1 else "")
+
+
 def html_report(
-    records: Sequence[dict[str, Any]], directory: Optional[str] = None, title: str = "Scaling study"
+    records: Sequence[dict[str, Any]], directory: Optional[str] = None, title: Optional[str] = None
 ) -> str:
-    """The whole report as one HTML document (str); `directory` (a job directory) adds its
-    prediction, study settings and commands. Raises UsageError where no record has a timed window."""
+    """The whole report as one HTML document (str), titled `title` or its study's (`study_title`):
+    the tables with every caveat and the definitions, figures, and for `directory` (a job directory)
+    its prediction, study settings and commands. Raises UsageError where no record has a timed window."""
     from .foresight import prediction_markdown, prediction_rows
     from .report import scaling_report
 
+    title = title or study_title(records)
     predicted = prediction_rows(directory, records) if directory else []
     sections = [
-        _markdown(scaling_report(records)),
+        _markdown(scaling_report(records, explain=True)),
         "<h2>Figures</h2>" + _figures(records),
         "<h2>Predicted before the runs, and measured</h2>"
         + (
@@ -159,7 +184,7 @@ def html_report(
 
 def write_html_report(records: Sequence[dict[str, Any]], path: str, directory: Optional[str] = None) -> str:
     """Write html_report(...) to `path` atomically; returns the path."""
-    document = html_report(records, directory, title=f"Scaling study {os.path.basename(directory or path)}")
+    document = html_report(records, directory)
 
     def write(tmp: str) -> None:
         with open(tmp, "w") as handle:

@@ -24,7 +24,8 @@ from ..errors import UsageError, require
 from ..fileio import atomic_write
 from ..process.phases import STEP_COLUMNS
 from .intervals import error_bars
-from .report import ScalingRow, Study, scaling_rows, unresolved_lines
+from .report import ScalingRow, Study, scaling_rows
+from .report_notes import unresolved_lines
 
 FIGURE_KINDS = ("throughput", "efficiency", "breakdown")
 FORMATS = ("png", "svg")

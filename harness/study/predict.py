@@ -15,6 +15,8 @@ The model, per optimizer step on each of n = nodes x ranks_per_node ranks (weak 
   measured times (one curve per collective measured), read between its sizes: a single alpha-beta
   line through them missed its own points by up to 32% on the shaped links of
   benchmarks/prediction.py, where a link's burst lets small messages through faster than its rate;
+  a collective the benchmarks did not time is priced from the all_reduce's figures (a ring's
+  half), and `unbenched_lines` says so with the `harness bench` command that would time it;
 - the calls laid out on the step's compute (harness.study.stepmodel): the step waits for what
   compute does not hide;
 - efficiency = step time of one rank (no communication) / step time on n ranks.
@@ -37,6 +39,7 @@ from .stepmodel import BACKWARD_SHARE, step_communication
 
 GB = 1e9
 DEFAULT_NODES = tuple(2**k for k in range(10))  # 1 .. 512
+UNBENCHED = "‡"  # marks a step that prices a collective no benchmark timed
 Curve = tuple[tuple[float, float], ...]  # (bytes, seconds) of one call, by size
 
 
@@ -72,6 +75,8 @@ class Network:
     fits: tuple[tuple[str, float, float], ...] = ()
     # (collective, ranks, across nodes, its measured times): the same benchmarks' own points
     curves: tuple[tuple[str, int, bool, Curve], ...] = ()
+    benched: tuple[str, ...] = ()  # the collectives benchmarked (none: a site profile's figures)
+    bench_launch: tuple[str, int, int] = ("ddp", 2, 1)  # the benchmarks' backend, ranks and nodes
 
     def busbw(self, nodes: int) -> float:
         return self.busbw_intra if nodes <= 1 else min(self.busbw_intra, self.busbw_inter)
@@ -89,7 +94,9 @@ class Network:
                 steps = RING_STEPS[kind] * (ranks - 1)
                 return Choice(steps * alpha + steps / ranks * size / busbw, f"ring (fitted {kind})", "-")
         seconds = self.allreduce_seconds(size, ranks, nodes)
-        return Choice(seconds if kind == "all_reduce" else seconds / 2, "ring (fitted)", "-")
+        if kind == "all_reduce":
+            return Choice(seconds, "ring (fitted)", "-")
+        return Choice(seconds / 2, "ring (half the all_reduce's)", "-")
 
     def _on_curve(self, kind: str, size: float, ranks: int, measured_ranks: int, points: Curve) -> Choice:
         """A call priced from the measured curve; at another rank count, its bus bandwidth held
@@ -176,6 +183,7 @@ def predict_scaling(
 ) -> list[dict[str, Any]]:
     """One row per node count: ranks, communication, step time, throughput and efficiency."""
     alone = workload.compute_s + workload.overhead_s
+    guessed = unbenched(workload, network)
     node_extra = 0.0
     if workload.node_step_s is not None:  # the node's own traffic and host as measured, not modelled
         node_extra = workload.node_step_s - alone - communication(workload, network, network.ranks_per_node, 1)[1]
@@ -194,6 +202,7 @@ def predict_scaling(
                 "throughput": ranks * workload.local_batch / step,
                 "efficiency": alone / step,
                 "algorithms": picked_algorithms(workload, network, ranks, count),
+                **({"unbenched": guessed} if guessed and ranks > 1 else {}),
             }
         )
     return rows
@@ -269,6 +278,8 @@ def network_from_bench(result: Mapping[str, Any], ranks_per_node: Optional[int] 
         busbw_inter=busbw,
         source=source,
         curves=_curves(result),
+        benched=(result.get("collective", "all_reduce"),),
+        bench_launch=(result["backend"], result["world_size"], result.get("nodes", 1)),
     )
 
 
@@ -294,7 +305,33 @@ def network_from_benches(
         if result.get("fit") and kind != "all_reduce"
     )
     own = "; ".join(f"{kind}: alpha {alpha * 1e6:.1f} us, busbw {busbw / GB:.3f} GB/s" for kind, alpha, busbw in fits)
-    return replace(network, fits=fits, curves=curves, source=f"{network.source}; {own}" if fits else network.source)
+    source = f"{network.source}; {own}" if fits else network.source
+    return replace(network, fits=fits, curves=curves, source=source, benched=tuple(dict.fromkeys(kinds)))
+
+
+def unbenched(workload: Workload, network: Any) -> list[str]:
+    """The kinds of the workload's calls that `harness bench` can time and `network`'s benchmarks did
+    not, so that it prices them from another collective's figures (none where the network is not a
+    benchmark's)."""
+    benched = getattr(network, "benched", ())
+    kinds = per_step(workload.collectives())
+    return [kind for kind in RING_STEPS if kind in kinds and benched and kind not in benched]
+
+
+def unbenched_lines(workload: Workload, network: Any) -> list[str]:
+    """One warning per collective `unbenched`, with the `harness bench` command that would time it."""
+    missing = unbenched(workload, network)
+    if not missing:
+        return []
+    backend, ranks, nodes = network.bench_launch
+    local = f" -n {ranks}" if nodes == 1 else ""
+    where = "" if nodes == 1 else f" on {nodes} nodes ({ranks} ranks), launched as the other benchmarks were"
+    return [
+        f"warning: {kind} was not benchmarked; priced from the {', '.join(network.benched)} benchmark's figures "
+        f"(steps marked {UNBENCHED}); time it with `harness bench allreduce --backend {backend}{local} "
+        f"--collective {kind} --results bench-{kind}.json`{where} and add that file to --network"
+        for kind in missing
+    ]
 
 
 def _baseline_runs(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -387,13 +424,14 @@ def measured_steps(records: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any
 def prediction_table(rows: Sequence[dict[str, Any]], measured: Optional[Mapping[int, dict[str, Any]]] = None) -> str:
     """Markdown: per node count the prediction, and where measured the measured step and the error."""
     from .report import markdown_table
+    from .report_notes import cell
 
     columns = [
         ("nodes", lambda r: r["nodes"]),
         ("ranks", lambda r: r["ranks"]),
         ("allreduce ms", lambda r: 1e3 * r["allreduce_s"]),
         ("exposed ms", lambda r: 1e3 * r["exposed_s"]),
-        ("step ms", lambda r: 1e3 * r["step_s"]),
+        ("step ms", lambda r: cell(1e3 * r["step_s"]) + (f" {UNBENCHED}" if r.get("unbenched") else "")),
         ("samples/s", lambda r: r["throughput"]),
         ("efficiency", lambda r: r["efficiency"]),
     ]

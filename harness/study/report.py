@@ -10,8 +10,10 @@ rank (threads per rank); runs measured under contention are marked, and a weak-s
 above 1.05 is marked suspect with its likely cause. Each row is set against its own fewest-worker
 run and against the study's common baseline, the fastest single-process run of the same work per
 rank; speedup and efficiency carry 95% intervals paired by interleave round
-(harness.study.intervals), and configurations whose intervals overlap are said to be not resolved
-rather than ranked. The definitions printed under each table are harness.training.metrics's own.
+(harness.study.intervals: none below its MIN_ROUNDS), and configurations whose intervals overlap are
+said to be not resolved rather than ranked. Under each table: one line per caveat that applies to
+its study; the definitions (harness.training.metrics's own) only with `explain`, else a link to
+docs/concepts/measurement.md, which says the same words.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from ..backends import BACKENDS
 from ..errors import UsageError
 from ..process.phases import STEP_COLUMNS
 from ..training.metrics import (
-    DEFINITIONS,
     computation_scalability,
     global_efficiency,
     scaling_efficiency,
@@ -35,42 +36,17 @@ from ..training.metrics import (
 )
 from . import intervals
 from .intervals import Interval
-from .task_spec import record_task, short_digest, task_lines
+from .report_notes import CONTENDED, GLOSSARY, SUSPECT, caveat_lines, cell, common_baseline, explanation
+from .task_spec import record_task, short_digest
 
 Column = tuple[str, Callable[[dict[str, Any]], Any]]
 MIB = 2**20
 ALL_CORES = "all-cores"  # the `baseline` tag of one rank with every core (harness.study.sweep)
-CONTENDED = "†"  # marks a row with runs measured under contention
-SUSPECT = "?"  # marks a suspect efficiency
-# The definitions the scaling table's columns use, printed under it.
-FOOTNOTE_TERMS = (
-    "speedup",
-    "scaling efficiency",
-    "compute time",
-    "AU",
-    "useful time",
-    "communication",
-    "load balance",
-    "communication efficiency",
-    "parallel efficiency",
-    "serialisation and transfer",
-    "computation scalability",
-    "global efficiency",
-    "contention",
-)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
-    return str(value)
 
 
 def markdown_table(records: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
     """One row per record, one column per (header, getter)."""
-    rows: list[list[str]] = [[_cell(get(record)) for _, get in columns] for record in records]
+    rows: list[list[str]] = [[cell(get(record)) for _, get in columns] for record in records]
     headers = [header for header, _ in columns]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     lines = [
@@ -159,7 +135,7 @@ class ScalingRow:
     workers: int
     runs: int
     throughput: float  # samples/s, mean over runs
-    throughput_interval: Optional[Interval]  # 95%, over runs (None for a single run: no interval)
+    throughput_interval: Optional[Interval]  # 95%, over runs (None below intervals.MIN_ROUNDS runs)
     speedup: Optional[float]  # against the same backend at the study's fewest workers, same threads per rank
     efficiency: Optional[float]
     baseline_workers: int
@@ -178,6 +154,7 @@ class ScalingRow:
     global_efficiency: Optional[float] = None
     common_efficiency: Optional[float] = None  # against the study's common baseline (`common_baseline`)
     common_efficiency_interval: Optional[Interval] = None
+    is_common_baseline: bool = False  # the row is its own common baseline: exactly 1
     model_state_mib: Optional[float] = None  # the largest rank's model state, mean over runs
     peak_mib: Optional[float] = None  # the largest rank's peak memory, mean over runs
     threads_per_rank: Optional[int] = None  # None on GPUs (or records that do not say)
@@ -289,22 +266,12 @@ def scaling_rows(records: Sequence[dict[str, Any]]) -> list[ScalingRow]:
         if common is not None and not row.baseline:
             scale = common.workers / row.workers
             row.common_efficiency = scaling_efficiency(row.throughput, row.workers, common.throughput, common.workers)
-            row.common_efficiency_interval = intervals.ratio_interval(row.rounds, common.rounds, scale)
+            row.is_common_baseline = row is common
+            # Against itself exactly 1, whatever the rounds: the baseline resolves from the others.
+            row.common_efficiency_interval = (
+                (1.0, 1.0) if row is common else intervals.ratio_interval(row.rounds, common.rounds, scale)
+            )
     return rows
-
-
-def common_baseline(row: ScalingRow, rows: Sequence[ScalingRow]) -> Optional[ScalingRow]:
-    """The study's common baseline for `row`: the fastest single-process run (any configuration)
-    with the same work per rank (threads per rank), or None where the study has none."""
-    alone = [
-        other
-        for other in rows
-        if other.study == row.study
-        and other.workers == 1
-        and not other.baseline
-        and other.threads_per_rank == row.threads_per_rank
-    ]
-    return max(alone, key=lambda other: other.throughput, default=None)
 
 
 def _compare_with_baseline(row: ScalingRow, rows: Sequence[ScalingRow]) -> None:
@@ -349,22 +316,28 @@ def _compare_with_baseline(row: ScalingRow, rows: Sequence[ScalingRow]) -> None:
         )
 
 
-def _with_interval(value: Optional[float], interval: Optional[Interval]) -> str:
+def _with_interval(value: Optional[float], interval: Optional[Interval], needed: bool = True) -> str:
+    """'1.8 [1.7, 1.9]'; where an interval is `needed` but there is none, '1.8 [n/a (needs 3 rounds)]'."""
     if value is None:
         return "-"
     if interval is None:
-        return _cell(value)
-    return f"{_cell(value)} [{_cell(interval[0])}, {_cell(interval[1])}]"
+        return f"{cell(value)} [{intervals.missing()}]" if needed else cell(value)
+    return f"{cell(value)} [{cell(interval[0])}, {cell(interval[1])}]"
 
 
-def _throughput(row: dict[str, Any]) -> str:
-    if row["runs"] < 2:
-        return f"{_cell(row['throughput'])} (one run)"
-    return _with_interval(row["throughput"], row["throughput_interval"])
+def _against_base(row: dict[str, Any], value: str) -> str:
+    """The row's speedup or efficiency with its interval; none is needed for the baseline itself."""
+    return _with_interval(row[value], row[f"{value}_interval"], row["workers"] != row["baseline_workers"])
 
 
 def _efficiency(row: dict[str, Any]) -> str:
-    return _with_interval(row["efficiency"], row["efficiency_interval"]) + (f" {SUSPECT}" if row["suspect"] else "")
+    return _against_base(row, "efficiency") + (f" {SUSPECT}" if row["suspect"] else "")
+
+
+def _common(row: dict[str, Any]) -> str:
+    if row["is_common_baseline"]:
+        return cell(row["common_efficiency"])
+    return _with_interval(row["common_efficiency"], row["common_efficiency_interval"])
 
 
 SCALING_COLUMNS: Sequence[Column] = (
@@ -372,10 +345,10 @@ SCALING_COLUMNS: Sequence[Column] = (
     ("workers", lambda r: r["workers"]),
     ("threads/rank", lambda r: r["threads_per_rank"]),
     ("runs", lambda r: r["runs"]),
-    ("samples/s [95%]", _throughput),
-    ("speedup [95%]", lambda r: _with_interval(r["speedup"], r["speedup_interval"])),
+    ("samples/s [95%]", lambda r: _with_interval(r["throughput"], r["throughput_interval"])),
+    ("speedup [95%]", lambda r: _against_base(r, "speedup")),
     ("efficiency [95%]", _efficiency),
-    ("vs common baseline [95%]", lambda r: _with_interval(r["common_efficiency"], r["common_efficiency_interval"])),
+    ("vs common baseline [95%]", _common),
     ("AU", lambda r: r["au"]),
     ("load balance", lambda r: r["load_balance"]),
     ("comm. efficiency", lambda r: r["communication_efficiency"]),
@@ -391,78 +364,9 @@ def _as_dict(row: ScalingRow) -> dict[str, Any]:
     return {**dataclasses.asdict(row), "label": row.label}
 
 
-def _footnotes(rows: Sequence[ScalingRow], records: Sequence[dict[str, Any]] = ()) -> list[str]:
-    """One line per thing a reader must know about these rows (and the task their `records`
-    trained), then the definitions."""
-    lines = task_lines(records) + [row.note for row in rows if row.note]
-    for row in rows:
-        if row.contended_runs:
-            lines.append(
-                f"{CONTENDED} {row.label} x{row.workers}: {row.contended_runs} of {row.runs} run(s) measured "
-                f"under contention: {'; '.join(row.contention[:2])}"
-            )
-        if row.suspect:
-            lines.append(
-                f"{SUSPECT} {row.label} x{row.workers}: weak-scaling efficiency {row.efficiency:.2f} > 1.05 "
-                f"is suspect: {row.suspect}"
-            )
-    lines += _baseline_lines(rows)
-    if any(row.runs < 2 for row in rows):
-        lines.append("(one run): no interval: one run of that configuration; sweep with --repeats 3 or more")
-    lines.append(
-        f"[95%]: bootstrap interval over the repeats ({intervals.RESAMPLES} resamples, seed {intervals.SEED}); "
-        "speedup and efficiency resample the interleave rounds paired with their baseline's run of the same "
-        "round. AU, POP metrics and memory are means over runs."
-    )
-    lines.append(
-        "state MiB/rank: the largest rank's weights (or shard), gradients, optimizer state and the framework's "
-        "other tensors (record: memory.model_state_bytes_per_rank); peak MiB/rank: the largest rank's peak "
-        "memory over the timed window (the allocator's on a GPU, the resident set on the CPU)"
-    )
-    return lines + [DEFINITIONS[term] for term in FOOTNOTE_TERMS]
-
-
-def _configurations_by_work(rows: Sequence[ScalingRow]) -> list[list[ScalingRow]]:
-    """The scaling rows (no all-cores runs) grouped by threads per rank: each group shares a common baseline."""
-    threads = sorted({row.threads_per_rank or 0 for row in rows})
-    groups = [[row for row in rows if (row.threads_per_rank or 0) == t and not row.baseline] for t in threads]
-    return [group for group in groups if group]
-
-
-def unresolved_lines(rows: Sequence[ScalingRow]) -> list[str]:
-    """One line per set of configurations at one worker count whose 95% intervals against the common
-    baseline overlap: 'x2: ddp, fsdp: not resolved at 3 repeats'."""
-    lines = []
-    for mine in _configurations_by_work(rows):
-        for workers in sorted({row.workers for row in mine}):
-            peers = {row.label: row for row in mine if row.workers == workers}
-            for group in intervals.unresolved_groups(
-                {label: row.common_efficiency_interval for label, row in peers.items()}
-            ):
-                runs = min(peers[label].runs for label in group)
-                lines.append(f"x{workers}: {', '.join(group)}: not resolved at {runs} repeats")
-    return lines
-
-
-def _baseline_lines(rows: Sequence[ScalingRow]) -> list[str]:
-    """The common baseline, and the configurations each worker count cannot rank."""
-    lines = []
-    for mine in _configurations_by_work(rows):
-        common = common_baseline(mine[0], rows)
-        if common is not None:
-            lines.append(
-                f"vs common baseline: efficiency against {common.label} x1 at {_cell(common.throughput)} samples/s, "
-                f"the fastest single-process run with {common.threads_per_rank or 'the same'} thread(s) per rank"
-            )
-    return lines + [
-        line + " (their intervals against the common baseline overlap): no ranking between them"
-        for line in unresolved_lines(rows)
-    ]
-
-
-def scaling_report(records: Sequence[dict[str, Any]]) -> str:
-    """Markdown: per study, a heading, one row per backend x workers (see SCALING_COLUMNS), and
-    footnotes: baselines refused, contention, suspect efficiencies, the definitions."""
+def scaling_report(records: Sequence[dict[str, Any]], explain: bool = False) -> str:
+    """Markdown: per study, a heading, one row per backend x workers (see SCALING_COLUMNS) and one
+    line per caveat (`_caveats`); then the definitions (`explain`) or where to read them."""
     rows = scaling_rows(records)
     if not rows:
         return "(no records with a timed window)"
@@ -474,6 +378,10 @@ def scaling_report(records: Sequence[dict[str, Any]]) -> str:
             f"### {study.title()}\n\n"
             + markdown_table([_as_dict(row) for row in mine], SCALING_COLUMNS)
             + "\n\n"
-            + "\n".join(f"- {line}" for line in _footnotes(mine, trained))
+            + "\n".join(f"- {line}" for line in caveat_lines(mine, trained))
         )
+    if explain:
+        sections.append("### Definitions\n\n" + "\n".join(f"- {line}" for line in explanation()))
+    else:
+        sections.append(f"Definitions of the columns: {GLOSSARY}, or `harness report --explain`.")
     return "\n\n".join(sections)

@@ -11,7 +11,7 @@ shared machine spread evenly, and within each round the runs go in a random orde
 --order-seed and the round's number, so that no configuration always runs first (after a cold
 start) or right after the same neighbour; `order` is the run's place in its round ("2/7"), so the
 records say the whole order. The default of 3 repeats is the fewest that give a 95% interval
-(harness.study.intervals: a bootstrap paired by round), which is what tells a difference between
+(harness.study.intervals: Student's t on log ratios paired by round), which is what tells a difference between
 backends from the noise of a shared machine.
 
 Same work per rank at every rank count: every run of a study gets the same threads per rank

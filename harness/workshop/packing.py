@@ -232,10 +232,10 @@ def _per_step_ms(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 def packing_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per placement, in the order the records first show it: its label, ranks, threads,
     ranks per device, runs, the throughput's mean over repeats with its 95% interval ("interval",
-    harness.study.intervals.mean_interval; None from one run), the mean per rank, a rank's mean
+    harness.study.intervals.mean_interval; None below intervals.MIN_ROUNDS runs), the mean per rank, a rank's mean
     milliseconds per step in each phase ("per step ms"), and the speedup of the mean over the first
     row's with its 95% interval paired by interleave round ("speedup interval",
-    intervals.ratio_interval; None for the first row or without two shared rounds); "apart" says
+    intervals.ratio_interval; None for the first row or below intervals.MIN_ROUNDS shared rounds); "apart" says
     whether that interval leaves out 1, so that the difference is larger than the run-to-run spread
     (None where there is no interval); "records" holds the placement's runs, in the order given."""
     from ..study.intervals import mean_interval, overlap, ratio_interval

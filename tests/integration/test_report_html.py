@@ -1,5 +1,6 @@
 """`harness report --html` opened in a real browser (Debian's chromium under selenium): every
-figure renders from the file alone, and the tables, prediction and commands are there."""
+figure renders from the file alone, the tables, prediction and commands are there, the page is
+titled by its study, its definitions are HTML and its wide table scrolls inside the page."""
 
 from __future__ import annotations
 
@@ -76,3 +77,17 @@ def test_the_html_report_renders_its_figures_from_the_file_alone(tmp_path, brows
     assert "/home/me/model.py:make_task width=64 /home/me/model.py 0123456789ab" in body  # the task's row
     headers = [h.text for h in browser.find_elements("tag name", "th")]
     assert "error" in headers and any("95" in h for h in headers)
+    # Titled by its study, not by its file; the definitions are HTML, not Markdown's asterisks.
+    assert (
+        browser.title
+        == "Weak scaling: resnet50 on synthetic (model.py:make_task width=64), 256 samples per worker (cpu)"
+    )
+    assert "**" not in body and "speedup" in [b.text for b in browser.find_elements("tag name", "strong")]
+    # At a laptop's width the wide scaling table scrolls inside its own box; the page does not.
+    browser.set_window_size(1024, 768)
+    fits = browser.execute_script(
+        "const page = document.documentElement, box = document.querySelector('.table');"
+        "return [page.scrollWidth <= page.clientWidth, box.getBoundingClientRect().right <= page.clientWidth,"
+        " box.scrollWidth > box.clientWidth];"
+    )
+    assert fits == [True, True, True], "page fits, table's box fits, table scrolls inside it"

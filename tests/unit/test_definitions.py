@@ -1,6 +1,6 @@
 """One definition each: AU, communication, useful time, the POP metrics, scaling efficiency and
 contention are written once, in harness/training/metrics.py's docstring; the docs' measurement page
-(docs/concepts/measurement.md), notebook 03 and the report's footnote must say exactly the same
+(docs/concepts/measurement.md), notebook 03 and `harness report --explain` must say exactly the same
 (whitespace aside), and every place that computes or labels AU uses the metrics module's function
 and formula, never its own."""
 
@@ -15,7 +15,8 @@ import pytest
 import harness.training.timing
 import harness.workshop.figures
 import harness.workshop.pipeline
-from harness.study.report import FOOTNOTE_TERMS, scaling_report
+from harness.study.report import scaling_report
+from harness.study.report_notes import FOOTNOTE_TERMS
 from harness.training.metrics import AU_FORMULA, DEFINITIONS, accelerator_utilisation
 from tests.conftest import REPO
 from tests.helpers.handmade_records import weak_study
@@ -59,7 +60,7 @@ def test_the_metrics_module_defines_every_term():
     [
         ("docs/concepts/measurement.md", _measurement_page),
         ("notebook 03", _notebook_markdown),
-        ("the report's footnote", lambda: scaling_report(weak_study())),
+        ("the report's footnote", lambda: scaling_report(weak_study(), explain=True)),
     ],
 )
 def test_each_place_says_what_the_metrics_module_says(where, text):

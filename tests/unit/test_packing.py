@@ -135,9 +135,11 @@ def test_packing_rows_pair_the_rounds_and_say_whether_the_speedup_interval_leave
         _record(2, 2, 300.0),
         _record(1, 1, 300.0, repeat=1),
         _record(2, 2, 100.0, repeat=1),
+        _record(1, 1, 200.0, repeat=2),
+        _record(2, 2, 200.0, repeat=2),
     ]
     assert packing_rows(noisy)[1]["apart"] is False
-    assert packing_rows([_record(1, 1, 100.0), _record(2, 2, 300.0)])[1]["apart"] is None  # one round: no interval
+    assert packing_rows(noisy[:4])[1]["apart"] is None  # two rounds: too few for an interval
     table = packing_table(steady)
     assert "2.00 [2.00, 2.00]" in table and table.rstrip("| \n").endswith("yes")
 

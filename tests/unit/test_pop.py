@@ -122,8 +122,8 @@ def test_scaling_rows_aggregate_repeats_and_use_each_backends_own_baseline():
     }
     ddp2 = rows["ddp", 2]
     assert ddp2.runs == 2 and ddp2.throughput == pytest.approx(1700.0)
-    # Two repeats 1710 and 1690: the bootstrap's means lie between them (no Student's t over 2 runs).
-    assert ddp2.throughput_interval == pytest.approx((1690.0, 1710.0))
+    # Two repeats 1710 and 1690: fewer than intervals.MIN_ROUNDS, so no interval at all.
+    assert ddp2.throughput_interval is None
     assert ddp2.speedup == pytest.approx(1700.0 / 950.0)
     assert ddp2.efficiency == pytest.approx(1700.0 / 950.0 / 2)
     assert rows["horovod", 2].efficiency == pytest.approx(0.8)
@@ -167,7 +167,7 @@ def test_weak_and_strong_studies_are_never_mixed():
 
 
 def test_report_prints_every_configuration_with_its_metrics():
-    text = scaling_report(weak_study())
+    text = scaling_report(weak_study(), explain=True)
     assert "### Weak scaling: cnn on synthetic, 64 samples per worker" in text
     lines = [line for line in text.splitlines() if line.startswith("|")]
     header = lines[0]
@@ -193,10 +193,11 @@ def test_report_prints_every_configuration_with_its_metrics():
         ("deepspeed", "2"),
     }
     ddp2 = next(cells for cells in body if cells[:2] == ["ddp", "2"])
-    assert ddp2[2] == "1" and ddp2[4] == "1,700 [1,690, 1,710]" and ddp2[6] == "0.8947"
-    assert ddp2[7] == "0.85"  # against the common baseline, `none` x1 at 1,000 samples/s
-    assert "x2: ddp, horovod, deepspeed: not resolved at 1 repeats" in text
-    assert next(cells for cells in body if cells[:2] == ["none", "1"])[4] == "1,000 (one run)"
-    assert "(one run): no interval" in text
+    assert ddp2[2] == "1" and ddp2[4] == "1,700 [n/a (needs 3 rounds)]" and ddp2[6] == "0.8947 [n/a (needs 3 rounds)]"
+    assert ddp2[7] == "0.85 [n/a (needs 3 rounds)]"  # against the common baseline, `none` x1 at 1,000 samples/s
+    assert "x2: ddp, horovod, deepspeed: not resolved at 1 repeats (an interval needs 3 rounds): no ranking" in text
+    assert next(cells for cells in body if cells[:2] == ["none", "1"])[4] == "1,000 [n/a (needs 3 rounds)]"
+    assert "n/a (needs 3 rounds): 7 of 7 row(s) ran in 1 round(s), too few for a 95% interval" in text
     for term in ("AU", "communication efficiency", "contention"):
-        assert DEFINITIONS[term] in text  # the report's footnote is the metrics module's definition
+        assert DEFINITIONS[term] in text  # --explain prints the metrics module's definition
+    assert DEFINITIONS["AU"] not in scaling_report(weak_study())  # without it, one line says where to read it

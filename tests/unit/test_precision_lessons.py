@@ -46,7 +46,9 @@ def test_saved_for_backward_counts_16_bit_activations_and_weight_copies_but_not_
 
 
 def test_step_time_ratios_pair_rounds_and_say_when_one_round_is_too_few():
-    ratios = step_time_ratios({"fp32": {"0": 1.0, "1": 2.0}, "fp16": {"0": 3.0, "1": 6.0}, "bf16": {"0": 1.0}})
+    ratios = step_time_ratios(
+        {"fp32": {"0": 1.0, "1": 2.0, "2": 1.5}, "fp16": {"0": 3.0, "1": 6.0, "2": 4.5}, "bf16": {"0": 1.0}}
+    )
     mean, interval = ratios["fp16"]
     assert mean == pytest.approx(3.0) and interval == pytest.approx((3.0, 3.0))
     assert ratios["bf16"] == (1.0, None) and "fp32" not in ratios
