@@ -5,7 +5,9 @@ and the kit's own image datasets by name.
   map-style Dataset is adapted), a batch as any structure of tensors, each rank's exact share of
   every epoch, and the batches fetched in-process or by worker processes;
 - `arrays`, `builtin`, `disk`, `readers`, `prepare`, `download`, `transforms`: the image datasets
-  the built-in `images` task trains on (harness.tasks.images).
+  the built-in `images` task trains on (harness.tasks.images);
+- `tokens`: the token windows the built-in `transformer` task trains on (harness.tasks.transformer):
+  the Python standard library's source as bytes, prepared once (`prepare`), or synthetic tokens.
 
 Training never downloads: on-disk datasets are read from --data-dir. `digits` and `synthetic` need no files. `mnist`, `fashion-mnist`, `cifar10` and `imagefolder` are
 read from --data-dir in torchvision's layout (see `disk`), fetched beforehand with `harness data

@@ -18,7 +18,8 @@ and renames it into place only when complete, so the target either does not exis
 That rename is also what keeps a filesystem without working `flock` correct (some Lustre mounts):
 two preparers may then both work, and the second rename finds the target present and is discarded.
 On any error the temporary directory is removed and the lock passes to the next waiter, which tries
-again; bad input thus fails on every rank with the same one-line error.
+again; bad input thus fails on every rank with the same one-line error. `prepare_once` is that
+protocol for any directory of prepared data (the transformer task's token corpus, harness.data.tokens).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -62,21 +64,46 @@ def ensure_prepared(spec: DiskDataset, data_dir: str, image_size: int, timeout: 
     seconds for another process that is preparing the same dataset.
     """
     target = os.path.join(prepared_root(data_dir), spec.prepared_name(image_size))
-    if _is_complete(target, spec, data_dir, image_size):
-        return target, False
-    root = prepared_root(data_dir)
+    wrote = prepare_once(
+        target,
+        f"{spec.name} from {data_dir}",
+        lambda scratch: _write_dataset(spec, data_dir, image_size, scratch),
+        timeout,
+        hint=prepare_hint(spec, data_dir, image_size),
+        advice=_writable_advice(spec, image_size),
+        is_complete=lambda directory: _is_complete(directory, spec, data_dir, image_size),
+    )
+    return target, wrote
+
+
+def prepare_once(
+    target: str,
+    what: str,
+    write: Callable[[str], None],
+    timeout: float,
+    *,
+    hint: str,
+    advice: str,
+    is_complete: Callable[[str], bool] = os.path.isdir,
+) -> bool:
+    """Make directory `target` by `write(scratch directory)` at most once per filesystem, with the
+    lock and the atomic rename of the module docstring; True when this call wrote it. `what` names
+    the data in the progress line; `hint` is the command that prepares it by hand and `advice` what
+    to do where `target` cannot be written, for the error lines."""
+    if is_complete(target):
+        return False
+    root = os.path.dirname(target)
     try:
         os.makedirs(root, exist_ok=True)
     except OSError as exc:
-        raise _unwritable(root, exc, spec, image_size) from exc
-    with _exclusive(
-        os.path.join(root, f".{spec.prepared_name(image_size)}.lock"), timeout, spec, data_dir, image_size
-    ):
-        if _is_complete(target, spec, data_dir, image_size):  # another process finished while we waited
-            return target, False
-        print(f"harness: preparing {spec.name} from {data_dir} into {target} (once; other processes wait)", flush=True)
-        _write_atomically(spec, data_dir, image_size, target)
-    return target, True
+        raise _unwritable(root, exc, advice) from exc
+    lock = os.path.join(root, f".{os.path.basename(target)}.lock")
+    with _exclusive(lock, timeout, what, hint, advice):
+        if is_complete(target):  # another process finished while we waited
+            return False
+        print(f"harness: preparing {what} into {target} (once; other processes wait)", flush=True)
+        _rename_when_written(target, write, advice)
+    return True
 
 
 def open_prepared(directory: str, split: str, spec: DiskDataset, data_dir: str, image_size: int) -> ImageArrays:
@@ -125,28 +152,31 @@ def _is_complete(target: str, spec: DiskDataset, data_dir: str, image_size: int)
     return True
 
 
-def _unwritable(path: str, exc: OSError, spec: DiskDataset, image_size: int) -> UsageError:
-    return UsageError(
-        f"cannot write prepared data under {path} ({exc.strerror or exc}); use a writable --data-dir "
-        f"(copy the raw files) or run {prepare_hint(spec, '<writable dir>', image_size)} elsewhere"
+def _writable_advice(spec: DiskDataset, image_size: int) -> str:
+    return (
+        f"use a writable --data-dir (copy the raw files) or run "
+        f"{prepare_hint(spec, '<writable dir>', image_size)} elsewhere"
     )
 
 
+def _unwritable(path: str, exc: OSError, advice: str) -> UsageError:
+    return UsageError(f"cannot write prepared data under {path} ({exc.strerror or exc}); {advice}")
+
+
 @contextlib.contextmanager
-def _exclusive(lock_path: str, timeout: float, spec: DiskDataset, data_dir: str, image_size: int) -> Iterator[None]:
+def _exclusive(lock_path: str, timeout: float, what: str, hint: str, advice: str) -> Iterator[None]:
     """Hold an exclusive flock on `lock_path`, waiting at most `timeout` seconds for it."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
         except OSError as exc:
-            raise _unwritable(os.path.dirname(lock_path), exc, spec, image_size) from exc
+            raise _unwritable(os.path.dirname(lock_path), exc, advice) from exc
         try:
             if not _lock(fd, deadline):
                 raise UsageError(
-                    f"waited {timeout:.0f} s for another process preparing {spec.name} (it holds "
-                    f"{lock_path}); raise --timeout or run {prepare_hint(spec, data_dir, image_size)} "
-                    "before the job"
+                    f"waited {timeout:.0f} s for another process preparing {what} (it holds "
+                    f"{lock_path}); raise --timeout or run {hint} before the job"
                 )
             # The previous holder unlinks the path when done: a lock on that old inode excludes no one.
             if _same_file(fd, lock_path):
@@ -184,23 +214,24 @@ def _lock(fd: int, deadline: float) -> bool:
 
 
 def _write_atomically(spec: DiskDataset, data_dir: str, image_size: int, target: str) -> None:
+    """Prepare `spec` into `target` without the lock (what the lock's holder does)."""
+    _rename_when_written(
+        target,
+        lambda scratch: _write_dataset(spec, data_dir, image_size, scratch),
+        _writable_advice(spec, image_size),
+    )
+
+
+def _rename_when_written(target: str, write: Callable[[str], None], advice: str) -> None:
+    """`write` into a scratch directory beside `target`, then rename it to `target` (nothing half-written)."""
     root = os.path.dirname(target)
     try:
         scratch = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=root)
     except OSError as exc:
-        raise _unwritable(root, exc, spec, image_size) from exc
+        raise _unwritable(root, exc, advice) from exc
     try:
-        splits, classes = spec.read(data_dir, image_size)
         try:
-            meta = _write_splits(spec.name, splits, classes, scratch)
-            meta.update(
-                format=PREPARED_FORMAT,
-                dataset=spec.name,
-                source=os.path.abspath(data_dir),
-                image_size=image_size if spec.resized else None,
-            )
-            with open(os.path.join(scratch, "meta.json"), "w") as handle:
-                json.dump(meta, handle, indent=1)
+            write(scratch)
             os.chmod(scratch, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the data from the job's other users
             for name in os.listdir(scratch):  # on disk before the rename makes them visible
                 with open(os.path.join(scratch, name), "rb") as handle:
@@ -209,9 +240,23 @@ def _write_atomically(spec: DiskDataset, data_dir: str, image_size: int, target:
         except OSError as exc:
             if os.path.isdir(target):  # a preparer on a filesystem without flock finished first
                 return
-            raise _unwritable(root, exc, spec, image_size) from exc
+            raise _unwritable(root, exc, advice) from exc
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _write_dataset(spec: DiskDataset, data_dir: str, image_size: int, scratch: str) -> None:
+    """The prepared arrays and meta.json of `spec` into directory `scratch`."""
+    splits, classes = spec.read(data_dir, image_size)
+    meta = _write_splits(spec.name, splits, classes, scratch)
+    meta.update(
+        format=PREPARED_FORMAT,
+        dataset=spec.name,
+        source=os.path.abspath(data_dir),
+        image_size=image_size if spec.resized else None,
+    )
+    with open(os.path.join(scratch, "meta.json"), "w") as handle:
+        json.dump(meta, handle, indent=1)
 
 
 def _umask() -> int:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any, Optional
 
+from ..backends.memory import Training
 from ..backends.traffic import ModelShape, per_step
 from ..config import DEFAULT_TASK
 from ..errors import UsageError
@@ -27,6 +28,7 @@ from .predict import (
     predict_scaling,
     prediction_table,
     scaled_to_measured,
+    unbenched_lines,
     workload_from_records,
 )
 from .shapes import record_shape, task_shape
@@ -105,6 +107,8 @@ def add_predict_flags(parser: Any) -> None:
     # The task whose model's traffic is priced (default: the records'): --task SPEC --task-arg KEY=VALUE,
     # or the images task's flags (--model resnet50); its model is built here as a run builds it.
     add_train_flags(parser, only=("task", "task_args"))
+    # What a rank holds (the memory table): without --record, the precision and optimizer these name.
+    add_train_flags(parser, only=("precision", "optimizer", "momentum"))
 
 
 def parse_nodes(text: str) -> list[int]:
@@ -133,8 +137,9 @@ def predict_command(args: Any) -> int:
         from ..training.record import read_results
 
         measured = measured_steps(read_results(args.measured))
-    print("\n".join(describe(network, workload)) + "\n")
+    print("\n".join(describe(network, workload) + unbenched_lines(workload, network)) + "\n")
     print(prediction_table(rows, measured))
+    print("\n" + "\n".join(memory_lines(args, network.ranks_per_node, nodes, workload.local_batch)))
     if workload.node_step_s is None and network.ranks_per_node > 1:
         print("\n" + "\n".join(anchor_lines()))
     document = {
@@ -227,6 +232,41 @@ def network_and_workload(args: Any) -> tuple[Network, Workload]:
         + (f", {task_label(args)}" if shape else ""),
     )
     return network, with_node_and_traffic(workload, [], network.ranks_per_node, backend, options, shape)
+
+
+def memory_lines(args: Any, ranks_per_node: int, nodes: Sequence[int], local_batch: int) -> list[str]:
+    """The memory per rank of the task the flags name (else the records'), trained as the records
+    were (else as --precision, --optimizer and --momentum say), per backend (harness.study.memory)."""
+    from .memory import memory_report
+
+    records = _records(args)
+    task_args = _task_args(args)
+    task, given = args.task, args.task != DEFAULT_TASK or bool(task_args)
+    recorded = (records[0].get("task") or {}) if records else {}
+    if given and task == DEFAULT_TASK:  # ImageNet-shaped for the ResNets, as for the traffic
+        task_args = {"dataset": "synthetic", **task_args}
+    elif not given and recorded.get("spec"):
+        task, task_args = recorded["spec"], recorded.get("args") or {}
+    elif not given:
+        return ["memory per rank: name the task (--task SPEC, or --model NAME for the images task) to predict it"]
+    config = records[0].get("config", {}) if records else vars(args)
+    training = Training(
+        precision=config.get("precision", "fp32"),
+        optimizer=config.get("optimizer", "sgd"),
+        momentum=config.get("momentum", 0.9),
+        micro_batch=local_batch // config.get("grad_accum", 1),
+    )
+    options = _options(args.backend_option) if args.backend else {}
+    try:
+        return memory_report(task, task_args, training, args.backend, options, nodes, ranks_per_node, args.site)
+    except UsageError as exc:  # the step-time prediction stands without it
+        return [f"memory per rank: not predicted ({exc})"]
+
+
+def _records(args: Any) -> list[dict[str, Any]]:
+    from ..training.record import read_results
+
+    return read_results(args.record) if args.record else []
 
 
 def _task_args(args: Any) -> dict[str, Any]:

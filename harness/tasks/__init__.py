@@ -5,8 +5,9 @@
   (harness.data.batches);
 - `loading`: a task from `--task SPEC` (a built-in name, `MODULE:FUNCTION` or `FILE.py:FUNCTION`)
   and its arguments, on every rank, with the record's account of where it came from;
-- `registry`, `images`, `models`: the built-in tasks by name; the image classification task, and
-  the CNN and ResNets it trains.
+- `registry`, `images`, `models`, `transformer`: the built-in tasks by name; the image
+  classification task, and the CNN and ResNets it trains; the decoder-only language model on token
+  data (harness.data.tokens).
 
 The training layer runs every task the same way (and tries each on one batch before any process
 group starts, harness.training.probe); nothing here knows a backend.
@@ -24,6 +25,8 @@ __getattr__, __dir__ = lazy_exports(
         "builtin_tasks": "registry",
         "image_task": "images",
         "ImageOptions": "images",
+        "transformer_task": "transformer",
+        "TransformerOptions": "transformer",
         "WorkshopCNN": "models",
         "build_model": "models",
         "MODELS": "models",

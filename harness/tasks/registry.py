@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from .images import IMAGES
 from .task import BuiltinTask
+from .transformer import TRANSFORMER
 
 
 def builtin_tasks() -> dict[str, BuiltinTask]:
     """The built-in tasks by name."""
-    return {task.name: task for task in (IMAGES,)}
+    return {task.name: task for task in (IMAGES, TRANSFORMER)}

@@ -64,6 +64,9 @@ class Task:
       SGD or Adam from --optimizer); the kit's LR rule sets every group's `lr` at every step;
     - `prepare_batch(batch, context)`: what to do to a batch once it is on the device, before the
       model sees it (normalisation, augmentation); `context` is a BatchContext;
+    - `derived_metrics(means)`: metrics that are not a sum over samples, from the reduced ones:
+      `means` is `{name: sum / count}` over the whole test set (the loss included), and each
+      returned `{name: value}` is reported as `eval_<name>` (a perplexity: exp of the mean loss);
     - `name`, `description`: how the record names the task and what it says of it (e.g. "model",
       "data"; the kit adds the parameter count).
     """
@@ -75,6 +78,7 @@ class Task:
     metrics: Optional[Callable[[nn.Module, Batch], Mapping[str, Any]]] = None
     build_optimizer: Optional[Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]] = None
     prepare_batch: Optional[Callable[[Batch, BatchContext], Batch]] = None
+    derived_metrics: Optional[Callable[[Mapping[str, float]], Mapping[str, float]]] = None
     name: str = ""
     description: dict[str, Any] = field(default_factory=dict)
 
@@ -83,7 +87,7 @@ class Task:
         for part in ("build_model", "loss"):
             if not callable(getattr(self, part)):
                 raise UsageError(f"{label}: {part} is a {type(getattr(self, part)).__name__}, not a function")
-        for part in ("metrics", "build_optimizer", "prepare_batch"):
+        for part in ("metrics", "build_optimizer", "prepare_batch", "derived_metrics"):
             value = getattr(self, part)
             if value is not None and not callable(value):
                 raise UsageError(f"{label}: {part} is a {type(value).__name__}, not a function (or None)")

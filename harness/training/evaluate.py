@@ -80,11 +80,28 @@ class Evaluation:
                 totals[-1] += batch_samples(prepared)
             reduced = backend.all_reduce_sum(totals).tolist()
         model.train(was_training)
-        result = {
-            f"eval_{name}": reduced[2 * position] / reduced[2 * position + 1] if reduced[2 * position + 1] else None
+        means = {
+            name: reduced[2 * position] / reduced[2 * position + 1] if reduced[2 * position + 1] else None
             for position, name in enumerate(self.names)
         }
-        return {**result, "eval_samples": int(reduced[-1])}
+        derived = self.derived(means)
+        return {
+            **{f"eval_{name}": value for name, value in {**means, **derived}.items()},
+            "eval_samples": int(reduced[-1]),
+        }
+
+    def derived(self, means: dict[str, Optional[float]]) -> dict[str, float]:
+        """The task's derived metrics of the reduced means (none where a mean is missing)."""
+        derive = self.loaded.task.derived_metrics
+        if derive is None or None in means.values():
+            return {}
+        derived = {str(name): float(value) for name, value in derive(means).items()}
+        clash = sorted(set(derived) & set(means))
+        if clash:
+            raise UsageError(
+                f"{self.loaded.label}: derived_metrics returned {clash[0]!r}, which metrics gives already; rename one"
+            )
+        return derived
 
 
 @contextlib.contextmanager

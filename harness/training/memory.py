@@ -18,6 +18,10 @@ partitions, communication buckets), each storage once. On the CPU the resident s
 itself (about 750 MiB), which hides what ZeRO or FSDP saves on a small model; this count does not.
 A buffer made with torch.empty counts at its full size: an accelerator's allocator hands it out
 whole, while on the CPU its pages become resident only when written.
+
+Beside both, what harness.backends.memory predicted at the run's start (`run_prediction`, the
+record's memory.predicted with its error per rank): from the plain model, the backend's options, and
+the activations its first micro-batch saved for backward in the task's probe (`SavedActivations`).
 """
 
 from __future__ import annotations
@@ -26,10 +30,17 @@ import resource
 import sys
 import types
 from collections.abc import Iterable, Iterator
-from typing import Any, Callable, Optional
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 from torch import nn
+
+from ..backends.memory import Activations, MemoryPrediction, Training, has_memory_rule, predict_memory
+from ..backends.traffic import ModelShape
+
+if TYPE_CHECKING:
+    from .plan import RunPlan
 
 CUDA_ALLOCATOR = "cuda_allocator"  # on another accelerator "<device type>_allocator", e.g. xpu_allocator
 RSS_PEAK = "rss_peak"
@@ -65,6 +76,7 @@ class WindowPeak:
         self.whole_process = False  # a reset was refused: the figure starts with the process
         self._count_model_state = count_model_state
         self.model_state: Optional[dict[str, int]] = None  # model_state_bytes, once counted
+        self.predicted: Optional[MemoryPrediction] = None  # what run_prediction said at the run's start
 
     def see_model_state(self) -> None:
         """Count the model's state (outside the timed window: the walk takes tens of milliseconds), once."""
@@ -224,3 +236,88 @@ def memory_section(
             "partitions, buckets), each storage once"
         )
     return section
+
+
+class SavedActivations:
+    """Counts the bytes autograd saves for backward while open (torch.autograd.graph.saved_tensors_hooks):
+    the activations a forward keeps, each storage once, the model's own parameters and buffers left
+    out (they are its weights). Under autocast its half-precision copies of the weights are in."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._own = {_storage_key(tensor) for tensor in [*model.parameters(), *model.buffers()]}
+        self._seen: set = set()
+        self.bytes = 0
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(tensor)
+        if key is not None and key not in self._own and key not in self._seen:
+            self._seen.add(key)
+            self.bytes += tensor.untyped_storage().nbytes()
+        return tensor
+
+    def __enter__(self) -> SavedActivations:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+
+
+def _storage_key(tensor: torch.Tensor) -> Optional[tuple[str, int]]:
+    try:
+        pointer = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # no storage (a wrapper subclass, meta)
+        return None
+    return (str(tensor.device), pointer) if pointer else None
+
+
+def run_prediction(
+    plan: RunPlan, model: nn.Module, shape: ModelShape, activation_bytes: int
+) -> Optional[MemoryPrediction]:
+    """This run's memory per rank as harness.backends.memory predicts it, from what is known at its
+    start: the plain model (before any backend wraps it) and its `shape`, the backend and its
+    options, precision, optimizer, micro-batch and world size, and `activation_bytes`
+    (SavedActivations over the probe's forward of this rank's first micro-batch). None for a backend
+    harness.backends.memory has no rule for (one registered outside the kit)."""
+    config = plan.config
+    if not has_memory_rule(config.backend):
+        return None
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    frozen = sum(p.nbytes for p in model.parameters() if not p.requires_grad)
+    training = Training(
+        precision=config.precision,
+        optimizer=config.optimizer,
+        momentum=config.momentum,
+        micro_batch=plan.micro_batch,
+        world_size=plan.placement.cluster.world_size,
+        parameter_tensors=len(trainable),
+        buffer_bytes=frozen + sum(buffer.nbytes for buffer in model.buffers()),
+    )
+    measured = Activations(
+        0.0,
+        activation_bytes,
+        f"tensors saved for backward by one forward of {plan.micro_batch} samples, measured at start",
+    )
+    prediction = predict_memory(shape, config.backend, config.backend_options, training, measured)
+    if plan.loaded.task.build_optimizer is not None:
+        own = f"the task builds its own optimizer: its state assumed as --optimizer {config.optimizer}'s"
+        prediction = replace(prediction, assumptions=(*prediction.assumptions, own))
+    return prediction
+
+
+def predicted_section(prediction: MemoryPrediction, measured: dict[str, Any]) -> dict[str, Any]:
+    """The record's memory.predicted: the prediction's parts and totals, and per rank its error
+    (predicted / measured - 1) on the peak and, where counted, on the model state."""
+    states = (measured.get("model_state_bytes_per_rank") or {}).get("total")
+    return {
+        **prediction.as_dict(),
+        "peak_error_per_rank": [_error(prediction.total(), peak) for peak in measured["peak_bytes_per_rank"]],
+        "model_state_error_per_rank": [_error(prediction.model_state(), state) for state in states]
+        if states
+        else None,
+    }
+
+
+def _error(predicted: float, measured: float) -> Optional[float]:
+    return predicted / measured - 1 if measured > 0 else None

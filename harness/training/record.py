@@ -140,6 +140,7 @@ def run_record(plan: RunPlan, state: RunState, started: float, breakdown: dict[s
         "epoch_times": state.epoch_times,
         "epoch_throughputs": state.epoch_throughputs,
         **breakdown,
+        "memory": _memory(breakdown["memory"], state),
         "train_loss": progress.train_losses[-1],
         "train_losses": progress.train_losses,
         "history": {"log_every": plan.log_every, **{key: progress.history[key] for key in ("step", "loss", "lr")}},
@@ -169,6 +170,15 @@ def _task_facts(plan: RunPlan, state: RunState) -> dict[str, Any]:
         "model": str(description.get("model", shape.get("model_class"))),
         "dataset": str(description.get("data", data_name(task.train_data))),
     }
+
+
+def _memory(measured: dict[str, Any], state: RunState) -> dict[str, Any]:
+    """The measured memory section with the prediction made at the run's start beside it
+    (harness.training.memory.predicted_section), where one was made."""
+    from .memory import predicted_section
+
+    predicted = state.timer.memory.predicted if state.timer.memory is not None else None
+    return {**measured, "predicted": predicted_section(predicted, measured) if predicted is not None else None}
 
 
 def _tuning(plan: RunPlan, state: RunState) -> dict[str, Any]:

@@ -12,7 +12,10 @@ The cases are spread over the test tasks, each where it shows most:
   (--grad-accum 2) in rank order; the running statistics (buffers) stay each rank's own, so only
   parameters are compared, and the evaluation at the end (rank 0's buffers, each rank scoring its
   block of the test set) must equal `harness evaluate` of the saved model at one rank;
-- the built-in `images` task's CNN: --channels-last, which reorders 4-D tensors only.
+- the built-in `images` task's CNN: --channels-last, which reorders 4-D tensors only;
+- the built-in `transformer` task (causal attention, LayerNorm, a loss over tokens; FSDP's units
+  its embeddings, each block and its head): Adam under each backend's defaults, and its evaluation
+  (the loss and the perplexity derived from it) at 2 ranks equal to the saved model's at one.
 
 Compared relative to how far training moved each parameter, after harness.study.equivalence's 10
 steps and within its bounds. The one-process references train in this process (harness.cli.main,
@@ -85,6 +88,8 @@ AUXILIARY = TaskCase(tasks.flags("auxiliary"), WHOLE)
 TOKENS = TaskCase(tasks.flags("tokens", dropout=0), WHOLE)
 REGRESSION = TaskCase(tasks.flags("regression"), BY_RANK)
 IMAGES = TaskCase(CNN, WHOLE)
+TRANSFORMER_SHAPE = ["--layers", "2", "--width", "32", "--heads", "4", "--sequence-length", "16"]
+TRANSFORMER = TaskCase(["--task", "transformer", "--tokens", "synthetic", "--vocab", "32", *TRANSFORMER_SHAPE], WHOLE)
 REFERENCES = {
     "auxiliary-sgd": (AUXILIARY, SGD),
     "tokens-sgd": (TOKENS, SGD),
@@ -93,6 +98,7 @@ REFERENCES = {
     "regression-sgd-clip": (REGRESSION, SGD + CLIP),
     "regression-sgd-bf16": (REGRESSION, BF16 + SGD),
     "images-sgd": (IMAGES, SGD),
+    "transformer-adam": (TRANSFORMER, ADAM),
 }
 
 Run = tuple[dict[str, torch.Tensor], dict[str, Any]]
@@ -180,6 +186,14 @@ def test_adam_weights_match_single_process(tmp_path, one_process, backend, backe
         assert any(
             all(share == pytest.approx(expected, abs=0.02) for share in shares) for expected in expected_shares
         ), f"{backend} {backend_flags}: {part} per rank {shares} of one process's"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend, launcher", TURNS.cases(DISTRIBUTED))
+def test_builtin_transformer_weights_match_single_process(tmp_path, one_process, backend, launcher):
+    weights, record = _run(tmp_path, TRANSFORMER, backend, ADAM, launcher=launcher)
+    _assert_matches(TRANSFORMER, weights, one_process("transformer-adam")[0], what=backend)
+    assert_evaluation_matches_one_rank(record, tmp_path / "model.pt", TRANSFORMER.flags)
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import shlex
 
 import pytest
 
+from harness.tasks.registry import builtin_tasks
 from tests.conftest import harness
 from tests.helpers import tasks
 
@@ -60,7 +61,7 @@ def test_dry_run_prints_the_real_launch_command(launcher):
         (["--batch-size", "-3"], "--batch-size must be a positive integer"),
         (
             ["--task", "digits-cnn"],
-            "unknown task 'digits-cnn'; choose a built-in task (images) or give MODULE:FUNCTION",
+            f"unknown task 'digits-cnn'; choose a built-in task ({', '.join(builtin_tasks())}) or give MODULE:FUNCTION",
         ),
         ([*TASK, "--model", "resnet18"], "--model is an argument of task images; drop it or use --task images"),
     ],
