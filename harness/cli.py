@@ -1,5 +1,5 @@
 """Command line: `harness train | launch | env | demo | evaluate | data | sweep | plot | report | trace | bench |
-predict | check | exercise | study`.
+predict | check | exercise | doctor | study`.
 
 A thin layer over the Python API.
 """
@@ -17,7 +17,7 @@ from typing import Any, NoReturn, Optional
 from . import cli_commands
 from .config import DATA_DIR, IMAGE_SIZE, OneLineParser, TrainConfig
 from .errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, PeerFailure, Preempted, UsageError
-from .training.flags import add_train_flags
+from .training.flags import add_backend_flags, add_train_flags
 
 # How long a finished rank waits in MPI_Finalize for its peers before it gives up (status 1).
 MPI_FINALIZE_LIMIT_S = 60.0
@@ -254,6 +254,11 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         metavar="FILE",
         help="write one self-contained HTML report here (tables, figures, prediction, environment, commands)",
     )
+    report.add_argument(
+        "--explain",
+        action="store_true",
+        help="also print what the intervals and every column mean (the definitions of docs/concepts/measurement.md)",
+    )
     report.set_defaults(run=cli_commands.report)
 
     bench = commands.add_parser("bench", help="benchmarks of the communicator: `harness bench allreduce`")
@@ -271,9 +276,13 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
     )
     allreduce.add_argument(
         "--collective",
-        default="all_reduce",
-        help="all_reduce, all_gather or reduce_scatter (sizes are the whole buffer; default: all_reduce)",
+        default=None,
+        help="all_reduce, all_gather or reduce_scatter (sizes are the whole buffer; default: every one of these the "
+        "backend issues with its option flags, e.g. --zero-stage 3; several: each to --results FILE-<collective>.json)",
     )
+    # The backend's own option flags (as `harness train` takes them, e.g. --zero-stage 3): they decide
+    # which collectives it issues, and so which ones are timed where --collective is not given.
+    add_backend_flags(allreduce)
     allreduce.add_argument(
         "-n",
         type=int,
@@ -311,6 +320,16 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
     )
     predict.declare_later(_predict_flags)  # declared in harness.study.predict: loaded only when `predict` is used
     predict.set_defaults(run=cli_commands.predict)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="what this node offers a run: modules, Python and backends, MPI, network plugin, GPUs, "
+        "scheduler, job directory, site (exit 0 ok, 1 warnings, 2 a problem that stops a job)",
+    )
+    doctor.add_argument("--site", default=None, help="judge this node as this site's (default: the one identified)")
+    doctor.add_argument("--job-dir", default=None, help="where the job's data will go (default: JOB_DIR, the site's)")
+    doctor.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    doctor.set_defaults(run=cli_commands.doctor)
 
     study = commands.add_parser(
         "study",

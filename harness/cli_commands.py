@@ -146,26 +146,28 @@ def plot(args: argparse.Namespace) -> int:
 
 def report(args: argparse.Namespace) -> int:
     from .study.report import scaling_report
+    from .study.report_notes import require_runs
     from .training.record import read_results
 
     records = read_results(args.results)
+    require_runs(records, ", ".join(args.results))
     if args.html:
         from .study.html_report import write_html_report
 
         directory = args.results[0] if len(args.results) == 1 and os.path.isdir(args.results[0]) else None
         print(write_html_report(records, args.html, directory))
         return 0
-    print(scaling_report(records))
+    print(scaling_report(records, explain=args.explain))
     return 0
 
 
 def bench_allreduce(args: argparse.Namespace) -> int:
     from .study.allreduce import DEFAULT_SIZES, BenchSettings, format_result, parse_sizes
-    from .study.bench import bench_allreduce
+    from .study.bench import backend_collectives, bench_collectives, results_path
+    from .training.flags import backend_options_given
 
     settings = BenchSettings(
         backend=args.backend,
-        collective=args.collective,
         ranks=args.n,
         sizes=parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES,
         seconds_per_size=args.seconds_per_size,
@@ -176,9 +178,15 @@ def bench_allreduce(args: argparse.Namespace) -> int:
         device=args.device,
         timeout=args.timeout,
     )
-    result = bench_allreduce(settings)
-    if result.get("rank", 0) == 0 and not args.quiet:
-        print(format_result(result) + (f"\nwritten to {args.results}" if args.results else ""), flush=True)
+    collectives = (
+        [args.collective]
+        if args.collective
+        else backend_collectives(args.backend, backend_options_given(args, args.backend))
+    )
+    for kind, result in zip(collectives, bench_collectives(settings, collectives)):
+        if result.get("rank", 0) == 0 and not args.quiet:
+            written = results_path(args.results, kind, len(collectives) > 1)
+            print(format_result(result) + (f"\nwritten to {written}" if written else ""), flush=True)
     return 0
 
 
@@ -207,3 +215,11 @@ def exercise_start(args: argparse.Namespace) -> int:
     from .workshop.my_exercises import start_command
 
     return start_command(args.step, notebook=args.notebook, force=args.force, directory=args.directory)
+
+
+def doctor(args: argparse.Namespace) -> int:
+    from .study.doctor import diagnose, this_node
+
+    report = diagnose(this_node(), site=args.site, job_dir=args.job_dir)
+    print(json.dumps(report.to_dict(), indent=1) if args.json else "\n".join(report.lines()), flush=True)
+    return report.status

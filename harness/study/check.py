@@ -42,7 +42,7 @@ from ..data.disk import DISK_DATASETS
 from ..errors import UsageError
 from ..tasks.loading import check_spec
 from .network import apply_network_plugin, check_network_plugin
-from .settings import StudySettings
+from .settings import StudySettings, home_warning
 from .sites import Queue, SiteProfile
 from .sweep import SweepSettings, plan_sweep
 from .task_spec import load_sweep_task, names_a_file
@@ -268,6 +268,9 @@ def check_storage(
     """Each path (JOB_DIR, DATA_DIR) on a file system the job asked for and meant for job data."""
     for name, path in paths.items():
         entry = profile.storage_for(path, environ) if path else None
+        home = home_warning(name, path, profile, environ)
+        if home and not (entry and entry.warn):  # the profile's own warning names the site's fix
+            result.warnings.append(home)
         if entry is None:
             continue
         if entry.warn:

@@ -8,7 +8,7 @@ compared relative to how far training moved them, per tensor:
     ||w - w_ref|| / ||w_ref - w_0||
 
 Measured on the workshop CNN, digits, batch 2 x 16 against 1 x 32, after 10 steps (SGD, lr 0.05,
-momentum 0.9, dropout off), identical for DDP, Horovod and DeepSpeed ZeRO 0-3: 3.3e-6 (Adam 2.4e-6;
+momentum 0.9, dropout off), identical for DDP, Horovod, DeepSpeed ZeRO 0-3 and FSDP: 3.3e-6 (Adam 2.4e-6;
 gradient accumulation 2 x 8 per rank 3.3e-6). The mistakes a data-parallel program makes land far
 away: DeepSpeed's default gradient clipping at norm 1.0 0.68, a learning rate scaled 2x 4.9, the
 gradient summed instead of averaged the same as 2x. UPDATE_BOUND = 1e-3 sits 300x above the

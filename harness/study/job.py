@@ -45,7 +45,7 @@ from .jobdir import StudyJob, say
 from .network import apply_network_plugin
 from .placement import placement_problem
 from .scheduler import JobRecord, pbs_allocation, read_job, slurm_allocation
-from .settings import kit_directory, load_settings, resolve_settings, site_launch, sweep_settings
+from .settings import default_job_dir, kit_directory, load_settings, resolve_settings, site_launch, sweep_settings
 from .sites import SiteProfile, load_site
 from .sweep import SweepSettings, run_sweep, template_command
 
@@ -87,7 +87,8 @@ def open_job(profile: SiteProfile, environ: dict[str, str], kit_dir: str, script
         submitted = os.path.join(record.workdir, submitted)
     stem = os.path.splitext(os.path.basename(submitted or "study"))[0]
     job_dir = os.path.realpath(
-        environ.get("JOB_DIR") or os.path.join(kit_dir, "runs", f"{stem}-{job_id.split('.')[0]}")
+        environ.get("JOB_DIR")
+        or default_job_dir(profile, kit_dir, stem, job_id.split(".")[0], record.account, environ)
     )
     saved = load_settings(job_dir)
     settings = saved or resolve_settings(

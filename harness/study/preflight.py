@@ -21,7 +21,7 @@ from typing import Optional
 from ..errors import EXIT_USAGE, UsageError
 from .check import CheckResult, StudyRequest, run_checks
 from .scheduler import Allocation
-from .settings import kit_directory, resolve_settings, sweep_settings
+from .settings import default_job_dir, kit_directory, resolve_settings, sweep_settings
 from .sites import load_site
 from .submit import Submission, parse_submission, submit_command
 from .walltime import format_walltime
@@ -57,7 +57,7 @@ def check_study(
             submission.variables,
             allocation,
             profile.gpus_per_node,
-            os.path.join(kit, "runs", f"{stem}-<job id>"),
+            default_job_dir(profile, kit, stem, "<job id>", submission.account, environ),
             kit,
         )
     except UsageError as exc:
@@ -70,7 +70,7 @@ def check_study(
         walltime_s=submission.walltime_s,
         filesystems=submission.filesystems,
     )
-    storage = submission.variables.get("JOB_DIR") or os.path.join(kit, "runs")
+    storage = submission.variables.get("JOB_DIR") or os.path.dirname(settings.job_dir)
     result = run_checks(profile, settings, request, sweep_settings(profile, settings, kit), environ, storage)
     result.problems += [
         f"{option}: {why}" for option, why in profile.refused_options.items() if option in submission.options

@@ -24,7 +24,10 @@ defaults, resolved against the allocation into one checked `StudySettings`.
     RENDEZVOUS_DOMAIN   appended to rank 0's host for the rendezvous (default: the site's network)
     NCCL_NET_PLUGIN     on (default) | off: the site's libfabric plugin for NCCL/RCCL, or none of
                         its variables (ALCF's advice where it hangs DeepSpeed; harness.study.network)
-    JOB_DIR SWEEP_ID    the job's directory (default runs/<template>-<job id>) and the records' tag
+    JOB_DIR SWEEP_ID    the job's directory and the records' tag; JOB_DIR defaults to
+                        <the site's scratch>/<template>-<job id> (the profile's job_root: Eagle or
+                        Flare's project directory at ALCF, $SCRATCH at NERSC, Orion at OLCF), else
+                        the kit's runs/<template>-<job id>; under $HOME it is warned of
 """
 
 from __future__ import annotations
@@ -328,6 +331,29 @@ def resolve_settings(
         sweep_id=get("SWEEP_ID") or os.path.basename(job_dir),
         network_plugin=plugin_choice(get("NCCL_NET_PLUGIN")),
     )
+
+
+def default_job_dir(
+    profile: SiteProfile, kit_dir: str, stem: str, job_id: str, account: Optional[str], environ: Mapping[str, str]
+) -> str:
+    """A job's directory where JOB_DIR is not set: `stem`-`job_id` on the site's scratch file system
+    (the profile's job_root, needing the job's account where it names the project's directory),
+    else in the kit's runs/."""
+    root = profile.scratch_root(account, environ) or os.path.join(kit_dir, "runs")
+    return os.path.join(root, f"{stem}-{job_id}")
+
+
+def home_warning(name: str, path: str, profile: Optional[SiteProfile], environ: Mapping[str, str]) -> Optional[str]:
+    """One line where `path` lies under $HOME, which clusters keep small and slow for job data
+    (quotas of 40-50 GB at ALCF, NERSC and OLCF); None elsewhere."""
+    home = environ.get("HOME")
+    if not home or not path:
+        return None
+    real, home = os.path.realpath(path), os.path.realpath(home)
+    if real != home and not real.startswith(home.rstrip("/") + "/"):
+        return None
+    scratch = (profile.job_root.get("path") if profile else None) or "the site's scratch or project file system"
+    return f"{name}={path} is under $HOME ({home}), small and slow for job data; set {name} under {scratch}"
 
 
 def kit_directory(environ: Mapping[str, str]) -> str:

@@ -32,7 +32,6 @@ from ..data.batches import batch_to, slice_batch
 from ..data.loader import iterate_batches, to_device_ahead
 from ..data.sharding import RankSchedule, train_batches
 from ..errors import EXIT_PREEMPTED, Preempted, require
-from ..fileio import atomic_write
 from ..process import phases as phase
 from ..process.heartbeat import Heartbeat
 from ..process.preemption import PreemptionWatcher, TestSignal, peer_failure
@@ -42,13 +41,14 @@ from .callbacks import Callback, CallbackList, EpochEnd, StepEnd
 from .checkpoint import Checkpointer, Progress, ResumeState, restore
 from .contention import own_demand
 from .evaluate import Evaluation, evaluation_line
-from .memory import WindowPeak, model_state_bytes
+from .memory import SavedActivations, WindowPeak, model_state_bytes, run_prediction
+from .outputs import save_model, save_record
 from .phases import PhaseLog
 from .placement import place_process
-from .plan import RunPlan, plan_run, shape_record
+from .plan import RunPlan, model_shape, plan_run, shape_record
 from .probe import check_unused_alike
 from .profiling import PROFILED_STEPS, make_profiler
-from .record import append_record, run_record
+from .record import run_record
 from .resume import find_resume_checkpoint
 from .timing import StepTimer, calibrated_compute_per_step, device_events, device_waiter, gather_breakdown
 
@@ -79,8 +79,9 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = (), task: Any = N
         # broadcast rank 0's), tries the task on its first batch, then takes a per-rank seed so
         # that dropout masks differ between ranks.
         model = plan.make_model()
-        unused, evaluation = plan.tried(model, resume_from.step if resume_from else 0)  # bad tasks fail here
-        shape = shape_record(model)
+        with SavedActivations(model) as saved:  # what the probe's forward keeps for backward
+            unused, evaluation = plan.tried(model, resume_from.step if resume_from else 0)  # bad tasks fail here
+        shape, predicted = shape_record(model), run_prediction(plan, model, model_shape(model), saved.bytes)
         torch.manual_seed(config.seed * 1000 + cluster.rank + 1)
         pulse = Heartbeat.start(cluster, not config.no_heartbeat)  # rank 0 starts the store before init
         try:
@@ -99,6 +100,7 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = (), task: Any = N
             # Every collective the backend issues, timed (harness.training.timing says why so).
             state.timer.collectives = backend.collectives
             state.model_shape, state.gradient_bytes = shape, shape["parameter_bytes"]
+            state.timer.memory.predicted = predicted  # the record's memory.predicted, beside the measured peak
             _train_epochs(plan, state, model, optimizer, preemption, watchers)
             return _keep(plan, state, started, watchers)
         except Exception as exc:
@@ -122,10 +124,10 @@ def _keep(plan: RunPlan, state: RunState, started: float, watchers: Callback) ->
     watchers.on_train_end(record)
     if config.save_model:
         weights = backend.full_state_dict()  # a collective where weights are sharded (ZeRO-3)
-        if cluster.is_main:
-            atomic_write(config.save_model, lambda tmp: torch.save(weights, tmp))
+        if cluster.is_main:  # a write that fails at the end goes elsewhere, saying where (outputs)
+            save_model(config.save_model, weights, config.results)
     if cluster.is_main and config.results:
-        append_record(config.results, record)
+        save_record(config.results, record, config.save_model)
     # Leave together: a rank destroying its process group while a peer still has collectives
     # in flight (ZeRO-3 prefetches) is the kind of teardown race that aborts a finished run.
     backend.barrier()

@@ -6,14 +6,17 @@ network variables, the software environment, the queues with their node and wall
 whether a job may resubmit itself there, each with the other names job records give it (`aliases`:
 Perlmutter's gpu_debug for -q debug) (and, at a Slurm site whose queues are partitions, the
 QOSes a job may name beside its partition with -q, each with limits of its own: Frontier's debug),
-the file systems job data may live on, and the network's figures (NICs, links, latencies) that
-`harness predict` models the site with. Site facts carry their source: `network_plugin` (the
-collective library's libfabric plugin, whose variables are set only together with it),
+the file systems job data may live on, the network's figures (NICs, links, latencies) that
+`harness predict` models the site with, and the memory of the device a rank runs on
+(`device_memory`, against which it predicts which backends fit). Site facts carry their source:
+`network_plugin` (the collective library's libfabric plugin, whose variables are set only
+together with it),
 `import_first` (a module each rank imports before torch, and why), `pins` (each pinned software
 version and the guide it comes from), `unlisted_queues` (queues a workshop uses whose limits the
 profile cannot know: reservation and training queues), `refused_options` (submission options the
-site says break its jobs) and `verified_on` (the date the profile last ran there, or "not run
-there"). `polaris`, `perlmutter`, `aurora`, `frontier`,
+site says break its jobs), `job_root` (the scratch file system a job's directory goes to by
+default), `identify` (the host names or variables `harness doctor` knows the site by) and
+`verified_on` (the date the profile last ran there, or "not run there"). `polaris`, `perlmutter`, `aurora`, `frontier`,
 `generic-slurm` and `generic-pbs` come with the kit; `--site path/to/site.json` takes another
 written the same way.
 
@@ -156,6 +159,12 @@ class SiteProfile:
     # qsub/sbatch options the site says break its jobs: {option: why, with its source}
     refused_options: dict[str, str] = field(default_factory=dict)
     verified_on: str = "not run there"  # the date the profile last ran there
+    # how `harness doctor` knows it runs at this site: {"hostname": a pattern searched in the fully
+    # qualified host name, or a VARIABLE: a pattern its whole value matches}; any one match will do
+    identify: dict[str, str] = field(default_factory=dict)
+    # where a job's directory goes by default: {"path": the site's scratch file system for job data,
+    # with $VARIABLES and {account} (the job's -A; {account_lower} lower-cased), "source": the guide}
+    job_root: dict[str, str] = field(default_factory=dict)
 
     def unlisted_queue(self, name: Optional[str]) -> Optional[UnlistedQueue]:
         """The kind of queue `name` is where the profile cannot list it (a reservation or training
@@ -166,6 +175,9 @@ class SiteProfile:
 
     # NCCL's tuner inputs (GPU generation, CPU vendor, channels, library) for harness.study.nccl
     nccl: dict[str, Any] = field(default_factory=dict)
+    # memory of the device one rank runs on (a GPU, a GCD, a tile): {"device", "gib", "variants":
+    # {label: gib} for nodes of another size, "source"}; `harness predict` says which backends fit
+    device_memory: dict[str, Any] = field(default_factory=dict)
 
     def queue(self, name: Optional[str]) -> Optional[Queue]:
         """The queue `name` (or the queue it is an alias of); None where the profile lists no queues,
@@ -222,6 +234,24 @@ class SiteProfile:
             if name in routing.routes_to:
                 return routing.name
         return name
+
+    def scratch_root(self, account: Optional[str], environ: Mapping[str, str]) -> Optional[str]:
+        """The directory under which a job's directory goes by default (`job_root`: the site's
+        scratch file system), or None where the profile names none or it needs an account or a
+        variable this job does not have."""
+        template = self.job_root.get("path", "")
+        if not template or ("{account" in template and not account):
+            return None
+        filled = template.replace("{account_lower}", (account or "").lower()).replace("{account}", account or "")
+        return expand_path(filled, environ) or None
+
+    def identified_by(self, environ: Mapping[str, str], hostname: str) -> bool:
+        """Whether this host is one of the site's (its `identify` patterns)."""
+        for key, pattern in self.identify.items():
+            value = hostname if key == "hostname" else environ.get(key)
+            if value and (re.search(pattern, value) if key == "hostname" else re.fullmatch(pattern, value)):
+                return True
+        return False
 
     def storage_for(self, path: str, environ: Mapping[str, str]) -> Optional[Storage]:
         """The longest storage prefix `path` lies under (variables expanded), if any."""
@@ -366,6 +396,7 @@ def profile_from_dict(data: dict[str, Any], source: str) -> SiteProfile:
         if missing:
             raise UsageError(f"site profile {source}: queue {queue.name} routes to unknown queues {missing}")
     _check_qos(profile, source)
+    _check_device_memory(profile, source)
     _check_aliases(profile, source)
     return profile
 
@@ -383,6 +414,19 @@ def _check_aliases(profile: SiteProfile, source: str) -> None:
                         "give each name one queue"
                     )
                 owners[alias] = entry.name
+
+
+def _check_device_memory(profile: SiteProfile, source: str) -> None:
+    """Each device memory a positive number of GiB."""
+    facts = profile.device_memory
+    if not facts:
+        return
+    sizes = {"gib": facts.get("gib"), **(facts.get("variants") or {})}
+    for label, gib in sizes.items():
+        if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib > 0:
+            raise UsageError(
+                f"site profile {source}: device_memory {label} must be a positive number of GiB, got {gib!r}"
+            )
 
 
 def _check_qos(profile: SiteProfile, source: str) -> None:
