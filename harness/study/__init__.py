@@ -67,6 +67,7 @@ __getattr__, __dir__ = lazy_exports(
         "trace_summary": "trace",
         "mean_interval": "intervals",
         "ratio_interval": "intervals",
+        "MIN_ROUNDS": "intervals",
         "overlap": "intervals",
         "trace_spans": "trace",
     },
