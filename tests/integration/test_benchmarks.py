@@ -5,6 +5,7 @@ machine gives; every backend's own runs are tested elsewhere)."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -15,12 +16,12 @@ BENCHMARKS = os.path.join(REPO, "benchmarks")
 
 
 @pytest.mark.slow
-def test_the_overhead_benchmark_compares_the_harness_with_every_bare_loop():
+def test_the_overhead_benchmark_compares_a_backend_with_its_own_bare_loop():
     result = run(
         [
             sys.executable,
             os.path.join(BENCHMARKS, "throughput.py"),
-            "--repeats",
+            "--rounds",
             "1",
             "--steps",
             "3",
@@ -30,15 +31,11 @@ def test_the_overhead_benchmark_compares_the_harness_with_every_bare_loop():
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for row in (
-        "| bare loop, as written |",
-        "| bare loop, reuse |",
-        "| harness none |",
-        "| bare DDP, reuse |",
-        "| bare Horovod, as written |",
-        "| harness ddp |",
-    ):
-        assert row in result.stdout, result.stdout
+    assert "round 1: bare ddp " in result.stdout and "round 1: harness ddp " in result.stdout, result.stdout
+    # One round gives a ratio but no interval, and so no verdict on the goal.
+    assert re.search(
+        r"\| harness ddp \| \d+ \| bare ddp \| \d+ \| [\d.]+ \| n/a \| >= 0.97 \(not shown\) \|", result.stdout
+    ), result.stdout
 
 
 @pytest.mark.slow

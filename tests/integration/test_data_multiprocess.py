@@ -68,7 +68,12 @@ def test_evaluation_at_three_ranks_equals_one_rank(tmp_path, offline):
     write_digits_as_mnist(data_dir, TEST_SIZE)
     trained = train(
         TrainConfig(
-            dataset="mnist", data_dir=data_dir, max_steps=40, batch_size=32, lr=0.05, threads=1, save_model=model_file
+            task_args={"dataset": "mnist", "data_dir": data_dir},
+            max_steps=40,
+            batch_size=32,
+            lr=0.05,
+            threads=1,
+            save_model=model_file,
         )
     )
     args = ["--dataset", "mnist", "--data-dir", data_dir, "--model-file", model_file, "--threads", "1"]

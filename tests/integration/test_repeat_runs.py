@@ -25,6 +25,7 @@ SCRIPT = os.path.join(REPO, "tests", "helpers", "repeat_runs.py")
 FIRST_RUN_TUNING = {
     "ddp": {
         "bucket_cap_mb": 25.0,
+        "find_unused_parameters": False,
         "gradient_as_bucket_view": True,
         "process_group": "gloo",
         "gradient_allreduce": True,

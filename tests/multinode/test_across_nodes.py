@@ -26,7 +26,7 @@ from harness.errors import EXIT_PREEMPTED
 from harness.study.equivalence import UPDATE_BOUND, update_differences, worst
 from tests.conftest import REPO, launch
 from tests.helpers.weights import initial_weights, load_weights
-from tests.integration.test_equivalence import COMMON, OPTIMIZERS
+from tests.integration.test_equivalence import COMMON, SGD
 from tests.multinode.conftest import NODES
 
 from .jobs import MULTINODE_LAUNCHERS, RANKS_PER_NODE, ClusterJob, discovered, multinode_commands, run_job
@@ -98,9 +98,7 @@ def test_every_rank_discovers_its_node_and_node1_as_the_rendezvous(cluster, laun
 def single_process(tmp_path_factory) -> dict[str, torch.Tensor]:
     """The `none` baseline's weights with the 4-rank global batch (run on this machine, no namespace)."""
     path = tmp_path_factory.mktemp("reference") / "model.pt"
-    launch(
-        1, "none", [*COMMON, *OPTIMIZERS["sgd"], "--batch-size", str(RANKS * LOCAL_BATCH), "--save-model", str(path)]
-    )
+    launch(1, "none", [*COMMON, *SGD, "--batch-size", str(RANKS * LOCAL_BATCH), "--save-model", str(path)])
     return load_weights(path)
 
 
@@ -117,7 +115,7 @@ def test_backend_trains_across_nodes_like_one_process(cluster, single_process, t
             "--backend",
             backend,
             *COMMON,
-            *OPTIMIZERS["sgd"],
+            *SGD,
             "--batch-size",
             str(LOCAL_BATCH),
             "--save-model",
@@ -153,7 +151,7 @@ def test_a_preempted_run_across_nodes_exits_3_through_mpirun(cluster):
         "--backend",
         "horovod",
         *COMMON,
-        *OPTIMIZERS["sgd"],
+        *SGD,
         "--batch-size",
         str(LOCAL_BATCH),
         "--max-steps",
@@ -181,7 +179,7 @@ def _cut_node_off_mid_run(cluster: NetnsCluster, backend: str, launcher: str, no
         "--backend",
         backend,
         *COMMON,
-        *OPTIMIZERS["sgd"],
+        *SGD,
         "--batch-size",
         str(LOCAL_BATCH),
         "--max-steps",
