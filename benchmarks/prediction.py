@@ -29,7 +29,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from harness.process.launchers import launch_environment  # noqa: E402
-from harness.study.predict import measured_steps, network_from_benches, predict_scaling, workload_from_records  # noqa: E402
+from harness.study.predict import (  # noqa: E402
+    interval_ms,
+    measured_steps,
+    network_from_benches,
+    predict_scaling,
+    workload_from_records,
+)
 from harness.study.predict_cli import with_node_and_traffic  # noqa: E402
 from harness.training.record import read_records  # noqa: E402
 from tests.multinode.netns_cluster import NetnsCluster  # noqa: E402
@@ -167,7 +173,7 @@ def compare(
     communication each predicts and measures, to tell the model's errors apart. Printed; returned."""
     records = read_records([os.path.join(out, "runs.jsonl")])
     lines = [
-        "| backend | link | predicted step ms | measured step ms ± 95% | error | predicted exposed "
+        "| backend | link | predicted step ms | measured step ms [95% interval] | error | predicted exposed "
         "communication ms | measured communication ms | 1-node step ms | error with the 2-node runs' own "
         "compute | contended runs (2 nodes) |",
         "|" + "---|" * 10,
@@ -197,8 +203,8 @@ def compare(
                 }
             )
             lines.append(
-                f"| {label} | {rate:g} Mbit/s | {1e3 * predicted['step_s']:.0f} | {1e3 * step['mean']:.0f} ± "
-                f"{1e3 * (step['ci95'] or 0):.0f} | {error:+.1%} | {1e3 * predicted['exposed_s']:.0f} | "
+                f"| {label} | {rate:g} Mbit/s | {1e3 * predicted['step_s']:.0f} | {1e3 * step['mean']:.0f} "
+                f"{interval_ms(step['interval'])} | {error:+.1%} | {1e3 * predicted['exposed_s']:.0f} | "
                 f"{1e3 * _mean(runs, 'communication'):.0f} | {1e3 * measured_steps(local)[1]['mean']:.0f} | "
                 f"{own_error:+.1%} | "
                 f"{sum(r['contention']['flagged'] for r in runs)} of {len(runs)} |"

@@ -350,6 +350,12 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         "--check", action="store_true", help="judge the submission before it is queued (exit 2: problems)"
     )
     mode.add_argument("--submit", action="store_true", help="check, then qsub/sbatch it")
+    mode.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the night before: check, then queue the template as a 10-minute debug-queue job (DDP, 20 steps, "
+        "every node), wait for it and print its result as the profile's verified_on",
+    )
     study.add_argument("scheduler_args", nargs=argparse.REMAINDER, help="-- then qsub/sbatch options")
     study.set_defaults(run=cli_commands.study)
     return parser

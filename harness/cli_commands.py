@@ -202,7 +202,8 @@ def study(args: argparse.Namespace) -> int:
     scheduler_args = list(args.scheduler_args)
     if scheduler_args and scheduler_args[0] == "--":
         scheduler_args = scheduler_args[1:]
-    return study_command(args.site, args.script, args.check, args.submit, scheduler_args)
+    mode = "check" if args.check else "submit" if args.submit else "smoke" if args.smoke else "run"
+    return study_command(args.site, args.script, mode, scheduler_args)
 
 
 def check(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@
 # node: check first (it loads the job's software, as below), then submit:
 #
 #   bash -l submissions/aurora.sc --check -- -A <project>                  # judge, queue nothing
+#   bash -l submissions/aurora.sc --smoke -- -A <project>                  # the night before: a 10-minute debug job
 #   bash -l submissions/aurora.sc --submit -- -A <project> -q debug-scaling \
 #        -l select=8 -v BACKENDS="ddp fsdp",JOB_DIR=/lus/flare/projects/<project>/study
 #

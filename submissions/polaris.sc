@@ -13,6 +13,7 @@
 # From the kit, on a login node: check first (it loads the job's software, as below), then submit:
 #
 #   bash -l submissions/polaris.sc --check -- -A <project>                 # judge, queue nothing
+#   bash -l submissions/polaris.sc --smoke -- -A <project>                 # the night before: a 10-minute debug job
 #   bash -l submissions/polaris.sc --submit -- -A <project> -q debug-scaling \
 #        -l select=8:system=polaris -v BACKENDS="ddp deepspeed",SCALING=strong   # check, then qsub
 #

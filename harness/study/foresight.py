@@ -23,7 +23,7 @@ from ..config import DEFAULT_TASK, TrainConfig
 from ..fileio import atomic_write
 from ..tasks.images import ImageOptions
 from ..training.flags import parse_train_flags
-from .predict import measured_steps, network_from_site, predict_scaling, workload_from_records
+from .predict import interval_ms, measured_steps, network_from_site, predict_scaling, workload_from_records
 from .shapes import task_shape
 
 PREDICTION_FILE = "prediction.json"
@@ -133,7 +133,7 @@ def prediction_rows(directory: str, records: Sequence[dict[str, Any]]) -> list[d
                     "ranks": row["ranks"],
                     "predicted_step_s": row["step_s"],
                     "measured_step_s": found["mean"] if found else None,
-                    "measured_ci95_s": found["ci95"] if found else None,
+                    "measured_interval_s": found["interval"] if found else None,
                     "error": row["step_s"] / found["mean"] - 1 if found and found["mean"] else None,
                     "algorithms": row["algorithms"],
                 }
@@ -152,7 +152,7 @@ def prediction_markdown(rows: Sequence[dict[str, Any]]) -> str:
             ("nodes", lambda r: r["nodes"]),
             ("predicted step ms", lambda r: 1e3 * r["predicted_step_s"]),
             ("measured step ms", lambda r: 1e3 * r["measured_step_s"] if r["measured_step_s"] else None),
-            ("± 95%", lambda r: 1e3 * r["measured_ci95_s"] if r["measured_ci95_s"] else None),
+            ("95% interval", lambda r: interval_ms(r["measured_interval_s"]) if r["measured_step_s"] else None),
             ("error", lambda r: f"{r['error']:+.1%}" if r["error"] is not None else None),
             ("algorithm", lambda r: r["algorithms"] or "-"),
         ],

@@ -362,6 +362,16 @@ def _prepare(job: StudyJob) -> None:
     job.note(f"start on {socket.gethostname()}: {job.allocation.nodes} node(s) x {job.settings.ranks_per_node} ranks")
 
 
+def _verify(job: StudyJob, status: int) -> None:
+    """A smoke job's result, for `harness study --smoke` to print (harness.study.smoke)."""
+    from ..training.record import read_records
+    from .smoke import write_verification
+
+    results = job.path("results.jsonl")
+    records = read_records([results]) if os.path.exists(results) and os.path.getsize(results) else []
+    say(f"smoke result in {write_verification(job, status, records)}")
+
+
 def run_study(site: str, kit_dir: Optional[str] = None, script: Optional[str] = None) -> int:
     """Run this job's part of the study (see the module docstring); returns the exit status.
 
@@ -394,6 +404,8 @@ def _study(site: str, kit_dir: Optional[str], script: Optional[str], recorder: S
     if signum is not None:
         job.note(f"signal {signal.Signals(signum).name[3:]}")
     job.note(f"end: sweep status {status}")
+    if job.settings.smoke:
+        _verify(job, status)
     if status == 0:
         summarize(job)
         job.note("study complete")

@@ -155,9 +155,10 @@ def memory_report(
     nodes: Sequence[int],
     ranks_per_node: int,
     site: Optional[str],
-) -> list[str]:
-    """`harness predict`'s memory section: a heading, the assumptions, and the table per backend
-    at `nodes` x `ranks_per_node` ranks against the device memory of `site`'s profile."""
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """`harness predict`'s memory section: its lines (a heading, the assumptions, and the table per
+    backend at `nodes` x `ranks_per_node` ranks against the device memory of `site`'s profile) and
+    its rows for --json (one per backend and node count: the parts, and whether each device fits)."""
     from .shapes import task_shape
     from .sites import load_site
 
@@ -170,10 +171,20 @@ def memory_report(
     source = load_site(site).device_memory.get("source", "") if devices else ""
     lines = [row for prediction, _ in rows for row in prediction.assumptions[2:-1]]  # each backend's own rule
     heading = f"memory per rank ({nodes[0]} to {nodes[-1]} nodes of {ranks_per_node} ranks):"
+    document = [
+        {
+            **prediction.as_dict(),
+            "nodes": count,
+            "ranks": count * ranks_per_node,
+            "fits": {label: prediction.total() <= capacity for label, capacity in devices},
+        }
+        for _, per_size in rows
+        for prediction, count in zip(per_size, nodes)
+    ]
     return [
         heading,
         *(f"  - {line}" for line in [*rows[0][0].assumptions[:2], *dict.fromkeys(lines), rows[0][0].assumptions[-1]]),
         f"  - device memory: {source}" if source else "  - device memory unknown: give --site for the fits columns",
         "",
         memory_table(rows, nodes, devices),
-    ]
+    ], document

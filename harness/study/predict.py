@@ -403,18 +403,24 @@ def scaled_to_measured(calls: Sequence[Collective], measured: Mapping[str, Any])
 
 
 def measured_steps(records: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """Measured step seconds per rank count (world size): mean, 95% interval, runs, and whether any
-    of them ran under contention."""
-    from ..training.record import mean_and_ci95
+    """Measured step seconds per rank count (world size): the geometric mean, its 95% interval (None
+    below MIN_ROUNDS runs: harness.study.intervals, the method every table of the kit uses), the
+    number of runs, and whether any of them ran under contention."""
+    from .intervals import geometric_mean, mean_interval
 
     by_ranks: dict[int, list[dict[str, Any]]] = {}
     for record in records:
         per_step = record.get("step_breakdown", {}).get("seconds_per_step", {})
         if per_step.get("runtime") and record.get("tags", {}).get("baseline") != "all-cores":
             by_ranks.setdefault(record["world_size"], []).append(record)
+    steps = {
+        ranks: [r["step_breakdown"]["seconds_per_step"]["runtime"] for r in runs] for ranks, runs in by_ranks.items()
+    }
     return {
         ranks: {
-            **mean_and_ci95([r["step_breakdown"]["seconds_per_step"]["runtime"] for r in runs]),
+            "mean": geometric_mean(steps[ranks]),
+            "interval": mean_interval(steps[ranks]),
+            "n": len(runs),
             "contended": any(r.get("contention", {}).get("flagged") for r in runs),
         }
         for ranks, runs in sorted(by_ranks.items())
@@ -438,11 +444,18 @@ def prediction_table(rows: Sequence[dict[str, Any]], measured: Optional[Mapping[
     if measured:
         columns += [
             ("measured step ms", lambda r: _measured(measured, r, lambda m: 1e3 * m["mean"])),
-            ("± 95%", lambda r: _measured(measured, r, lambda m: 1e3 * m["ci95"] if m["ci95"] else None)),
+            ("95% interval", lambda r: _measured(measured, r, lambda m: interval_ms(m["interval"]))),
             ("error", lambda r: _measured(measured, r, lambda m: f"{r['step_s'] / m['mean'] - 1:+.1%}")),
         ]
     columns.append(("algorithm", lambda r: r.get("algorithms") or "-"))
     return markdown_table(list(rows), columns)
+
+
+def interval_ms(bounds: Optional[Sequence[float]]) -> str:
+    """A measured step's 95% interval in milliseconds, '[lower, upper]', or why there is none."""
+    from .intervals import missing
+
+    return f"[{1e3 * bounds[0]:.1f}, {1e3 * bounds[1]:.1f}]" if bounds else missing()
 
 
 def _measured(measured: Mapping[int, dict[str, Any]], row: dict[str, Any], get: Any) -> Any:

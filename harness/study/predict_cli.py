@@ -139,7 +139,8 @@ def predict_command(args: Any) -> int:
         measured = measured_steps(read_results(args.measured))
     print("\n".join(describe(network, workload) + unbenched_lines(workload, network)) + "\n")
     print(prediction_table(rows, measured))
-    print("\n" + "\n".join(memory_lines(args, network.ranks_per_node, nodes, workload.local_batch)))
+    memory_text, memory = predicted_memory(args, network.ranks_per_node, nodes, workload.local_batch)
+    print("\n" + "\n".join(memory_text))
     if workload.node_step_s is None and network.ranks_per_node > 1:
         print("\n" + "\n".join(anchor_lines()))
     document = {
@@ -147,6 +148,7 @@ def predict_command(args: Any) -> int:
         "workload": asdict(workload),
         "predicted": rows,
         "measured": {str(k): v for k, v in (measured or {}).items()},
+        "memory": memory,
     }
     if args.json:
         atomic_write(args.json, lambda tmp: _dump(document, tmp))
@@ -234,9 +236,12 @@ def network_and_workload(args: Any) -> tuple[Network, Workload]:
     return network, with_node_and_traffic(workload, [], network.ranks_per_node, backend, options, shape)
 
 
-def memory_lines(args: Any, ranks_per_node: int, nodes: Sequence[int], local_batch: int) -> list[str]:
+def predicted_memory(
+    args: Any, ranks_per_node: int, nodes: Sequence[int], local_batch: int
+) -> tuple[list[str], list[dict[str, Any]]]:
     """The memory per rank of the task the flags name (else the records'), trained as the records
-    were (else as --precision, --optimizer and --momentum say), per backend (harness.study.memory)."""
+    were (else as --precision, --optimizer and --momentum say), per backend (harness.study.memory):
+    the lines printed and the rows --json writes (none where it cannot be predicted)."""
     from .memory import memory_report
 
     records = _records(args)
@@ -248,7 +253,7 @@ def memory_lines(args: Any, ranks_per_node: int, nodes: Sequence[int], local_bat
     elif not given and recorded.get("spec"):
         task, task_args = recorded["spec"], recorded.get("args") or {}
     elif not given:
-        return ["memory per rank: name the task (--task SPEC, or --model NAME for the images task) to predict it"]
+        return ["memory per rank: name the task (--task SPEC, or --model NAME for the images task) to predict it"], []
     config = records[0].get("config", {}) if records else vars(args)
     training = Training(
         precision=config.get("precision", "fp32"),
@@ -260,7 +265,7 @@ def memory_lines(args: Any, ranks_per_node: int, nodes: Sequence[int], local_bat
     try:
         return memory_report(task, task_args, training, args.backend, options, nodes, ranks_per_node, args.site)
     except UsageError as exc:  # the step-time prediction stands without it
-        return [f"memory per rank: not predicted ({exc})"]
+        return [f"memory per rank: not predicted ({exc})"], []
 
 
 def _records(args: Any) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Before the queue, on a login node: `harness study --check` and `--submit`.
+"""Before the queue, on a login node: `harness study --check`, `--submit` and `--smoke`.
 
 Run through the job template (`bash submissions/polaris.sc --check -- -A <project> ...`), the check
 sees the job's own software environment (the template's module and venv lines ran first), reads the
@@ -6,7 +6,8 @@ request the way the scheduler will (the template's directives, the command line 
 judges it with harness.study.check, and refuses the submission options the site says break its
 jobs (the profile's `refused_options`: `qsub -V` on Aurora) and a qsub/sbatch from outside the kit
 that does not name it (the job would find no kit and exit 2). `--submit` queues it, from the kit,
-only when the check passed.
+only when the check passed. `--smoke` checks and queues the template's smoke job, then waits for
+its result (harness.study.smoke).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
@@ -114,40 +116,64 @@ def _print(result: CheckResult) -> None:
 def study_command(
     site: str,
     script: Optional[str],
-    check: bool,
-    submit: bool,
+    mode: str,
     scheduler_args: Sequence[str],
     kit_dir: Optional[str] = None,
 ) -> int:
-    """`harness study`: --check or --submit on a login node; otherwise this job's part of the study."""
-    if not (check or submit):
+    """`harness study`: on a login node `mode` "check", "submit" or "smoke" (harness.study.smoke);
+    "run": this job's part of the study."""
+    if mode == "run":
         from .job import run_study
 
         if scheduler_args:
-            raise UsageError(f"scheduler options ({shlex.join(scheduler_args)}) go with --check or --submit")
+            raise UsageError(f"scheduler options ({shlex.join(scheduler_args)}) go with --check, --submit or --smoke")
         return run_study(site, kit_dir=kit_dir, script=script)
     if not script:
-        raise UsageError(
-            "--check and --submit judge a job script: name it with --script (the templates pass themselves)"
-        )
-    # --check judges the qsub/sbatch it prints, which the user runs from here; --submit runs it from the kit
-    submit_dir = os.getcwd() if check else None
-    result, submission = check_study(site, script, scheduler_args, kit_dir=kit_dir, submit_dir=submit_dir)
+        raise UsageError(f"--{mode} judges a job script: name it with --script (the templates pass themselves)")
+    kit = kit_dir or kit_directory(os.environ)
+    environ = dict(os.environ)
+    if mode == "smoke":
+        scheduler_args, environ = smoke_arguments(site, script, scheduler_args, environ, kit)
+    # --check judges the qsub/sbatch it prints, which the user runs from here; the others run it from the kit
+    submit_dir = os.getcwd() if mode == "check" else None
+    result, submission = check_study(site, script, scheduler_args, environ, kit_dir, submit_dir)
     _print(result)
     if not result.ok:
         return EXIT_USAGE
     command = submit_command(submission)
-    if check:
+    if mode == "check":
         print(
             f"check passed ({submission.nodes} node(s), queue {submission.queue or 'default'}, walltime "
             f"{format_walltime(submission.walltime_s)}); submit with: {shlex.join(command)}",
             flush=True,
         )
         return 0
-    kit = kit_dir or kit_directory(os.environ)
     # From the kit, so that the job finds it where it was submitted (PBS_O_WORKDIR, SLURM_SUBMIT_DIR).
-    queued = subprocess.run(command, cwd=kit, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S)
+    queued = subprocess.run(command, cwd=kit, env=environ, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S)
     if queued.returncode != 0:
         raise UsageError(f"{command[0]} refused the job: {(queued.stderr or queued.stdout).strip()[:300]}")
-    print(queued.stdout.strip().split(";")[0], flush=True)
+    job_id = queued.stdout.strip().split(";")[0]
+    print(job_id, flush=True)
+    if mode == "smoke":
+        from .smoke import wait_for_smoke
+
+        return wait_for_smoke(load_site(site), job_id, submission.variables["JOB_DIR"], environ)
     return 0
+
+
+def smoke_arguments(
+    site: str, script: str, scheduler_args: Sequence[str], environ: dict[str, str], kit: str
+) -> tuple[list[str], dict[str, str]]:
+    """The smoke job's qsub/sbatch options and environment (harness.study.smoke), its JOB_DIR the
+    request's own, else smoke-<time> where the study's jobs would go."""
+    from .smoke import smoke_request
+
+    profile = load_site(site)
+    submission = parse_submission(
+        profile.scheduler, os.path.abspath(script), scheduler_args, environ, profile.queue_field
+    )
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    job_dir = submission.variables.get("JOB_DIR") or default_job_dir(
+        profile, kit, "smoke", stamp, submission.account, environ
+    )
+    return smoke_request(profile, scheduler_args, environ, submission.nodes, os.path.realpath(job_dir))

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 from ..errors import UsageError, require
+from .intervals import Interval, error_bars
 from .plot import FIGSIZE, PALETTE, PHASE_STYLE, PLOT_INSTALL, SLIDE_STYLE, _legend, _mark_contended, _save
 
 
@@ -126,6 +127,10 @@ def loss_figure(
     return fig
 
 
+def _scaled(bounds: Optional[Interval], factor: float) -> Optional[Interval]:
+    return None if bounds is None else (factor * bounds[0], factor * bounds[1])
+
+
 def _draw_measured(
     step_ax: Any, efficiency_ax: Any, rows: Sequence[dict[str, Any]], measured: Mapping[int, dict[str, Any]]
 ) -> bool:
@@ -139,7 +144,7 @@ def _draw_measured(
     step_ax.errorbar(
         xs,
         [1e3 * v for v in means],
-        yerr=[1e3 * (m["ci95"] or 0) for _, m in points],
+        yerr=error_bars([1e3 * v for v in means], [_scaled(m.get("interval"), 1e3) for _, m in points]),
         linestyle="none",
         marker="D",
         color=PALETTE[2],

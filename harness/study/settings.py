@@ -107,6 +107,7 @@ class StudySettings:
     network_plugin: str = "on"  # NCCL_NET_PLUGIN; a default, for the study.json of an older job
     task: str = DEFAULT_TASK  # TASK (a file's path absolute); model, dataset and data_dir are the images task's
     task_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # TASK_ARGS
+    smoke: bool = False  # SMOKE=1: a smoke job (harness.study.smoke) writes JOB_DIR/verified_on.json
 
     def task_flags(self) -> list[str]:
         """The runs' --task and its arguments (the images task's as its own flags)."""
@@ -271,6 +272,16 @@ def _task_settings(get: Callable[[str], str], values: Mapping[str, str], kit_dir
     return {"task": absolute_spec(task, kit_dir), "task_args": task_args, "model": "", "dataset": "", "data_dir": ""}
 
 
+def site_defaults(profile: SiteProfile) -> dict[str, str]:
+    """Every setting's value where the job sets none: the kit's, then the site profile's."""
+    return {
+        **BUILTIN_DEFAULTS,
+        "BACKENDS": " ".join(profile.backends),
+        "RENDEZVOUS_DOMAIN": profile.rendezvous_domain,
+        **profile.defaults,
+    }
+
+
 def resolve_settings(
     profile: SiteProfile,
     values: Mapping[str, str],
@@ -281,12 +292,7 @@ def resolve_settings(
 ) -> StudySettings:
     """Settings from `values` (NAME=VALUE) over the site's defaults, checked against the allocation (a
     relative TASK file read from `kit_dir`, default the kit); bad input raises UsageError naming the fix."""
-    defaults = {
-        **BUILTIN_DEFAULTS,
-        "BACKENDS": " ".join(profile.backends),
-        "RENDEZVOUS_DOMAIN": profile.rendezvous_domain,
-        **profile.defaults,
-    }
+    defaults = site_defaults(profile)
 
     def get(name: str) -> str:
         value = values.get(name)
@@ -330,6 +336,7 @@ def resolve_settings(
         job_dir=job_dir,
         sweep_id=get("SWEEP_ID") or os.path.basename(job_dir),
         network_plugin=plugin_choice(get("NCCL_NET_PLUGIN")),
+        smoke=get("SMOKE") == "1",
     )
 
 

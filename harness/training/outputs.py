@@ -39,7 +39,12 @@ def fallback_paths(path: str, beside: Sequence[Optional[str]] = ()) -> list[str]
 
 
 def write_or_keep(
-    flag: str, path: str, write: Callable[[str], None], what: str, beside: Sequence[Optional[str]] = ()
+    flag: str,
+    path: str,
+    write: Callable[[str], None],
+    what: str,
+    beside: Sequence[Optional[str]] = (),
+    command: str = "harness train",
 ) -> str:
     """`write(path)`; where it raises OSError, `write` to each of fallback_paths in turn. Returns the
     path that holds `what` (the model, the run's record), saying so in one line where it is not
@@ -56,7 +61,7 @@ def write_or_keep(
         except OSError:
             continue
         print(
-            f"harness train: warning: {flag} {path} could not be written ({first_line(failure)}); "
+            f"{command}: warning: {flag} {path} could not be written ({first_line(failure)}); "
             f"{what} is kept in {fallback}",
             file=sys.stderr,
             flush=True,
@@ -76,6 +81,9 @@ def save_model(path: str, weights: Any, results: Optional[str]) -> str:
     )
 
 
-def save_record(path: str, record: dict[str, Any], model: Optional[str]) -> str:
-    """The run's record appended to --results at `path`, else where write_or_keep keeps it."""
-    return write_or_keep("--results", path, lambda target: append_record(target, record), "the run's record", [model])
+def save_record(path: str, record: dict[str, Any], model: Optional[str], command: str = "harness train") -> str:
+    """The run's record appended to --results at `path`, else where write_or_keep keeps it (`command`
+    names the command in its warning)."""
+    return write_or_keep(
+        "--results", path, lambda target: append_record(target, record), "the run's record", [model], command
+    )

@@ -16,9 +16,10 @@ from ..config import TrainConfig
 from ..errors import UsageError, first_line
 from ..process.state import preserved_process_state
 from .evaluate import make_evaluation
+from .outputs import save_record
 from .placement import place_process
 from .plan import plan_run
-from .record import append_record, library_versions
+from .record import library_versions
 
 
 def load_model_file(path: str, model: nn.Module, label: str) -> nn.Module:
@@ -82,5 +83,5 @@ def evaluate_model_file(config: TrainConfig, model_file: str, task: Any = None) 
         finally:
             backend.shutdown()
     if cluster.is_main and config.results:
-        append_record(config.results, {**record, "rank": 0})
+        save_record(config.results, {**record, "rank": 0}, model_file, "harness evaluate")
     return record

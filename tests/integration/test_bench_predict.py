@@ -123,5 +123,5 @@ def test_predicted_and_measured_on_the_same_axes(tmp_path):
         for line in result.stdout.splitlines()
         if line.startswith("|")
     ]
-    assert table[0][-4:-1] == ["measured step ms", "± 95%", "error"]
+    assert table[0][-4:-1] == ["measured step ms", "95% interval", "error"]
     assert table[3][1] == "2" and table[3][-2].startswith(("+", "-")) and table[4][-2] == "-"  # 4 ranks: not run

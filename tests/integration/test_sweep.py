@@ -41,35 +41,11 @@ def test_sweep_cli_dry_run_and_one_line_errors(tmp_path):
     assert bad.stderr.strip().splitlines() == [
         "harness sweep: error: --ranks takes positive integers separated by commas, got 'two'"
     ]
-    unknown = harness(
-        "sweep",
-        "--backends",
-        "ddp",
-        "--ranks",
-        "1",
-        "--scaling",
-        "weak",
-        "--results",
-        results,
-        "--modell",
-        "cnn",
-        timeout=120,
-    )
+    one_rank = ["sweep", "--backends", "ddp", "--ranks", "1", "--scaling", "weak", "--results", results]
+    unknown = harness(*one_rank, "--modell", "cnn", timeout=120)
     assert unknown.returncode == 2 and "unrecognized arguments: --modell cnn" in unknown.stderr
     # A task that cannot load fails once, in the sweep's own process, before any run.
-    missing = harness(
-        "sweep",
-        "--backends",
-        "ddp",
-        "--ranks",
-        "1",
-        "--scaling",
-        "weak",
-        "--results",
-        results,
-        "--task",
-        "nothing.py:make",
-    )
+    missing = harness(*one_rank, "--task", "nothing.py:make")
     assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
         f"harness sweep: error: task '{REPO}/nothing.py:make': file {REPO}/nothing.py does not exist; "
         "fix --task (a path, then :FUNCTION)"

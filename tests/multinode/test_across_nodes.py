@@ -25,7 +25,7 @@ from harness.backends import BACKENDS
 from harness.errors import EXIT_PREEMPTED
 from harness.study.equivalence import UPDATE_BOUND, update_differences, worst
 from tests.conftest import REPO, launch
-from tests.helpers.weights import initial_weights, load_weights
+from tests.helpers.weights import CNN, initial_weights, load_weights
 from tests.integration.test_equivalence import COMMON, SGD
 from tests.multinode.conftest import NODES
 
@@ -34,6 +34,8 @@ from .netns_cluster import NetnsCluster
 
 RANKS = NODES * RANKS_PER_NODE
 LOCAL_BATCH = 8  # 4 ranks x 8: the global batch of 32 the single-process reference takes
+# The digits CNN without dropout, as initial_weights() makes it (dropout's masks depend on the rank).
+TRAIN = [*COMMON, *CNN, *SGD]
 DISCOVERY_LIMIT_S = 120
 TRAIN_LIMIT_S = 300
 DISTRIBUTED = [name for name, cls in BACKENDS.items() if cls.max_world_size is None]
@@ -98,7 +100,7 @@ def test_every_rank_discovers_its_node_and_node1_as_the_rendezvous(cluster, laun
 def single_process(tmp_path_factory) -> dict[str, torch.Tensor]:
     """The `none` baseline's weights with the 4-rank global batch (run on this machine, no namespace)."""
     path = tmp_path_factory.mktemp("reference") / "model.pt"
-    launch(1, "none", [*COMMON, *SGD, "--batch-size", str(RANKS * LOCAL_BATCH), "--save-model", str(path)])
+    launch(1, "none", [*TRAIN, "--batch-size", str(RANKS * LOCAL_BATCH), "--save-model", str(path)])
     return load_weights(path)
 
 
@@ -114,8 +116,7 @@ def test_backend_trains_across_nodes_like_one_process(cluster, single_process, t
             "train",
             "--backend",
             backend,
-            *COMMON,
-            *SGD,
+            *TRAIN,
             "--batch-size",
             str(LOCAL_BATCH),
             "--save-model",
@@ -150,8 +151,7 @@ def test_a_preempted_run_across_nodes_exits_3_through_mpirun(cluster):
         "train",
         "--backend",
         "horovod",
-        *COMMON,
-        *SGD,
+        *TRAIN,
         "--batch-size",
         str(LOCAL_BATCH),
         "--max-steps",
@@ -178,8 +178,7 @@ def _cut_node_off_mid_run(cluster: NetnsCluster, backend: str, launcher: str, no
         "train",
         "--backend",
         backend,
-        *COMMON,
-        *SGD,
+        *TRAIN,
         "--batch-size",
         str(LOCAL_BATCH),
         "--max-steps",

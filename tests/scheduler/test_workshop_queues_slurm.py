@@ -203,3 +203,26 @@ def test_a_warned_study_continues_in_its_reservation_on_both_nodes(workshop: Slu
         f"{record['resumed_from_step']} of {STEPS}, continued as job {second_job} in {RESERVATION}, "
         f"study complete in {elapsed:.0f} s"
     )
+
+
+def test_the_smoke_run_of_the_template_reports_the_profiles_verified_on(
+    workshop: SlurmCluster, tmp_path: Path
+) -> None:
+    # The study's own settings (two backends, 1 and 2 ranks, 12 steps) give way to the smoke run's:
+    # DDP, 20 steps, once, on every node of the request; the command waits for it and prints its result.
+    scratch, job_dir = str(tmp_path), str(tmp_path / "smoke")
+    settings = dict(STUDY, BACKENDS="ddp horovod", JOB_DIR=job_dir)
+    smoked = template(workshop, "--smoke", [*WORKSHOP_ARGS, "--output", f"{scratch}/%j.out"], settings, scratch)
+    assert smoked.returncode == 0, smoked.stdout + smoked.stderr + job_outputs(scratch)
+    assert warnings_and_errors(smoked.stderr) == []
+    lines = smoked.stdout.strip().splitlines()
+    job = lines[-4]
+    assert lines[-3].startswith(f"smoke job {job} queued; waiting for its result in {job_dir}/verified_on.json")
+    passed = lines[-2].removeprefix("smoke job passed: ")
+    assert passed.startswith(time.strftime("%Y-%m-%d") + f": job {job}, {NODES} node(s) x 1 ranks, ddp 20 steps at ")
+    assert "; " in passed and " torch " in passed.split("; ")[1], passed
+    assert lines[-1] == f'for harness/study/sites/generic-slurm.json: "verified_on": "{passed}"'
+    assert slurm_job_field(workshop, job, "TimeLimit") == "00:10:00"
+    assert slurm_job_field(workshop, job, "JobName") == "harness-smoke"
+    (run,) = read_records([os.path.join(job_dir, "results.jsonl")])
+    assert (run["backend"], run["world_size"], run["steps"]) == ("ddp", NODES, 20)

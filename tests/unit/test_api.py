@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import logging
+import os
 
 import pytest
 import torch
@@ -182,8 +183,9 @@ def test_help_lists_every_field_with_its_flag_and_meaning():
         assert f"{spec.name} ({flag}" in text, spec.name
 
 
-def test_evaluate_appends_its_record_like_train(tmp_path):
+def test_evaluate_appends_its_record_like_train_and_keeps_it_where_the_write_fails(tmp_path, monkeypatch, capsys):
     from harness import evaluate_model_file
+    from harness.training import outputs
 
     model_file, results = tmp_path / "m.pt", tmp_path / "r.jsonl"
     trained = train(TrainConfig(max_steps=3, threads=1, save_model=str(model_file), calibration_steps=0))
@@ -191,6 +193,23 @@ def test_evaluate_appends_its_record_like_train(tmp_path):
     assert record["eval_accuracy"] == trained["eval_accuracy"] and record["eval_samples"] == 297
     lines = [json.loads(line) for line in results.read_text().splitlines()]
     assert len(lines) == 1 and lines[0]["kind"] == "evaluation" and lines[0]["eval_samples"] == 297
+    # The results file fills its disk by the end: the record goes beside it, and one line says where.
+    append = outputs.append_record
+
+    def full_disk(path: str, entry: dict) -> None:
+        if path == str(results):
+            raise OSError(28, "No space left on device")
+        append(path, entry)
+
+    monkeypatch.setattr(outputs, "append_record", full_disk)
+    capsys.readouterr()
+    evaluate_model_file(TrainConfig(results=str(results), threads=1), str(model_file))
+    kept = f"{results}.kept-{os.getpid()}"
+    assert json.loads(open(kept).read())["kind"] == "evaluation" and len(results.read_text().splitlines()) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"harness evaluate: warning: --results {results} could not be written ([Errno 28] No space left on device); "
+        f"the run's record is kept in {kept}"
+    )
 
 
 @pytest.mark.parametrize(

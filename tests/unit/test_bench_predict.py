@@ -159,7 +159,8 @@ def test_workload_and_measured_steps_from_records():
     assert work.backward_s == pytest.approx(0.04) and work.buckets() == [4_799_528]
     assert work.local_batch == 64
     measured = measured_steps(runs)  # by world size
-    assert measured[1]["mean"] == pytest.approx(0.076) and measured[2]["n"] == 2
+    assert measured[1]["mean"] == pytest.approx((0.075 * 0.077) ** 0.5) and measured[2]["n"] == 2
+    assert measured[1]["interval"] is None  # two runs: no interval (harness.study.intervals.MIN_ROUNDS)
     assert measured[2]["contended"] is False
     table = prediction_table(
         predict_scaling(
@@ -179,7 +180,8 @@ def test_workload_and_measured_steps_from_records():
     )
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
     # One node: 70 ms compute + 5 ms overhead predicted, 76 ms measured.
-    assert rows[0][0] == "1" and rows[0][4] == "75" and rows[0][7] == "76" and rows[0][9] == "-1.3%"
+    assert rows[0][0] == "1" and rows[0][4] == "75" and rows[0][7] == "75.99" and rows[0][9] == "-1.3%"
+    assert rows[0][8] == "n/a (needs 3 rounds)"  # two runs give no interval
 
 
 def test_the_prediction_figure_boxes_contended_measurements_and_shows_anchors():
@@ -188,9 +190,9 @@ def test_the_prediction_figure_boxes_contended_measurements_and_shows_anchors():
 
     rows = predict_scaling(WORK, NETWORK, [1, 2])  # 2 and 4 ranks
     measured = {
-        2: {"mean": 0.11, "ci95": 0.01, "contended": True},
-        4: {"mean": 0.2, "ci95": None},
-        8: {"mean": 0.3, "ci95": None},
+        2: {"mean": 0.11, "interval": (0.1, 0.12), "contended": True},
+        4: {"mean": 0.2, "interval": None},
+        8: {"mean": 0.3, "interval": None},
     }  # 8 ranks: not predicted, left out
     figure = prediction_figure(rows, measured, "by hand", [{"nodes": 2, "efficiency": 0.8, "label": "published"}])
     step_axis, efficiency_axis = figure.axes
@@ -220,6 +222,11 @@ def test_traffic_is_priced_on_the_tasks_own_model(tmp_path):
     # Without records: the task the flags name, its model built here as a run builds it.
     spec = f"{REPO}/tests/helpers/tasks.py:regression"
     workload = predicted("--task", spec, "--task-arg", "width=64")
+    # Its memory per rank too, per node count (4 ranks a Polaris node): FSDP shards the state over them.
+    memory = json.loads(out.read_text())["memory"]
+    assert [(row["nodes"], row["ranks"]) for row in memory] == [(1, 4), (2, 8)]
+    assert memory[1]["model_state_bytes"] < memory[0]["model_state_bytes"] < 3 * shape.parameter_bytes
+    assert all(list(row["fits"].values()) == [True] and row["backend"].startswith("fsdp") for row in memory)
     assert workload["gradient_bytes"] == shape.parameter_bytes
     assert workload["calls"] == [dataclasses.asdict(call) for call in backend_traffic("fsdp", {}, shape)]
     assert len(workload["calls"]) == 3 * 3  # per unit (three layers with parameters): 2 all-gathers, 1 reduce-scatter

@@ -53,10 +53,13 @@ def test_the_plan_is_predicted_before_the_runs_and_the_report_gives_the_error(tm
     ]
     rows = prediction_rows(str(tmp_path), runs)
     assert [(r["backend"], r["nodes"]) for r in rows] == [(backend, 1), (backend, 2)]
-    # The node measured first: its own step is the prediction at one node.
-    assert rows[0]["predicted_step_s"] == pytest.approx(0.101) and rows[0]["error"] == pytest.approx(0.0, abs=1e-9)
-    assert rows[1]["measured_step_s"] == pytest.approx(0.112)
-    assert rows[1]["error"] == pytest.approx(rows[1]["predicted_step_s"] / 0.112 - 1)
+    # The node measured first: its own step (the geometric mean of its runs) is the prediction at one node.
+    assert rows[0]["predicted_step_s"] == pytest.approx((0.100 * 0.102) ** 0.5) and rows[0]["error"] == pytest.approx(
+        0.0, abs=1e-9
+    )
+    two_nodes = (0.110 * 0.114) ** 0.5
+    assert rows[1]["measured_step_s"] == pytest.approx(two_nodes) and rows[1]["measured_interval_s"] is None
+    assert rows[1]["error"] == pytest.approx(rows[1]["predicted_step_s"] / two_nodes - 1)
     table = prediction_markdown(rows)
     assert "| error" in table and f"{rows[1]['error']:+.1%}" in table
 
