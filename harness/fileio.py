@@ -35,6 +35,18 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
         write(tmp)
 
 
+def atomic_write_json(path: str, document: Any, **options: Any) -> None:
+    """`document` as indented JSON at `path`, atomically; NaN and infinity refused (they are not
+    JSON), `options` passed to json.dump."""
+    import json
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as handle:
+            json.dump(document, handle, indent=1, allow_nan=False, **options)
+
+    atomic_write(path, write)
+
+
 def fsync_directory(directory: str) -> None:
     """Make a rename or removal inside `directory` durable (best effort: some filesystems refuse)."""
     fd: Optional[int] = None

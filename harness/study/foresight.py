@@ -20,7 +20,7 @@ from dataclasses import asdict
 from typing import Any, Optional
 
 from ..config import DEFAULT_TASK, TrainConfig
-from ..fileio import atomic_write
+from ..fileio import atomic_write_json
 from ..tasks.images import ImageOptions
 from ..training.flags import parse_train_flags
 from .predict import interval_ms, measured_steps, network_from_site, predict_scaling, workload_from_records
@@ -90,13 +90,8 @@ def write_prediction(
     """Write DIRECTORY/prediction.json for the plan (atomically); returns its path."""
     document = plan_prediction(site, backends, sorted(set(nodes)), train_args)
     path = os.path.join(directory, PREDICTION_FILE)
-    atomic_write(path, lambda tmp: _dump(document, tmp))
+    atomic_write_json(path, document, default=str)
     return path
-
-
-def _dump(document: dict[str, Any], path: str) -> None:
-    with open(path, "w") as handle:
-        json.dump(document, handle, indent=1, allow_nan=False, default=str)
 
 
 def prediction_rows(directory: str, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

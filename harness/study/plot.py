@@ -16,12 +16,11 @@ objects with the Agg renderer only: no display, no pyplot state.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from ..errors import UsageError, require
-from ..fileio import atomic_write
+from ..fileio import atomic_write, atomic_write_json
 from ..process.phases import STEP_COLUMNS
 from .intervals import error_bars
 from .report import ScalingRow, Study, scaling_rows
@@ -405,13 +404,8 @@ def _save(fig: Any, stem: str) -> list[str]:
         written.append(path)
     metadata = {**fig.harness_metadata, "files": list(written)}
     path = f"{stem}.json"
-    atomic_write(path, lambda tmp: _write_json(tmp, metadata))
+    atomic_write_json(path, metadata)
     return [*written, path]
-
-
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    with open(path, "w") as handle:
-        json.dump(data, handle, indent=1, allow_nan=False)
 
 
 def scaling_figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:

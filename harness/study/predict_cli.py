@@ -14,7 +14,7 @@ from ..backends.memory import Training
 from ..backends.traffic import ModelShape, per_step
 from ..config import DEFAULT_TASK
 from ..errors import UsageError
-from ..fileio import atomic_write
+from ..fileio import atomic_write_json
 from ..training.flags import add_train_flags, task_options_given
 from .predict import (
     BACKWARD_SHARE,
@@ -122,11 +122,6 @@ def parse_nodes(text: str) -> list[int]:
     return nodes
 
 
-def _dump(document: Mapping[str, Any], path: str) -> None:
-    with open(path, "w") as handle:
-        json.dump(document, handle, indent=1, allow_nan=False)
-
-
 def predict_command(args: Any) -> int:
     """`harness predict`: print the prediction table (and write JSON and figure when asked)."""
     nodes = parse_nodes(args.nodes)
@@ -151,7 +146,7 @@ def predict_command(args: Any) -> int:
         "memory": memory,
     }
     if args.json:
-        atomic_write(args.json, lambda tmp: _dump(document, tmp))
+        atomic_write_json(args.json, document)
     if args.output:
         from .run_plots import write_prediction_figure
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 from ..errors import UsageError, require
-from .intervals import Interval, error_bars
+from .intervals import error_bars
 from .plot import FIGSIZE, PALETTE, PHASE_STYLE, PLOT_INSTALL, SLIDE_STYLE, _legend, _mark_contended, _save
 
 
@@ -127,10 +127,6 @@ def loss_figure(
     return fig
 
 
-def _scaled(bounds: Optional[Interval], factor: float) -> Optional[Interval]:
-    return None if bounds is None else (factor * bounds[0], factor * bounds[1])
-
-
 def _draw_measured(
     step_ax: Any, efficiency_ax: Any, rows: Sequence[dict[str, Any]], measured: Mapping[int, dict[str, Any]]
 ) -> bool:
@@ -144,7 +140,7 @@ def _draw_measured(
     step_ax.errorbar(
         xs,
         [1e3 * v for v in means],
-        yerr=error_bars([1e3 * v for v in means], [_scaled(m.get("interval"), 1e3) for _, m in points]),
+        yerr=[[1e3 * bar for bar in side] for side in error_bars(means, [m.get("interval") for _, m in points])],
         linestyle="none",
         marker="D",
         color=PALETTE[2],

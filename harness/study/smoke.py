@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Optional
 
 from ..errors import UsageError
-from ..fileio import atomic_write
+from ..fileio import atomic_write_json
 from .jobdir import StudyJob
 from .scheduler import read_job
 from .sites import SiteProfile
@@ -128,13 +128,8 @@ def write_verification(job: StudyJob, status: int, records: Sequence[dict[str, A
         "modules": os.environ.get("LOADEDMODULES", "").split(":") if os.environ.get("LOADEDMODULES") else [],
     }
     path = job.path(SMOKE_FILE)
-    atomic_write(path, lambda tmp: _dump(document, tmp))
+    atomic_write_json(path, document)
     return path
-
-
-def _dump(document: Mapping[str, Any], path: str) -> None:
-    with open(path, "w") as handle:
-        json.dump(document, handle, indent=1)
 
 
 def wait_for_smoke(
