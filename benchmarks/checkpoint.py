@@ -42,7 +42,7 @@ from harness.process.processes import processes_with_command  # noqa: E402
 from harness.tasks.models import build_model  # noqa: E402
 from harness.training.checkpoint import Checkpointer, Progress, RunLayout, restore  # noqa: E402
 from harness.training.launch import launch_command  # noqa: E402
-from harness.training.loop import optimizer_factory  # noqa: E402
+from harness.training.plan import optimizer_factory  # noqa: E402
 from harness.training.resume import verify_checkpoint  # noqa: E402
 
 TIMEOUT_S = 20

@@ -1,5 +1,5 @@
 """Command line: `harness train | launch | env | demo | evaluate | data | sweep | plot | report | trace | bench |
-predict | check | exercise | doctor | study`.
+predict | recommend | check | exercise | doctor | study`.
 
 A thin layer over the Python API.
 """
@@ -16,7 +16,16 @@ from typing import Any, NoReturn, Optional
 
 from . import cli_commands
 from .config import DATA_DIR, IMAGE_SIZE, OneLineParser, TrainConfig
-from .errors import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USAGE, PeerFailure, Preempted, UsageError
+from .errors import (
+    EXIT_OVER_BUDGET,
+    EXIT_PEER_FAILURE,
+    EXIT_PREEMPTED,
+    EXIT_USAGE,
+    OverBudget,
+    PeerFailure,
+    Preempted,
+    UsageError,
+)
 from .training.flags import add_backend_flags, add_train_flags
 
 # How long a finished rank waits in MPI_Finalize for its peers before it gives up (status 1).
@@ -27,6 +36,12 @@ def _predict_flags(parser: argparse.ArgumentParser) -> None:
     from .study.predict_cli import add_predict_flags
 
     add_predict_flags(parser)
+
+
+def _recommend_flags(parser: argparse.ArgumentParser) -> None:
+    from .study.recommend import add_recommend_flags
+
+    add_recommend_flags(parser)
 
 
 def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.ArgumentParser:
@@ -321,6 +336,17 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
     predict.declare_later(_predict_flags)  # declared in harness.study.predict: loaded only when `predict` is used
     predict.set_defaults(run=cli_commands.predict)
 
+    recommend = commands.add_parser(
+        "recommend",
+        help="which backends fit a task's memory at each node count of a site, their predicted step, and the choice",
+        description="For every backend case (DDP, Horovod, DeepSpeed ZeRO 0-3, FSDP resharding or not; or the "
+        "--backend named): the memory a rank holds against the site's device memory (or --memory-cap) and the "
+        "step time of `harness predict`'s model with that backend's own traffic; at each node count the fastest "
+        "that fits, or those within the prediction's uncertainty of it. See harness/study/recommend.py.",
+    )
+    recommend.declare_later(_recommend_flags)  # declared in harness.study.recommend: loaded only when used
+    recommend.set_defaults(run=cli_commands.recommend)
+
     doctor = commands.add_parser(
         "doctor",
         help="what this node offers a run: modules, Python and backends, MPI, network plugin, GPUs, "
@@ -384,6 +410,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except PeerFailure as exc:
         print(f"harness {args.command}: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_PEER_FAILURE
+    except OverBudget as exc:
+        print(f"harness {args.command}: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_OVER_BUDGET
 
 
 class _CurrentStdoutHandler(logging.StreamHandler):

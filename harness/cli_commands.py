@@ -196,6 +196,12 @@ def predict(args: argparse.Namespace) -> int:
     return predict_command(args)
 
 
+def recommend(args: argparse.Namespace) -> int:
+    from .study.recommend import recommend_command
+
+    return recommend_command(args)
+
+
 def study(args: argparse.Namespace) -> int:
     from .study.preflight import study_command
 

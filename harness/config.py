@@ -90,6 +90,14 @@ class RunSection:
         "it to the kernel; see harness/process/allocator.py) or system (glibc's defaults)",
         CPU_MALLOC_MODES,
     )
+    memory_cap: Optional[float] = _opt(
+        None,
+        "cap each rank's memory at this many GiB, set by the kit in the rank's process (CPU: the kernel's "
+        "data-segment limit; CUDA: the allocator's): a rank predicted to need more is refused before the run, "
+        "one that runs past it stops naming its rank (see harness/process/memory_cap.py)",
+        "positive",
+        type=float,
+    )
     eval_every: int = _opt(
         1, "evaluate every N epochs (the last epoch is always evaluated; 0 = only the last)", "non_negative"
     )

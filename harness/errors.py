@@ -11,6 +11,7 @@ EXIT_OK = 0
 EXIT_USAGE = 2  # bad input: flags, environment, files; nothing was started or written
 EXIT_PREEMPTED = 3  # stopped by SIGTERM/SIGUSR1 after writing a checkpoint; resubmit to continue
 EXIT_PEER_FAILURE = 4  # another rank died or a collective timed out
+EXIT_OVER_BUDGET = 5  # this rank ran out of its memory cap (--memory-cap)
 
 
 class UsageError(Exception):
@@ -33,6 +34,14 @@ class Preempted(Exception):
 
 class PeerFailure(Exception):
     """Another rank died or stopped answering, so this rank cannot go on; exit status 4."""
+
+
+class OverBudget(Exception):
+    """This rank needed more memory than its cap (--memory-cap) allowed while training; exit status 5.
+
+    The message names the rank and the fix (harness.process.memory_cap); its peers, which lose it,
+    stop with PeerFailure naming the rank that stopped.
+    """
 
 
 def unknown_choice(kind: str, value: object, known: Iterable[object]) -> UsageError:

@@ -8,6 +8,8 @@
 - `launchers`: the one table of launchers (python, torchrun, mpirun, horovodrun, deepspeed here;
   mpiexec and srun across an allocation): the command each starts ranks with, which are MPI, and
   which discovery family their ranks report.
+- `memory_cap`: a rank's --memory-cap, set in its own process (the kernel's data-segment limit on the
+  CPU, the allocator's on a GPU), checked against the prediction before the run, put back after it.
 - `state`: what a run sets in its process (CPU threads, memory reuse) and how the process gets
   everything back afterwards.
 - `allocator`: how a CPU process keeps freed memory for the next step.

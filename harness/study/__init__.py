@@ -5,7 +5,9 @@
 - `report`, `plot`: the Markdown table and the figures of a study's records;
 - `bench` (with `allreduce`, the model and its fit), `predict`: `harness bench allreduce` (any backend's allreduce per
   message size, NCCL's ring alpha-beta model fitted to it) and `harness predict` (step time,
-  throughput and efficiency at 1..512 nodes of a site, beside measured runs);
+  throughput and efficiency at 1..512 nodes of a site, beside measured runs); `recommend`: `harness
+  recommend` (which backend cases fit a rank's memory at each node count, their predicted step, and
+  the choice);
 - `job` (with `sites`, `scheduler`, `settings`, `check`, `submit`, `continuation`, `preflight`,
   `network`, `placement`): a whole study as a batch job, `harness study`: the site's profile
   (harness/study/sites/*.json), the scheduler's view of the job, the checks before the queue
@@ -49,6 +51,8 @@ __getattr__, __dir__ = lazy_exports(
         "model_gradient_bytes": "shapes",
         "task_shape": "shapes",
         "prediction_table": "predict",
+        "recommend": "recommend",
+        "Recommendation": "recommend",
         "EQUIVALENCE_STEPS": "equivalence",
         "UPDATE_BOUND": "equivalence",
         "initial_weights": "weights",

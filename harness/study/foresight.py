@@ -8,7 +8,10 @@ a published figure gives the compute of one GPU (harness/study/anchors.json: the
 ResNet-50), the step time and efficiency. What is fixed then is the communication model; the compute is the node's:
 after the runs, `prediction_rows` takes each backend's runs at the fewest nodes as the node
 measured first (harness.study.predict_cli.with_node_and_traffic) and sets the saved network's
-prediction for every node count beside the measured step, with the error.
+prediction for every node count beside the measured step, with the error. Beside the step, each
+row sets the memory per rank that the runs predicted at their start (their record's
+memory.predicted, harness.backends.memory) against what they measured, with its error
+(`memory_beside`).
 """
 
 from __future__ import annotations
@@ -123,6 +126,7 @@ def prediction_rows(directory: str, records: Sequence[dict[str, Any]]) -> list[d
             found = measured.get(row["ranks"])
             rows.append(
                 {
+                    **memory_beside([r for r in runs if r["world_size"] == row["ranks"]]),
                     "backend": backend,
                     "nodes": row["nodes"],
                     "ranks": row["ranks"],
@@ -150,5 +154,46 @@ def prediction_markdown(rows: Sequence[dict[str, Any]]) -> str:
             ("95% interval", lambda r: interval_ms(r["measured_interval_s"]) if r["measured_step_s"] else None),
             ("error", lambda r: f"{r['error']:+.1%}" if r["error"] is not None else None),
             ("algorithm", lambda r: r["algorithms"] or "-"),
+            ("memory compared", lambda r: r["memory_compared"] or "-"),
+            ("predicted GiB", lambda r: _gib(r["predicted_memory_bytes"])),
+            ("measured GiB", lambda r: _gib(r["measured_memory_bytes"])),
+            ("memory error", lambda r: f"{r['memory_error']:+.1%}" if r["memory_error"] is not None else None),
         ],
     )
+
+
+def _gib(value: Optional[float]) -> Optional[float]:
+    return value / 2**30 if value is not None else None
+
+
+def memory_beside(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The predicted and measured memory per rank of `runs` (one backend, one world size), the largest
+    rank's, mean over runs, and the error (predicted / measured - 1). On a GPU the allocator's peak
+    against the predicted total; on the CPU, whose resident set also holds torch itself (which the
+    prediction leaves out), the counted model state against the predicted one. None where no run
+    holds a prediction (a backend without a memory rule, a record from before there were any)."""
+    from ..training.memory import RSS_PEAK
+
+    pairs, compared = [], None
+    for run in runs:
+        memory = run.get("memory") or {}
+        predicted = memory.get("predicted")
+        if not predicted:
+            continue
+        if memory.get("source") == RSS_PEAK:
+            counted = (memory.get("model_state_bytes_per_rank") or {}).get("total")
+            if counted:
+                pairs.append((predicted["model_state_bytes"], max(counted)))
+                compared = "model state"
+        else:
+            pairs.append((predicted["total_bytes"], max(memory["peak_bytes_per_rank"])))
+            compared = "peak"
+    if not pairs:
+        return dict.fromkeys(("memory_compared", "predicted_memory_bytes", "measured_memory_bytes", "memory_error"))
+    predicted, measured = (sum(column) / len(pairs) for column in zip(*pairs))
+    return {
+        "memory_compared": compared,
+        "predicted_memory_bytes": predicted,
+        "measured_memory_bytes": measured,
+        "memory_error": predicted / measured - 1 if measured else None,
+    }

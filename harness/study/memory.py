@@ -2,12 +2,18 @@
 rank holds (harness.backends.memory) and whether it fits the site's device memory at each node count.
 
 The activations come from the task itself, measured once and cheaply: its model built as a run
-builds it (on the CPU), one forward and loss of 2 and of 4 training samples under the run's
+builds it, one forward and loss of 2 and of 4 training samples under the run's
 precision (autocast on the CPU), counting the tensors autograd saves for backward
 (harness.training.memory.SavedActivations); the bytes per sample are the difference, the rest
 (autocast's copies of the weights) is fixed, and a micro-batch of B samples holds fixed + B x per
 sample. CPU autocast casts the same kinds of ops to bf16/fp16 as CUDA's, but not every one alike: a
-GPU run's own record (memory.predicted) holds the activations measured on its device.
+GPU run's own record (memory.predicted) holds the activations measured on its device. The probe
+runs under FakeTensorMode (tensors with shapes, devices and dtypes but no memory and no arithmetic,
+as torch.compile traces): the same kernels are chosen as on the CPU (its flash attention, autocast's
+casts), so the same tensors are saved, byte for byte (but for BatchNorm's two saved statistics under
+autocast: float32 on the CPU, half in the shape rule, 4 bytes a channel less), while a 1.2B-parameter model takes seconds
+instead of minutes and tens of GiB. A task whose forward or loss reads a value (.item()) or uses an
+op without a shape rule is probed on the CPU for real instead, and the source says which.
 """
 
 from __future__ import annotations
@@ -33,38 +39,58 @@ def task_activations(task: str, args: Mapping[str, Any], precision: str) -> Acti
 
 @functools.lru_cache(maxsize=16)
 def _measured(task: str, args: str, precision: str) -> Activations:
-    import numpy
-    import torch
-
-    from ..backends.precision import Precision
     from ..data.indexed import as_indexed
     from ..tasks.loading import load_task
-    from ..tasks.task import BatchContext, loss_and_count
-    from ..training.memory import SavedActivations
-    from ..training.plan import seeded_model
 
     loaded = load_task(task, json.loads(args))
     data = as_indexed(loaded.task.train_data, f"{loaded.label} train_data")
     if len(data) < PROBE_SAMPLES[-1]:
         raise UsageError(f"{loaded.label}: fewer than {PROBE_SAMPLES[-1]} training samples to measure activations on")
-    model, cpu = seeded_model(loaded, TrainConfig().seed), torch.device("cpu")
-    saved = []
-    with torch.random.fork_rng():
+    try:
+        (few, many), where = _probe(loaded, data, precision, shapes_only=True), "with shapes only (FakeTensor)"
+    except Exception:  # an op without a shape rule, a loss that reads a value (.item()): the real forward
+        (few, many), where = _probe(loaded, data, precision, shapes_only=False), "on the CPU"
+    (small, large) = PROBE_SAMPLES
+    per_sample = max(0.0, (many - few) / (large - small))
+    return Activations(
+        per_sample,
+        max(0.0, few - per_sample * small),
+        f"measured {where}: one forward of {small} and of {large} samples under {precision}, "
+        f"{per_sample / 2**20:.2f} MiB per sample",
+    )
+
+
+def _probe(loaded: Any, data: Any, precision: str, shapes_only: bool) -> list[int]:
+    """The bytes autograd saves over one forward and loss of the first PROBE_SAMPLES training samples
+    (as the loop's sharding fetches them), on the CPU: its model built as a run builds it, or, with
+    `shapes_only`, under FakeTensorMode, where every tensor has a shape and no memory."""
+    import contextlib
+
+    import numpy
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..backends.precision import Precision
+    from ..data.batches import map_tensors
+    from ..tasks.task import BatchContext, loss_and_count
+    from ..training.memory import SavedActivations
+    from ..training.plan import seeded_model
+
+    cpu, saved = torch.device("cpu"), []
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if shapes_only else contextlib.nullcontext()
+    with torch.random.fork_rng(), mode:
+        # Under FakeTensorMode the weights' values do not matter, and moving them (.to) cannot swap fakes.
+        model = loaded.task.build_model() if shapes_only else seeded_model(loaded, TrainConfig().seed)
         for samples in PROBE_SAMPLES:
-            batch = data.fetch(numpy.arange(samples))  # as the loop's sharding gives indices
+            batch = data.fetch(numpy.arange(samples))
+            if shapes_only:
+                batch = map_tensors(batch, mode.from_tensor)
             if loaded.task.prepare_batch is not None:
                 batch = loaded.task.prepare_batch(batch, BatchContext(cpu, True, local_batch=samples))
             with SavedActivations(model) as counter, Precision.of(precision).autocast(cpu):
                 loss_and_count(loaded.task, model, batch, loaded.label)
             saved.append(counter.bytes)
-    (small, few), (large, many) = zip(PROBE_SAMPLES, saved)
-    per_sample = max(0.0, (many - few) / (large - small))
-    return Activations(
-        per_sample,
-        max(0.0, few - per_sample * small),
-        f"measured on the CPU: one forward of {small} and of {large} samples under {precision}, "
-        f"{per_sample / 2**20:.2f} MiB per sample",
-    )
+    return saved
 
 
 def backend_cases(backend: Optional[str], options: Mapping[str, Any]) -> list[tuple[str, Any]]:

@@ -203,7 +203,7 @@ def network_and_workload(args: Any) -> tuple[Network, Workload]:
         raise UsageError(f"--overlap is 0 (after backward) or 1 (as buckets are ready), got {args.overlap:g}")
     bucket = int(args.bucket_mb * 2**20) if args.bucket_mb else None
     shape = flag_task_shape(args)
-    backend, options = args.backend, _options(args.backend_option)
+    backend, options = args.backend, backend_options(args.backend_option)
     gradient = args.gradient_bytes or (shape.parameter_bytes if shape else None)
     if args.record:
         from ..training.record import read_results
@@ -239,31 +239,47 @@ def predicted_memory(
     the lines printed and the rows --json writes (none where it cannot be predicted)."""
     from .memory import memory_report
 
-    records = _records(args)
-    task_args = _task_args(args)
-    task, given = args.task, args.task != DEFAULT_TASK or bool(task_args)
-    recorded = (records[0].get("task") or {}) if records else {}
-    if given and task == DEFAULT_TASK:  # ImageNet-shaped for the ResNets, as for the traffic
-        task_args = {"dataset": "synthetic", **task_args}
-    elif not given and recorded.get("spec"):
-        task, task_args = recorded["spec"], recorded.get("args") or {}
-    elif not given:
+    records = given_records(args)
+    named = memory_task(args, records)
+    if named is None:
         return ["memory per rank: name the task (--task SPEC, or --model NAME for the images task) to predict it"], []
-    config = records[0].get("config", {}) if records else vars(args)
-    training = Training(
-        precision=config.get("precision", "fp32"),
-        optimizer=config.get("optimizer", "sgd"),
-        momentum=config.get("momentum", 0.9),
-        micro_batch=local_batch // config.get("grad_accum", 1),
-    )
-    options = _options(args.backend_option) if args.backend else {}
+    task, task_args = named
+    training = flag_training(args, records, local_batch)
+    options = backend_options(args.backend_option) if args.backend else {}
     try:
         return memory_report(task, task_args, training, args.backend, options, nodes, ranks_per_node, args.site)
     except UsageError as exc:  # the step-time prediction stands without it
         return [f"memory per rank: not predicted ({exc})"], []
 
 
-def _records(args: Any) -> list[dict[str, Any]]:
+def memory_task(args: Any, records: Sequence[dict[str, Any]]) -> Optional[tuple[str, dict[str, Any]]]:
+    """(task, its arguments) whose memory is predicted: the one the flags name (the images task
+    ImageNet-shaped, as for the traffic), else that of `records` (the --record files'); None where
+    neither names one."""
+    task_args = _task_args(args)
+    task, given = args.task, args.task != DEFAULT_TASK or bool(task_args)
+    recorded = (records[0].get("task") or {}) if records else {}
+    if given and task == DEFAULT_TASK:  # ImageNet-shaped for the ResNets, as for the traffic
+        return task, {"dataset": "synthetic", **task_args}
+    if not given and recorded.get("spec"):
+        return recorded["spec"], recorded.get("args") or {}
+    return (task, task_args) if given else None
+
+
+def flag_training(args: Any, records: Sequence[dict[str, Any]], local_batch: int) -> Training:
+    """What a rank trains with: as `records` were (else as --precision, --optimizer and --momentum
+    say), a micro-batch of `local_batch` over the records' gradient accumulation."""
+    config = records[0].get("config", {}) if records else vars(args)
+    return Training(
+        precision=config.get("precision", "fp32"),
+        optimizer=config.get("optimizer", "sgd"),
+        momentum=config.get("momentum", 0.9),
+        micro_batch=local_batch // config.get("grad_accum", 1),
+    )
+
+
+def given_records(args: Any) -> list[dict[str, Any]]:
+    """The records of the --record files (none without the flag)."""
     from ..training.record import read_results
 
     return read_results(args.record) if args.record else []
@@ -291,7 +307,8 @@ def flag_task_shape(args: Any) -> Optional[ModelShape]:
     return task_shape(args.task, task_args)
 
 
-def _options(pairs: Sequence[str]) -> dict[str, Any]:
+def backend_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """--backend-option NAME=VALUE pairs by name, each value as JSON where it is JSON, else the text."""
     options = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -346,14 +363,31 @@ def with_node_and_traffic(
 
 def describe(network: Any, workload: Workload) -> list[str]:
     """The lines printed before the table: inputs, traffic per step, and every assumption."""
-    traffic = per_step(workload.collectives())
-    lines = [
+    assumptions = prediction_assumptions(network, workload)
+    return [*input_lines(network, workload), traffic_line(workload), "assumptions:"] + [
+        f"  - {line}" for line in assumptions
+    ]
+
+
+def input_lines(network: Any, workload: Workload) -> list[str]:
+    """The network and the compute a prediction starts from, one line each."""
+    return [
         f"network: {network.source}",
         f"compute: {workload.source}: {workload.compute_s * 1e3:.2f} ms per step "
         f"(+ {workload.overhead_s * 1e3:.2f} ms overhead)",
-        f"traffic per step ({workload.traffic_source}): "
-        + "; ".join(f"{kind} x{t['count']}, {t['bytes'] / 2**20:.1f} MiB" for kind, t in traffic.items()),
     ]
+
+
+def traffic_line(workload: Workload) -> str:
+    """The workload's collectives per step: each kind's calls and bytes, and where they come from."""
+    traffic = per_step(workload.collectives())
+    return f"traffic per step ({workload.traffic_source}): " + "; ".join(
+        f"{kind} x{t['count']}, {t['bytes'] / 2**20:.1f} MiB" for kind, t in traffic.items()
+    )
+
+
+def prediction_assumptions(network: Any, workload: Workload) -> list[str]:
+    """What the step-time prediction takes for granted: the network's pricing and the compute's."""
     assumptions = network.assumptions()
     if workload.node_step_s is not None:
         assumptions.append(
@@ -366,7 +400,7 @@ def describe(network: Any, workload: Workload) -> list[str]:
             "see the published anchors below"
         )
     assumptions.append(f"backward is {BACKWARD_SHARE:.2f} of forward + backward; buckets ready evenly over it")
-    return lines + ["assumptions:"] + [f"  - {line}" for line in assumptions]
+    return assumptions
 
 
 def anchor_lines() -> list[str]:

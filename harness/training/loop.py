@@ -27,13 +27,14 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ..config import OptimizerSection, TrainConfig
+from ..config import TrainConfig
 from ..data.batches import batch_to, slice_batch
 from ..data.loader import iterate_batches, to_device_ahead
 from ..data.sharding import RankSchedule, train_batches
 from ..errors import EXIT_PREEMPTED, Preempted, require
 from ..process import phases as phase
 from ..process.heartbeat import Heartbeat
+from ..process.memory_cap import FULLY_SHARDED, MemoryCap, capped
 from ..process.preemption import PreemptionWatcher, TestSignal, peer_failure
 from ..process.state import preserved_process_state
 from ..tasks.task import loss_and_count
@@ -44,8 +45,8 @@ from .evaluate import Evaluation, evaluation_line
 from .memory import SavedActivations, WindowPeak, model_state_bytes, run_prediction
 from .outputs import save_model, save_record
 from .phases import PhaseLog
-from .placement import place_process
-from .plan import RunPlan, model_shape, plan_run, shape_record
+from .placement import Placement, place_process
+from .plan import RunPlan, backend_name, model_shape, optimizer_factory, plan_run, shape_record
 from .probe import check_unused_alike
 from .profiling import PROFILED_STEPS, make_profiler
 from .record import run_record
@@ -63,57 +64,79 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = (), task: Any = N
     returns the same record (metrics are reduced over ranks); rank 0 also appends it to
     `config.results` and writes `config.save_model`. `callbacks` (harness.Callback instances) watch
     the run on every rank (see harness.training.callbacks). Bad input, a bad task included, raises
-    UsageError before any process group starts; a preempted run raises Preempted, a lost peer
-    PeerFailure. A process group or Horovod that the caller initialised is used and left as it was.
+    UsageError before any process group starts (a rank predicted to need more than --memory-cap
+    included); a preempted run raises Preempted, a lost peer PeerFailure, a rank that ran out of its
+    --memory-cap OverBudget. A process group or Horovod that the caller initialised is used and left as it was.
     """
     started = time.time()
-    watchers = CallbackList(callbacks)
     with preserved_process_state():
         placement = place_process(config)
-        plan = plan_run(config, placement, task)
-        backend, cluster, device = placement.backend, placement.cluster, placement.device
-        # Chosen and checked before any process group starts: an unusable checkpoint is bad input.
-        resume_from = find_resume_checkpoint(config, plan.layout(), type(backend), warn=cluster.is_main)
-        preemption = PreemptionWatcher(TestSignal.from_environ())
-        # Every rank builds identical initial weights from --seed (make_model; backends also
-        # broadcast rank 0's), tries the task on its first batch, then takes a per-rank seed so
-        # that dropout masks differ between ranks.
-        model = plan.make_model()
-        with SavedActivations(model) as saved:  # what the probe's forward keeps for backward
-            unused, evaluation = plan.tried(model, resume_from.step if resume_from else 0)  # bad tasks fail here
-        shape, predicted = shape_record(model), run_prediction(plan, model, model_shape(model), saved.bytes)
-        torch.manual_seed(config.seed * 1000 + cluster.rank + 1)
-        pulse = Heartbeat.start(cluster, not config.no_heartbeat)  # rank 0 starts the store before init
-        try:
-            backend.init(cluster, device)
-            check_unused_alike(backend, model, unused, cluster.world_size, plan.loaded.label)
-            preemption.install()
-            model, optimizer = backend.wrap(
-                model, optimizer_factory(config, plan.loaded.task.build_optimizer), plan.local_batch
-            )
-            if config.compile:  # the wrapped model: compiled in its first step, inside the timing warmup
-                model = backend.compile(model)
-            # After wrap (DeepSpeed loads into its engine); the RNG states are restored last.
-            resumed = restore(resume_from, backend, cluster, device) if resume_from else None
-            checkpointer = Checkpointer(config, cluster, backend, plan.layout()) if config.checkpoint_dir else None
-            state = RunState.start(plan, resumed, checkpointer, pulse, evaluation)
-            # Every collective the backend issues, timed (harness.training.timing says why so).
-            state.timer.collectives = backend.collectives
-            state.model_shape, state.gradient_bytes = shape, shape["parameter_bytes"]
-            state.timer.memory.predicted = predicted  # the record's memory.predicted, beside the measured peak
-            _train_epochs(plan, state, model, optimizer, preemption, watchers)
-            return _keep(plan, state, started, watchers)
-        except Exception as exc:
-            usage = backend.usage_error(exc)
-            if usage is not None:
-                raise usage from None
-            if backend.is_peer_failure(exc):
-                raise peer_failure(exc, cluster.rank, config.timeout, pulse.who_stopped(config.timeout)) from exc
-            raise
-        finally:
-            pulse.stop()
-            preemption.uninstall()
-            backend.shutdown()
+        with capped(config.memory_cap, placement.device) as cap:
+            try:
+                return _train(config, placement, CallbackList(callbacks), task, cap, started)
+            except Exception as exc:  # an allocation the cap refused: one line naming the rank
+                over = cap.over_budget(exc, backend_name(config), placement.cluster.rank) if cap else None
+                if over is None:
+                    raise
+                raise over from None
+
+
+def _train(
+    config: TrainConfig,
+    placement: Placement,
+    watchers: CallbackList,
+    task: Any,
+    cap: Optional[MemoryCap],
+    started: float,
+) -> dict[str, Any]:
+    """train()'s run in its placed process, under its memory cap (None: none)."""
+    plan = plan_run(config, placement, task)
+    backend, cluster, device = placement.backend, placement.cluster, placement.device
+    # Chosen and checked before any process group starts: an unusable checkpoint is bad input.
+    resume_from = find_resume_checkpoint(config, plan.layout(), type(backend), warn=cluster.is_main)
+    preemption = PreemptionWatcher(TestSignal.from_environ())
+    # Every rank builds identical initial weights from --seed (make_model; backends also
+    # broadcast rank 0's), tries the task on its first batch, then takes a per-rank seed so
+    # that dropout masks differ between ranks.
+    model = plan.make_model()
+    with SavedActivations(model) as saved:  # what the probe's forward keeps for backward
+        unused, evaluation = plan.tried(model, resume_from.step if resume_from else 0)  # bad tasks fail here
+    shape, predicted = shape_record(model), run_prediction(plan, model, model_shape(model), saved.bytes)
+    if cap is not None and predicted is not None:  # refused before any process group starts
+        sharded = run_prediction(plan, model, model_shape(model), saved.bytes, FULLY_SHARDED)
+        cap.check(predicted.total(), backend_name(config), cluster.rank, sharded.total() if sharded else None)
+    torch.manual_seed(config.seed * 1000 + cluster.rank + 1)
+    pulse = Heartbeat.start(cluster, not config.no_heartbeat)  # rank 0 starts the store before init
+    try:
+        backend.init(cluster, device)
+        check_unused_alike(backend, model, unused, cluster.world_size, plan.loaded.label)
+        preemption.install()
+        model, optimizer = backend.wrap(
+            model, optimizer_factory(config, plan.loaded.task.build_optimizer), plan.local_batch
+        )
+        if config.compile:  # the wrapped model: compiled in its first step, inside the timing warmup
+            model = backend.compile(model)
+        # After wrap (DeepSpeed loads into its engine); the RNG states are restored last.
+        resumed = restore(resume_from, backend, cluster, device) if resume_from else None
+        checkpointer = Checkpointer(config, cluster, backend, plan.layout()) if config.checkpoint_dir else None
+        state = RunState.start(plan, resumed, checkpointer, pulse, evaluation)
+        # Every collective the backend issues, timed (harness.training.timing says why so).
+        state.timer.collectives = backend.collectives
+        state.model_shape, state.gradient_bytes = shape, shape["parameter_bytes"]
+        state.timer.memory.predicted = predicted  # the record's memory.predicted, beside the measured peak
+        _train_epochs(plan, state, model, optimizer, preemption, watchers)
+        return _keep(plan, state, started, watchers)
+    except Exception as exc:
+        usage = backend.usage_error(exc)
+        if usage is not None:
+            raise usage from None
+        if backend.is_peer_failure(exc):
+            raise peer_failure(exc, cluster.rank, config.timeout, pulse.who_stopped(config.timeout)) from exc
+        raise
+    finally:
+        pulse.stop()
+        preemption.uninstall()
+        backend.shutdown()
 
 
 def _keep(plan: RunPlan, state: RunState, started: float, watchers: Callback) -> dict[str, Any]:
@@ -134,22 +157,6 @@ def _keep(plan: RunPlan, state: RunState, started: float, watchers: Callback) ->
     if state.timer.profiler is not None:  # past the barrier: every rank's trace files are written
         state.timer.profiler.merge()
     return record
-
-
-def optimizer_factory(settings: OptimizerSection, task_factory: Any = None) -> Any:
-    """The task's optimizer factory, else the one `settings` names: for the backend to build over
-    the parameters it owns (the LR rule sets every group's lr at every step either way)."""
-    if task_factory is not None:
-        return task_factory
-
-    def make(parameters):
-        if settings.optimizer == "adam":
-            return torch.optim.Adam(parameters, lr=settings.lr, weight_decay=settings.weight_decay)
-        return torch.optim.SGD(
-            parameters, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay
-        )
-
-    return make
 
 
 @dataclass

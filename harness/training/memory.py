@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 
 from ..backends.memory import Activations, MemoryPrediction, Training, has_memory_rule, predict_memory
 from ..backends.traffic import ModelShape
@@ -266,22 +267,33 @@ class SavedActivations:
 
 def _storage_key(tensor: torch.Tensor) -> Optional[tuple[str, int]]:
     try:
-        pointer = tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # no storage (a wrapper subclass, meta)
+        storage = tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # no storage (a wrapper subclass)
         return None
+    # A shapes-only tensor's storage (meta, or a FakeTensor: harness.study.memory's probe) has no
+    # address; its storage object's own (_cdata) tells storages apart, and none is freed while
+    # autograd holds what it saved.
+    shapes_only = tensor.is_meta or is_fake(tensor)
+    pointer = storage._cdata if shapes_only else storage.data_ptr()
     return (str(tensor.device), pointer) if pointer else None
 
 
 def run_prediction(
-    plan: RunPlan, model: nn.Module, shape: ModelShape, activation_bytes: int
+    plan: RunPlan,
+    model: nn.Module,
+    shape: ModelShape,
+    activation_bytes: int,
+    backend: Optional[tuple[str, dict[str, Any]]] = None,
 ) -> Optional[MemoryPrediction]:
     """This run's memory per rank as harness.backends.memory predicts it, from what is known at its
     start: the plain model (before any backend wraps it) and its `shape`, the backend and its
     options, precision, optimizer, micro-batch and world size, and `activation_bytes`
-    (SavedActivations over the probe's forward of this rank's first micro-batch). None for a backend
+    (SavedActivations over the probe's forward of this rank's first micro-batch); or, given
+    `backend` (a name and options), of the same run under that backend. None for a backend
     harness.backends.memory has no rule for (one registered outside the kit)."""
     config = plan.config
-    if not has_memory_rule(config.backend):
+    name, options = backend or (config.backend, config.backend_options)
+    if not has_memory_rule(name):
         return None
     trainable = [p for p in model.parameters() if p.requires_grad]
     frozen = sum(p.nbytes for p in model.parameters() if not p.requires_grad)
@@ -299,7 +311,7 @@ def run_prediction(
         activation_bytes,
         f"tensors saved for backward by one forward of {plan.micro_batch} samples, measured at start",
     )
-    prediction = predict_memory(shape, config.backend, config.backend_options, training, measured)
+    prediction = predict_memory(shape, name, options, training, measured)
     if plan.loaded.task.build_optimizer is not None:
         own = f"the task builds its own optimizer: its state assumed as --optimizer {config.optimizer}'s"
         prediction = replace(prediction, assumptions=(*prediction.assumptions, own))

@@ -13,7 +13,7 @@ from torch import nn
 
 from ..backends.precision import Precision
 from ..backends.traffic import ModelShape
-from ..config import TrainConfig
+from ..config import OptimizerSection, TrainConfig
 from ..data.batches import Batch, batch_to, map_tensors
 from ..data.indexed import IndexedData, as_indexed
 from ..data.sharding import steps_per_epoch, train_batches
@@ -250,3 +250,24 @@ def plan_run(config: TrainConfig, placement: Placement, task: Optional[TaskLike]
         warmup_steps=round(config.warmup_epochs * epoch_steps),
         log_every=config.log_every or max(1, math.ceil(total_steps / HISTORY_POINTS)),
     )
+
+
+def optimizer_factory(settings: OptimizerSection, task_factory: Any = None) -> Any:
+    """The task's optimizer factory, else the one `settings` names: for the backend to build over
+    the parameters it owns (the LR rule sets every group's lr at every step either way)."""
+    if task_factory is not None:
+        return task_factory
+
+    def make(parameters):
+        if settings.optimizer == "adam":
+            return torch.optim.Adam(parameters, lr=settings.lr, weight_decay=settings.weight_decay)
+        return torch.optim.SGD(
+            parameters, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay
+        )
+
+    return make
+
+
+def backend_name(config: TrainConfig) -> str:
+    """The backend with its options as given, e.g. 'deepspeed zero_stage=3', for one-line messages."""
+    return " ".join([config.backend, *(f"{key}={value}" for key, value in sorted(config.backend_options.items()))])

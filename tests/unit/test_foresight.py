@@ -91,3 +91,27 @@ def test_the_plan_prices_the_runs_task_from_their_flags(tmp_path):
     fsdp = backend_traffic("fsdp", {"keep_gathered": True}, shape)
     assert saved["backends"]["fsdp"]["traffic"] == [dataclasses.asdict(call) for call in fsdp]
     assert fsdp != backend_traffic("fsdp", {"keep_gathered": True}, ModelShape(shape.parameter_bytes))
+
+
+def test_the_report_sets_each_runs_predicted_memory_beside_the_measured_with_the_error(tmp_path):
+    write_prediction(str(tmp_path), "polaris", DISTRIBUTED, [1], ["--model", "resnet50", "--dataset", "synthetic"])
+    backend, gib = DISTRIBUTED[0], 2**30
+    runs = [_run(backend, 4, 0.100, repeat) for repeat in range(2)]
+    for run, peak in zip(runs, (10 * gib, 12 * gib)):  # on a GPU: the allocator's peak, the largest rank's
+        run["memory"] = {"source": "cuda_allocator", "peak_bytes_per_rank": [peak - gib, peak], "predicted": {}}
+        run["memory"]["predicted"] = {"total_bytes": 12.1 * gib, "model_state_bytes": 4 * gib}
+    cpu = _run(backend, 4, 0.100, 2)  # on the CPU: the counted model state, torch's own resident set left out
+    cpu["memory"] = {
+        "source": "rss_peak",
+        "peak_bytes_per_rank": [2 * gib] * 4,
+        "model_state_bytes_per_rank": {"total": [3 * gib, 3 * gib, 5 * gib, 4 * gib]},
+        "predicted": {"total_bytes": 6 * gib, "model_state_bytes": 4.5 * gib},
+    }
+    (gpu_row,) = prediction_rows(str(tmp_path), runs)
+    assert gpu_row["memory_compared"] == "peak" and gpu_row["measured_memory_bytes"] == 11 * gib
+    assert gpu_row["memory_error"] == pytest.approx(12.1 / 11 - 1)
+    (cpu_row,) = prediction_rows(str(tmp_path), [cpu])
+    assert cpu_row["memory_compared"] == "model state" and cpu_row["memory_error"] == pytest.approx(4.5 / 5 - 1)
+    assert f"{gpu_row['memory_error']:+.1%}" in prediction_markdown([gpu_row])
+    (none,) = prediction_rows(str(tmp_path), [_run(backend, 4, 0.1, 0)])
+    assert none["memory_error"] is None and "| memory error" in prediction_markdown([none])
