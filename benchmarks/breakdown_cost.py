@@ -5,7 +5,7 @@ ranks x 1 thread, and the single-process baseline at 1 rank. Goal: on / off >= 0
 Runs are paired: each round runs a configuration on and off back to back, in an order that swaps
 every round, so drift in the machine's load hits both alike. Each round gives one ratio on / off;
 the figure is the geometric mean of the rounds' ratios with the studies' own 95% interval
-(harness.study.intervals: Student's t over their logarithms, paired by round; none below 3 rounds).
+(harness.study.scaling.intervals: Student's t over their logarithms, paired by round; none below 3 rounds).
 A shared or loaded machine widens the interval, and an interval that excludes 1 at a few rounds
 needs more rounds before it is believed.
 
@@ -47,7 +47,7 @@ import torch.distributed as dist
 from harness.backends import BACKENDS
 from harness.backends.collectives import CollectiveMeter, torch_distributed_wrappers
 from harness.process.launchers import free_port
-from harness.study import intervals
+from harness.study.scaling import intervals
 from harness.training.launch import launched_record
 from harness.training.timing import StepTimer
 
@@ -206,7 +206,7 @@ def ddp_hook_steps(steps: int = 30, rounds: int = 15) -> dict[str, list[float]]:
 
 def hook_extra(seconds: dict[str, list[float]]) -> tuple[float, Optional[tuple[float, float]]]:
     """The metered hook's extra per step over the built-in allreduce: the mean of the rounds' paired
-    differences and its 95% interval (harness.study.intervals.difference_interval)."""
+    differences and its 95% interval (harness.study.scaling.intervals.difference_interval)."""
     differences = [metered - builtin for metered, builtin in zip(seconds["metered"], seconds["builtin"])]
     return statistics.fmean(differences), intervals.difference_interval(differences)
 

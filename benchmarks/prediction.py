@@ -29,14 +29,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from harness.process.launchers import launch_environment  # noqa: E402
-from harness.study.predict import (  # noqa: E402
+from harness.study.prediction.predict import (  # noqa: E402
     interval_ms,
     measured_steps,
     network_from_benches,
     predict_scaling,
     workload_from_records,
 )
-from harness.study.predict_cli import with_node_and_traffic  # noqa: E402
+from harness.study.prediction.predict_cli import with_node_and_traffic  # noqa: E402
 from harness.training.record import read_records  # noqa: E402
 from tests.multinode.netns_cluster import NetnsCluster  # noqa: E402
 

@@ -22,7 +22,7 @@ import tempfile
 
 from harness.backends import BACKENDS
 from harness.process.launchers import launch_environment
-from harness.study.report import scaling_report, scaling_rows
+from harness.study.scaling.report import scaling_report, scaling_rows
 from harness.training.record import read_records
 
 HERE = os.path.dirname(os.path.abspath(__file__))

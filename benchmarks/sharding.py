@@ -39,7 +39,7 @@ import torch
 
 from harness.data.builtin import synthetic_shape
 from harness.process.launchers import launch_environment
-from harness.study.equivalence import update_differences, worst
+from harness.study.scaling.equivalence import update_differences, worst
 from harness.tasks.models import build_model
 from harness.training.launch import launch_command
 from harness.training.memory import MODEL_STATE

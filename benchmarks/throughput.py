@@ -11,7 +11,7 @@ through today's code against an earlier commit's, side by side in one run.
 
 Each round runs every variant once, in an order shuffled per round (seeded), so that the machine's
 drift hits all alike; a ratio is taken round by round (paired) and its 95% interval is
-harness.study.intervals.ratio_interval's, the one method the kit prints everywhere. Run it on an
+harness.study.scaling.intervals.ratio_interval's, the one method the kit prints everywhere. Run it on an
 otherwise idle machine. Usage:
     .venv/bin/python benchmarks/throughput.py [--rounds 6] [--steps 150] [--before REF]
 """
@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 
 from harness.backends import BACKENDS
 from harness.process.launchers import launch_environment, launcher_command
-from harness.study.intervals import ratio_interval
+from harness.study.scaling.intervals import ratio_interval
 from harness.training.launch import launch_command
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -47,32 +47,32 @@ def train(config: TrainConfig, callbacks=(), task=None) -> dict:
 
 
 def run_sweep(settings, task=None):
-    """Run a scaling study; returns a SweepResult with its records (see harness.study.sweep.run_sweep).
+    """Run a scaling study; returns a SweepResult with its records (see harness.study.scaling.sweep.run_sweep).
 
     `task` (a spec string, or a function returning a harness.Task defined in a file) is every run's --task."""
-    from .study.sweep import run_sweep as run
+    from .study.scaling.sweep import run_sweep as run
 
     return run(settings, task=task)
 
 
 def run_study(site: str, kit_dir=None, script=None) -> int:
-    """This batch job's part of a scaling study at `site`; its exit status (see harness.study.job.run_study)."""
-    from .study.job import run_study as run
+    """This batch job's part of a scaling study at `site`; its exit status (see harness.study.jobs.job.run_study)."""
+    from .study.jobs.job import run_study as run
 
     return run(site, kit_dir=kit_dir, script=script)
 
 
 def check_study(site: str, script: str, scheduler_args=(), environ=None):
     """Judge a qsub/sbatch of a study's job script before it is queued: a CheckResult whose problems
-    and warnings are one line each (see harness.study.preflight.check_study)."""
-    from .study.preflight import check_study as check
+    and warnings are one line each (see harness.study.jobs.preflight.check_study)."""
+    from .study.jobs.preflight import check_study as check
 
     return check(site, script, scheduler_args, environ)[0]
 
 
 def scaling_report(records) -> str:
-    """The Markdown table of a scaling study's records (see harness.study.report.scaling_report)."""
-    from .study.report import scaling_report as report
+    """The Markdown table of a scaling study's records (see harness.study.scaling.report.scaling_report)."""
+    from .study.scaling.report import scaling_report as report
 
     return report(records)
 
@@ -81,22 +81,22 @@ def scaling_rows(records) -> list:
     """The scaling table's rows as objects, one per study x configuration x workers: throughput,
     speedup and efficiency against the configuration's own fewest-worker run and against the common
     baseline, with their 95% intervals, the POP metrics and memory per rank (see
-    harness.study.report.ScalingRow)."""
-    from .study.report import scaling_rows as rows
+    harness.study.scaling.report.ScalingRow)."""
+    from .study.scaling.report import scaling_rows as rows
 
     return rows(records)
 
 
 def scaling_figures(records) -> dict:
-    """matplotlib Figures of a scaling study's records (see harness.study.plot.scaling_figures)."""
-    from .study.plot import scaling_figures as figures
+    """matplotlib Figures of a scaling study's records (see harness.study.scaling.plot.scaling_figures)."""
+    from .study.scaling.plot import scaling_figures as figures
 
     return figures(records)
 
 
 def bench_allreduce(settings) -> dict:
-    """Time a backend's allreduce per message size and fit the ring model (see harness.study.bench)."""
-    from .study.bench import bench_allreduce as bench
+    """Time a backend's allreduce per message size and fit the ring model (see harness.study.prediction.bench)."""
+    from .study.prediction.bench import bench_allreduce as bench
 
     return bench(settings)
 
@@ -124,8 +124,8 @@ def merge_traces(directory: str, output=None) -> str:
 
 
 def trace_summary(path: str) -> dict:
-    """Per rank of a merged trace: seconds in forward, backward, optimizer, allreduce, idle (see harness.study.trace)."""
-    from .study.trace import trace_summary as summary
+    """Per rank of a merged trace: seconds in forward, backward, optimizer, allreduce, idle (see harness.study.scaling.trace)."""
+    from .study.scaling.trace import trace_summary as summary
 
     return summary(path)
 
@@ -133,16 +133,16 @@ def trace_summary(path: str) -> dict:
 def trace_spans(path: str) -> dict:
     """Per rank of a merged trace: its training thread's forward, backward, gradient sync and optimizer,
     and its allreduces on the communicator's threads, as (kind, start, end) spans in seconds on the
-    trace's one clock (see harness.study.trace.trace_spans)."""
-    from .study.trace import trace_spans as spans
+    trace's one clock (see harness.study.scaling.trace.trace_spans)."""
+    from .study.scaling.trace import trace_spans as spans
 
     return spans(path)
 
 
 def trace_figure(path: str, title: str = ""):
     """A merged trace as a matplotlib Figure: one row per rank's training thread and one for its
-    allreduces, on one clock, where overlap and waiting show (see harness.study.run_plots.trace_figure)."""
-    from .study.run_plots import trace_figure as figure
+    allreduces, on one clock, where overlap and waiting show (see harness.study.scaling.run_plots.trace_figure)."""
+    from .study.scaling.run_plots import trace_figure as figure
 
     return figure(path, title)
 
@@ -155,7 +155,7 @@ def read_results(paths) -> list:
 
 
 def __getattr__(name: str):
-    # SweepSettings and SweepResult live in harness.study.sweep, which imports torch: load it on first use.
+    # SweepSettings and SweepResult live in harness.study.scaling.sweep, which imports torch: load it on first use.
     if name in ("SweepSettings", "SweepResult"):
         from .study import sweep
 

@@ -33,13 +33,13 @@ MPI_FINALIZE_LIMIT_S = 60.0
 
 
 def _predict_flags(parser: argparse.ArgumentParser) -> None:
-    from .study.predict_cli import add_predict_flags
+    from .study.prediction.predict_cli import add_predict_flags
 
     add_predict_flags(parser)
 
 
 def _recommend_flags(parser: argparse.ArgumentParser) -> None:
-    from .study.recommend import add_recommend_flags
+    from .study.prediction.recommend import add_recommend_flags
 
     add_recommend_flags(parser)
 
@@ -331,9 +331,11 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         description="Combines a site's network figures (its profile, or a `harness bench allreduce` fit) with "
         "the compute per step of a run (a record) or of a published throughput, the model's gradient "
         "bytes, the bucket size and the overlap of communication with backward; with --measured, "
-        "puts measured step times beside the prediction. See harness/study/predict.py.",
+        "puts measured step times beside the prediction. See harness/study/prediction/predict.py.",
     )
-    predict.declare_later(_predict_flags)  # declared in harness.study.predict: loaded only when `predict` is used
+    predict.declare_later(
+        _predict_flags
+    )  # declared in harness.study.prediction.predict: loaded only when `predict` is used
     predict.set_defaults(run=cli_commands.predict)
 
     recommend = commands.add_parser(
@@ -342,9 +344,9 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         description="For every backend case (DDP, Horovod, DeepSpeed ZeRO 0-3, FSDP resharding or not; or the "
         "--backend named): the memory a rank holds against the site's device memory (or --memory-cap) and the "
         "step time of `harness predict`'s model with that backend's own traffic; at each node count the fastest "
-        "that fits, or those within the prediction's uncertainty of it. See harness/study/recommend.py.",
+        "that fits, or those within the prediction's uncertainty of it. See harness/study/prediction/recommend.py.",
     )
-    recommend.declare_later(_recommend_flags)  # declared in harness.study.recommend: loaded only when used
+    recommend.declare_later(_recommend_flags)  # declared in harness.study.prediction.recommend: loaded only when used
     recommend.set_defaults(run=cli_commands.recommend)
 
     doctor = commands.add_parser(
@@ -363,7 +365,7 @@ def build_parser(train_defaults: Optional[dict[str, Any]] = None) -> argparse.Ar
         description="In a PBS/Slurm job: check, discovery on every rank, the sweep through the site launcher, "
         "figures and report in JOB_DIR, and continuation after the walltime warning or a preemption. "
         "On a login node: --check (or --submit) the qsub/sbatch options given after --. Settings are "
-        "NAME=VALUE variables (qsub -v, sbatch's environment); see harness/study/settings.py.",
+        "NAME=VALUE variables (qsub -v, sbatch's environment); see harness/study/jobs/settings.py.",
     )
     study.add_argument(
         "--site",

@@ -53,7 +53,7 @@ def env(args: argparse.Namespace) -> int:
 
     cluster = detect_cluster()
     # The hostname (and the launcher's node index) tell which node each rank landed on: the study job
-    # checks the placement against its plan (harness.study.placement).
+    # checks the placement against its plan (harness.study.jobs.placement).
     found = {
         **dc.asdict(cluster),
         "default_threads": default_threads(cluster),
@@ -98,8 +98,8 @@ def data_prepare(args: argparse.Namespace) -> int:
 
 
 def sweep(args: argparse.Namespace) -> int:
-    from .study.report import scaling_report
-    from .study.sweep import SweepSettings, parse_list, parse_ranks, run_sweep
+    from .study.scaling.report import scaling_report
+    from .study.scaling.sweep import SweepSettings, parse_list, parse_ranks, run_sweep
 
     settings = SweepSettings(
         backends=parse_list(args.backends, "backends"),
@@ -136,7 +136,7 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 def plot(args: argparse.Namespace) -> int:
-    from .study.plot import write_figures
+    from .study.scaling.plot import write_figures
     from .training.record import read_results
 
     for path in write_figures(read_results(args.results), args.output):
@@ -145,14 +145,14 @@ def plot(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-    from .study.report import scaling_report
-    from .study.report_notes import require_runs
+    from .study.scaling.report import scaling_report
+    from .study.scaling.report_notes import require_runs
     from .training.record import read_results
 
     records = read_results(args.results)
     require_runs(records, ", ".join(args.results))
     if args.html:
-        from .study.html_report import write_html_report
+        from .study.scaling.html_report import write_html_report
 
         directory = args.results[0] if len(args.results) == 1 and os.path.isdir(args.results[0]) else None
         print(write_html_report(records, args.html, directory))
@@ -162,8 +162,8 @@ def report(args: argparse.Namespace) -> int:
 
 
 def bench_allreduce(args: argparse.Namespace) -> int:
-    from .study.allreduce import DEFAULT_SIZES, BenchSettings, format_result, parse_sizes
-    from .study.bench import backend_collectives, bench_collectives, results_path
+    from .study.prediction.allreduce import DEFAULT_SIZES, BenchSettings, format_result, parse_sizes
+    from .study.prediction.bench import backend_collectives, bench_collectives, results_path
     from .training.flags import backend_options_given
 
     settings = BenchSettings(
@@ -191,19 +191,19 @@ def bench_allreduce(args: argparse.Namespace) -> int:
 
 
 def predict(args: argparse.Namespace) -> int:
-    from .study.predict_cli import predict_command
+    from .study.prediction.predict_cli import predict_command
 
     return predict_command(args)
 
 
 def recommend(args: argparse.Namespace) -> int:
-    from .study.recommend import recommend_command
+    from .study.prediction.recommend import recommend_command
 
     return recommend_command(args)
 
 
 def study(args: argparse.Namespace) -> int:
-    from .study.preflight import study_command
+    from .study.jobs.preflight import study_command
 
     scheduler_args = list(args.scheduler_args)
     if scheduler_args and scheduler_args[0] == "--":
@@ -225,7 +225,7 @@ def exercise_start(args: argparse.Namespace) -> int:
 
 
 def doctor(args: argparse.Namespace) -> int:
-    from .study.doctor import diagnose, this_node
+    from .study.jobs.doctor import diagnose, this_node
 
     report = diagnose(this_node(), site=args.site, job_dir=args.job_dir)
     print(json.dumps(report.to_dict(), indent=1) if args.json else "\n".join(report.lines()), flush=True)

@@ -20,7 +20,7 @@
 #
 # Settings are qsub -v NAME=VALUE,... (list items separated by spaces): BACKENDS NODES RANKS SCALING
 # MODEL DATASET DATA_DIR BATCH_SIZE STEPS PRECISION TRAIN_ARGS JOB_DIR RESUBMIT ...
-# (harness/study/settings.py). Software: ALCF's frameworks module, pinned (FRAMEWORKS_MODULE,
+# (harness/study/jobs/settings.py). Software: ALCF's frameworks module, pinned (FRAMEWORKS_MODULE,
 # default frameworks/2025.3.1: PyTorch with XPU and the xccl process group, DeepSpeed; no Horovod;
 # the pin and its source in harness/study/sites/aurora.json); submit with -v, never -V (ALCF's
 # known issues: -V can abort the start-up); -v PYTHON_ENV=venv adds a venv layered on it (VENV,
@@ -29,7 +29,7 @@
 set -euo pipefail
 
 KIT_DIR="${KIT_DIR:-${PBS_O_WORKDIR:-$(cd "$(dirname "$0")/.." && pwd)}}"
-if [[ ! -f "$KIT_DIR/harness/study/job.py" ]]; then
+if [[ ! -f "$KIT_DIR/harness/study/jobs/job.py" ]]; then
     echo "job: error: $KIT_DIR is not the kit; qsub from it or pass -v KIT_DIR=/path/to/kit" >&2
     exit 2
 fi

@@ -19,7 +19,7 @@
 #
 # Settings are qsub -v NAME=VALUE,... (list items separated by spaces): BACKENDS NODES RANKS SCALING
 # MODEL DATASET DATA_DIR BATCH_SIZE STEPS PRECISION TRAIN_ARGS PROCS_PER_GPU JOB_DIR RESUBMIT ...
-# (harness/study/settings.py). Software: ALCF's conda module (conda/2025-09-25: PyTorch, DeepSpeed,
+# (harness/study/jobs/settings.py). Software: ALCF's conda module (conda/2025-09-25: PyTorch, DeepSpeed,
 # NCCL, mpi4py; no Horovod since 2025-10); -v PYTHON_ENV=venv adds a venv layered on it
 # (VENV, default .venv-polaris, made by tools/layered_venv.sh, which builds Horovod with NCCL).
 # NCCL over Slingshot uses ALCF's aws-ofi-nccl plugin, found before any run (--check says so on a
@@ -27,7 +27,7 @@
 set -euo pipefail
 
 KIT_DIR="${KIT_DIR:-${PBS_O_WORKDIR:-$(cd "$(dirname "$0")/.." && pwd)}}"
-if [[ ! -f "$KIT_DIR/harness/study/job.py" ]]; then
+if [[ ! -f "$KIT_DIR/harness/study/jobs/job.py" ]]; then
     echo "job: error: $KIT_DIR is not the kit; qsub from it or pass -v KIT_DIR=/path/to/kit" >&2
     exit 2
 fi

@@ -127,6 +127,17 @@ LAYERS = {
         "harness.study",
     },
 }
+# The study layer's packages and which of the others each may import: the site profiles stand
+# alone, prediction reads scaling's records and intervals and the sites' networks and devices, jobs
+# runs all three, scaling stands alone but for its HTML report's lazy look at the prediction a job
+# wrote (the one import checked by name).
+STUDY_PACKAGES = {
+    "harness.study.sites": set(),
+    "harness.study.scaling": set(),
+    "harness.study.prediction": {"harness.study.scaling", "harness.study.sites"},
+    "harness.study.jobs": {"harness.study.scaling", "harness.study.prediction", "harness.study.sites"},
+}
+STUDY_EXCEPTIONS = {("harness.study.scaling.html_report", "harness.study.prediction.foresight")}
 FRAMEWORKS = ("horovod", "deepspeed", "torch.nn.parallel", "torch.distributed.fsdp")
 MODULE_LINES = 500
 FUNCTION_LINES = 60
@@ -155,6 +166,24 @@ def test_each_layer_imports_only_the_layers_below_it():
             if target not in FOUNDATION and _layer(target) not in allowed:
                 offenders.append(f"{module} imports {target}")
     assert offenders == [], "\n".join(offenders)
+
+
+def test_the_study_layer_is_sites_scaling_prediction_and_jobs_each_importing_only_what_it_may():
+    modules = _modules()
+    loose = [m for m in modules if m.startswith("harness.study.") and not m.startswith(tuple(STUDY_PACKAGES))]
+    assert loose == [], f"study modules outside its packages: {loose}"
+    offenders = []
+    for module, targets in import_graph().items():
+        own = next((package for package in STUDY_PACKAGES if module.startswith(package)), None)
+        if own is None:
+            continue
+        for target in sorted(targets):
+            other = next((package for package in STUDY_PACKAGES if target.startswith(package)), own)
+            if other != own and other not in STUDY_PACKAGES[own] and (module, target) not in STUDY_EXCEPTIONS:
+                offenders.append(f"{module} imports {target}")
+    assert offenders == [], "\n".join(offenders)
+    for package in STUDY_PACKAGES:
+        assert ast.get_docstring(ast.parse(open(modules[package]).read())), f"{package} says what it is"
 
 
 def test_the_foundation_imports_only_itself_and_leaf_modules():

@@ -26,7 +26,7 @@ FIGURE = os.path.join(KIT, "docs", "images", "weak-scaling-throughput.png")
 def redraw(results: str = RESULTS, output: str = FIGURE) -> str:
     """Draw `results`' throughput figure with `harness plot`'s own code into `output`; its path."""
     import harness
-    from harness.study.plot import write_figures
+    from harness.study.scaling.plot import write_figures
 
     with tempfile.TemporaryDirectory() as scratch:
         written = write_figures(harness.read_results(results), os.path.join(scratch, "study"))

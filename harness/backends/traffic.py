@@ -1,7 +1,7 @@
 """What a backend sends per optimizer step, as data a cost model can price (no torch, no framework).
 
 Each backend declares its own pattern (`Backend.traffic`), so that nothing outside this package
-knows how a framework communicates; harness.study.predict composes the patterns with a network.
+knows how a framework communicates; harness.study.prediction.predict composes the patterns with a network.
 
 A `Collective` is one call repeated `count` times in a step, of `bytes` = the whole (unsharded)
 buffer it works on (the record schema's `step_breakdown.collectives`): a ring moves 2(n-1)/n x

@@ -395,5 +395,5 @@ def default_threads(cluster: ClusterEnv) -> int:
 
     Right for one run, wrong for comparing runs: one rank would get every core and two ranks one
     each, so a scaling study's baseline would do other work per rank. `harness sweep` therefore
-    gives all its runs one --threads (harness.study.sweep.threads_per_rank)."""
+    gives all its runs one --threads (harness.study.scaling.sweep.threads_per_rank)."""
     return max(1, cpu_cores() // max(1, cluster.local_world_size))

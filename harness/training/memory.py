@@ -270,7 +270,7 @@ def _storage_key(tensor: torch.Tensor) -> Optional[tuple[str, int]]:
         storage = tensor.untyped_storage()
     except (RuntimeError, NotImplementedError):  # no storage (a wrapper subclass)
         return None
-    # A shapes-only tensor's storage (meta, or a FakeTensor: harness.study.memory's probe) has no
+    # A shapes-only tensor's storage (meta, or a FakeTensor: harness.study.prediction.memory's probe) has no
     # address; its storage object's own (_cdata) tells storages apart, and none is freed while
     # autograd holds what it saved.
     shapes_only = tensor.is_meta or is_fake(tensor)

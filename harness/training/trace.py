@@ -17,7 +17,7 @@ https://ui.perfetto.dev and chrome://tracing open:
   clocks agree: NTP keeps them within about a millisecond on a cluster network (PTP: microseconds),
   so compare events across nodes only where they are further apart than that.
 
-No torch here, so that `harness trace merge` starts quickly; harness.study.trace reads merged traces back.
+No torch here, so that `harness trace merge` starts quickly; harness.study.scaling.trace reads merged traces back.
 """
 
 from __future__ import annotations

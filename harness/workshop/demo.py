@@ -20,7 +20,7 @@ from typing import Optional
 from ..backends import BACKENDS, get_backend
 from ..errors import UsageError
 from ..process.launchers import launch_environment
-from ..study.report import RUN_COLUMNS, markdown_table
+from ..study.scaling.report import RUN_COLUMNS, markdown_table
 from ..training.launch import launch_command
 from ..training.record import read_records
 

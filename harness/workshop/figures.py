@@ -1,4 +1,4 @@
-"""Figures the workshop notebooks draw besides the scaling ones (harness.study.plot), in the same slide
+"""Figures the workshop notebooks draw besides the scaling ones (harness.study.scaling.plot), in the same slide
 style: large text, labelled axes with units, matplotlib Figure objects without pyplot state (a
 notebook displays one by evaluating it).
 """
@@ -12,7 +12,7 @@ import numpy as np
 
 from ..data.sharding import dropped_tail, epoch_permutation, rank_slice, steps_per_epoch
 from ..errors import require
-from ..study.plot import FIGSIZE, PALETTE, PHASE_STYLE, PLOT_INSTALL, SLIDE_STYLE
+from ..study.scaling.plot import FIGSIZE, PALETTE, PHASE_STYLE, PLOT_INSTALL, SLIDE_STYLE
 from ..training.metrics import AU_FORMULA
 
 
@@ -260,7 +260,7 @@ def packing_figure(rows: Sequence[dict[str, Any]], title: str = "Several ranks p
     """Per placement (harness.workshop.packing.packing_rows), left: the throughput's mean over
     repeats with its 95% interval as an error bar and the speedup over the first placement written
     on each bar; right: one rank's milliseconds per step in each phase, stacked."""
-    from ..study.intervals import error_bars
+    from ..study.scaling.intervals import error_bars
 
     rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
     on_gpus = rows[0]["device"] == "cuda"

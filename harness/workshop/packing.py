@@ -11,7 +11,7 @@ how ranks sharing a GPU reduce is their backend's business, see harness.backends
 `run_packing_study` trains each placement with `harness.run_sweep` (the same per-rank batch, so the
 weak-scaling throughputs compare directly), inside `mps_daemon()` on GPUs when MPS can be started,
 and tags each record with its placement and interleave round; `packing_rows` and `packing_table`
-set them side by side, with 95% intervals over the rounds (harness.study.intervals).
+set them side by side, with 95% intervals over the rounds (harness.study.scaling.intervals).
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def _run_placement(
 
     The line announcing the run is the study's: the sweep's own would number the run within its
     one-run sweep ("[1/1] ... repeat 1/1"), so it is left out."""
-    from ..study.sweep import SweepSettings, plan_sweep, run_sweep
+    from ..study.scaling.sweep import SweepSettings, plan_sweep, run_sweep
 
     settings = SweepSettings(
         backends=[backend],
@@ -215,7 +215,7 @@ def _placement(record: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def _rounds(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Interleave round (the study's repeat tag; the run's place among its placement's runs without
-    one) -> the run's throughput: what harness.study.intervals pairs placements by."""
+    one) -> the run's throughput: what harness.study.scaling.intervals pairs placements by."""
     return {str(run.get("tags", {}).get(REPEAT_TAG, index)): run["throughput"] for index, run in enumerate(runs)}
 
 
@@ -232,13 +232,13 @@ def _per_step_ms(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 def packing_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per placement, in the order the records first show it: its label, ranks, threads,
     ranks per device, runs, the throughput's mean over repeats with its 95% interval ("interval",
-    harness.study.intervals.mean_interval; None below intervals.MIN_ROUNDS runs), the mean per rank, a rank's mean
+    harness.study.scaling.intervals.mean_interval; None below intervals.MIN_ROUNDS runs), the mean per rank, a rank's mean
     milliseconds per step in each phase ("per step ms"), and the speedup of the mean over the first
     row's with its 95% interval paired by interleave round ("speedup interval",
     intervals.ratio_interval; None for the first row or below intervals.MIN_ROUNDS shared rounds); "apart" says
     whether that interval leaves out 1, so that the difference is larger than the run-to-run spread
     (None where there is no interval); "records" holds the placement's runs, in the order given."""
-    from ..study.intervals import mean_interval, overlap, ratio_interval
+    from ..study.scaling.intervals import mean_interval, overlap, ratio_interval
 
     groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for record in records:
@@ -285,7 +285,7 @@ def _interval_text(interval: Optional[tuple[float, float]], digits: int) -> str:
 
 def packing_table(records: Sequence[Mapping[str, Any]]) -> str:
     """Markdown of packing_rows: throughput and speedup as mean [95% interval] over repeats."""
-    from ..study.report import markdown_table
+    from ..study.scaling.report import markdown_table
 
     rows = packing_rows(records)
     keys = ("ranks per device", "ranks", "threads per rank", "device", "mps", "runs")

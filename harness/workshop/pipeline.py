@@ -167,7 +167,7 @@ class LoadingMeasurement:
     au: float  # harness.training.metrics.accelerator_utilisation(compute, elapsed)
     data_wait_ms: float  # per step
     compute_ms: float  # per step: forward, backward, optimizer
-    # One value per interleaved round, in round order: what harness.study.intervals pairs configurations by.
+    # One value per interleaved round, in round order: what harness.study.scaling.intervals pairs configurations by.
     round_throughputs: tuple[float, ...] = ()
     round_data_wait_ms: tuple[float, ...] = ()
     round_compute_ms: tuple[float, ...] = ()
@@ -389,7 +389,7 @@ def _timed_steps(
 
 def loading_table(measurements: list[LoadingMeasurement]) -> str:
     """Markdown: one row per measurement, throughput relative to the first row."""
-    from ..study.report import markdown_table
+    from ..study.scaling.report import markdown_table
 
     first = measurements[0].throughput if measurements else math.nan
     return markdown_table(

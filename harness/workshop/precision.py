@@ -7,7 +7,7 @@
 - `saved_for_backward`: the bytes autograd keeps from one forward for the backward under a
   precision's autocast (the harness's own, harness.backends.precision), by dtype;
 - `step_time_ratios`: each precision's step time over fp32's from interleaved rounds, with the
-  paired interval of harness.study.intervals (t on log ratios).
+  paired interval of harness.study.scaling.intervals (t on log ratios).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..backends.precision import Precision
-from ..study.intervals import Interval, ratio_interval
+from ..study.scaling.intervals import Interval, ratio_interval
 
 FORMATS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -94,7 +94,7 @@ def step_time_ratios(
     step_seconds: Mapping[str, Mapping[str, float]], baseline: str = "fp32"
 ) -> dict[str, tuple[float, Optional[Interval]]]:
     """Per precision other than `baseline`: its mean step time over the baseline's, and the 95%
-    interval of that ratio (harness.study.intervals.ratio_interval: rounds paired, t on the log
+    interval of that ratio (harness.study.scaling.intervals.ratio_interval: rounds paired, t on the log
     ratios; None with fewer than intervals.MIN_ROUNDS rounds). `step_seconds`: precision -> {round: seconds per step}."""
     ratios = {}
     for name, rounds in step_seconds.items():

@@ -25,7 +25,7 @@ import harness
 SEQUENCE = tuple(os.environ.get("REPEAT_SEQUENCE", ",".join(DISTRIBUTED * 2)).split(","))
 # Runs in process groups the script makes itself, one group per tuple.
 OWN_GROUP_SEQUENCES = (("ddp", "deepspeed"), ("deepspeed",))
-# Every run must end with the weights of one process on the doubled batch (harness.study.equivalence).
+# Every run must end with the weights of one process on the doubled batch (harness.study.scaling.equivalence).
 COMMON = dict(
     task_args={"model": "cnn", "dataset": "digits", "dropout": 0.0},
     seed=0,

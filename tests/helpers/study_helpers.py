@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from harness.study.jobdir import StudyJob
-from harness.study.scheduler import Allocation, JobRecord
-from harness.study.settings import resolve_settings
+from harness.study.jobs.jobdir import StudyJob
+from harness.study.jobs.scheduler import Allocation, JobRecord
+from harness.study.jobs.settings import resolve_settings
 from harness.study.sites import load_site
 from tests.conftest import REPO
 

@@ -11,8 +11,8 @@ import torch
 
 from harness.config import TrainConfig
 from harness.fileio import load_tensors
-from harness.study import weights as study_weights
-from harness.study.equivalence import update_differences, worst
+from harness.study.scaling import weights as study_weights
+from harness.study.scaling.equivalence import update_differences, worst
 from harness.training.flags import add_train_flags, config_from_args
 from harness.training.plan import initial_model
 from harness.training.score import evaluate_model_file
@@ -44,7 +44,7 @@ def train_config(train_args: list[str]) -> TrainConfig:
 
 def farthest_parameter(trained: Weights, reference: Weights, train_args: list[str]) -> tuple[str, float]:
     """(name, value) of the parameter farthest from `reference`, relative to the reference's update
-    from the weights that `harness train TRAIN_ARGS` starts from (harness.study.equivalence).
+    from the weights that `harness train TRAIN_ARGS` starts from (harness.study.scaling.equivalence).
 
     Parameters only: buffers such as batch-norm statistics are each rank's own (the saved model's are
     rank 0's), so a 2-rank run's legitimately differ from one process's."""

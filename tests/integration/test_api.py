@@ -32,7 +32,7 @@ def test_sweep_report_and_figures_from_python(tmp_path):
     figures = harness.scaling_figures(result.records)
     assert set(figures) == {"throughput", "efficiency", "breakdown"}
     assert all(type(figure).__name__ == "Figure" for figure in figures.values())
-    from harness.study.run_plots import timeline_figure
+    from harness.study.scaling.run_plots import timeline_figure
 
     timeline = result.records[0]["timeline"]
     assert len(timeline["per_rank"]) == 1 and len(timeline["per_rank"][0]) == 2

@@ -10,7 +10,7 @@ import pytest
 
 from harness.backends import BACKENDS
 from harness.backends.torch_distributed import TorchDistributedBackend
-from harness.study.allreduce import fit_alpha_beta
+from harness.study.prediction.allreduce import fit_alpha_beta
 from tests.conftest import harness
 
 PROCESS_GROUP = sorted(name for name, cls in BACKENDS.items() if issubclass(cls, TorchDistributedBackend))

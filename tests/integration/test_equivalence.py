@@ -17,7 +17,7 @@ The cases are spread over the test tasks, each where it shows most:
   its embeddings, each block and its head): Adam under each backend's defaults, and its evaluation
   (the loss and the perplexity derived from it) at 2 ranks equal to the saved model's at one.
 
-Compared relative to how far training moved each parameter, after harness.study.equivalence's 10
+Compared relative to how far training moved each parameter, after harness.study.scaling.equivalence's 10
 steps and within its bounds. The one-process references train in this process (harness.cli.main,
 the `harness` command's function): no launcher is needed for one rank, and the `none` backend runs
 under its own launcher in the accumulation case.
@@ -37,7 +37,7 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.study.equivalence import BF16_UPDATE_BOUND, EQUIVALENCE_STEPS, UPDATE_BOUND
+from harness.study.scaling.equivalence import BF16_UPDATE_BOUND, EQUIVALENCE_STEPS, UPDATE_BOUND
 from harness.training.memory import MODEL_STATE
 from harness.training.record import read_records
 from tests.conftest import launch

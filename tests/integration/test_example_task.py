@@ -1,7 +1,7 @@
 """The tutorial docs/tutorials/your-model.md, run as it is written, on examples/your_task.py.
 
 Its step 4 (one process with batch 64 against 2 DDP ranks with 32 each, 10 steps, the weights
-compared with harness.study.weights) and what the tutorial quotes of those two runs: the weights
+compared with harness.study.scaling.weights) and what the tutorial quotes of those two runs: the weights
 within the kit's bound, the same evaluation, the record's `task`. Its step 5 as a tiny sweep with the
 report, the figures and the prediction. Its step 2's one-line errors, and the example's
 augmentation (docs/how-to/your-data.md): the same shifts at any world size. About a minute in all,
@@ -17,8 +17,8 @@ import torch
 
 import harness
 from harness.errors import UsageError
-from harness.study.equivalence import UPDATE_BOUND
-from harness.study.weights import (
+from harness.study.scaling.equivalence import UPDATE_BOUND
+from harness.study.scaling.weights import (
     compare_with_reference,
     comparison_bound,
     comparison_table,

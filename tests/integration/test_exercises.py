@@ -16,7 +16,7 @@ import torch
 
 from harness import workshop
 from harness.process.launchers import free_port, launcher_command
-from harness.study.equivalence import UPDATE_BOUND, update_differences, worst
+from harness.study.scaling.equivalence import UPDATE_BOUND, update_differences, worst
 from harness.tasks.models import WorkshopCNN
 from harness.workshop.checker import CheckResult, check_script
 from tests.conftest import REPO, harness, run

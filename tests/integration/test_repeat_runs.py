@@ -10,7 +10,7 @@ import pytest
 import harness
 from harness import TrainConfig
 from harness.process.launchers import launcher_command
-from harness.study.equivalence import UPDATE_BOUND
+from harness.study.scaling.equivalence import UPDATE_BOUND
 from tests.conftest import REPO, run
 from tests.helpers.backend_cases import DISTRIBUTED
 from tests.helpers.weights import load_weights, update_difference

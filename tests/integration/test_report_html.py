@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from harness.study.foresight import write_prediction
+from harness.study.prediction.foresight import write_prediction
 from tests.conftest import harness
 from tests.helpers.browser import chromium_driver
 from tests.helpers.handmade_records import record

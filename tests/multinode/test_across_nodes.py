@@ -23,7 +23,7 @@ import torch
 
 from harness.backends import BACKENDS
 from harness.errors import EXIT_PREEMPTED
-from harness.study.equivalence import UPDATE_BOUND, update_differences, worst
+from harness.study.scaling.equivalence import UPDATE_BOUND, update_differences, worst
 from tests.conftest import REPO, launch
 from tests.helpers.weights import CNN, initial_weights, load_weights
 from tests.integration.test_equivalence import COMMON, SGD

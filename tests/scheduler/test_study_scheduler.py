@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
-from harness.study.scheduler import (
+from harness.study.jobs.scheduler import (
     read_pbs_job,
 )
 from tests.unit.test_study_scheduler import POLARIS_JOB, data

@@ -15,7 +15,7 @@ import pytest
 
 from harness.errors import UsageError
 from harness.process.discovery import detect_cluster
-from harness.study.settings import site_launch
+from harness.study.jobs.settings import site_launch
 from harness.study.sites import load_site
 from harness.training.record import read_records
 from tests.conftest import REPO

@@ -58,7 +58,7 @@ def qsub(pbs: EmulatedPbs, cwd: str, nodes: int, settings: dict[str, str]):
 
 
 def test_check_accepts_a_reservation_queue_with_one_warning(tmp_path):
-    from harness.study.preflight import check_study
+    from harness.study.jobs.preflight import check_study
 
     plugins = {"LD_LIBRARY_PATH": os.path.join(REPO, "tests", "data", "site_plugins")}
     result, _ = check_study("polaris", POLARIS, ["-A", "p", "-q", RESERVATION, "-v", "BACKENDS=ddp"], environ=plugins)

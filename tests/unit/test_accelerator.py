@@ -18,7 +18,7 @@ from harness.errors import EXIT_USAGE, UsageError
 from harness.process import accelerator
 from harness.process.accelerator import KINDS, detect_accelerator, kind_of, select_device
 from harness.process.discovery import ClusterEnv
-from harness.study.job import gpus_on_this_node
+from harness.study.jobs.job import gpus_on_this_node
 from harness.training.placement import check_config, check_device
 
 # kind: (torch's device type, torch.version.hip, devices, device of local rank 3, communicator, variable)

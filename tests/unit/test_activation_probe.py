@@ -9,7 +9,7 @@ import pytest
 from torch import nn
 
 from harness.data.indexed import as_indexed
-from harness.study import memory
+from harness.study.prediction import memory
 from harness.tasks.loading import load_task
 from tests.helpers.tasks import TASK_FILE
 

@@ -9,8 +9,8 @@ import random
 import pytest
 
 from harness.errors import UsageError
-from harness.study.allreduce import fit_alpha_beta, parse_sizes, ring_allreduce_seconds
-from harness.study.predict import (
+from harness.study.prediction.allreduce import fit_alpha_beta, parse_sizes, ring_allreduce_seconds
+from harness.study.prediction.predict import (
     Network,
     Workload,
     measured_steps,
@@ -160,7 +160,7 @@ def test_workload_and_measured_steps_from_records():
     assert work.local_batch == 64
     measured = measured_steps(runs)  # by world size
     assert measured[1]["mean"] == pytest.approx((0.075 * 0.077) ** 0.5) and measured[2]["n"] == 2
-    assert measured[1]["interval"] is None  # two runs: no interval (harness.study.intervals.MIN_ROUNDS)
+    assert measured[1]["interval"] is None  # two runs: no interval (harness.study.scaling.intervals.MIN_ROUNDS)
     assert measured[2]["contended"] is False
     table = prediction_table(
         predict_scaling(
@@ -185,8 +185,8 @@ def test_workload_and_measured_steps_from_records():
 
 
 def test_the_prediction_figure_boxes_contended_measurements_and_shows_anchors():
-    from harness.study.plot import CONTENTION_LABEL
-    from harness.study.run_plots import prediction_figure
+    from harness.study.scaling.plot import CONTENTION_LABEL
+    from harness.study.scaling.run_plots import prediction_figure
 
     rows = predict_scaling(WORK, NETWORK, [1, 2])  # 2 and 4 ranks
     measured = {
@@ -204,8 +204,8 @@ def test_the_prediction_figure_boxes_contended_measurements_and_shows_anchors():
 def test_traffic_is_priced_on_the_tasks_own_model(tmp_path):
     from harness.backends.traffic import ModelShape
     from harness.cli import main
-    from harness.study.predict import backend_traffic
-    from harness.study.predict_cli import with_node_and_traffic
+    from harness.study.prediction.predict import backend_traffic
+    from harness.study.prediction.predict_cli import with_node_and_traffic
     from harness.training.plan import model_shape, shape_record
     from tests.conftest import REPO
     from tests.helpers.tasks import regression

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.study.plot import CONTENTION_LABEL, breakdown_figure, efficiency_figure, throughput_figure
-from harness.study.report import scaling_report, scaling_rows
+from harness.study.scaling.plot import CONTENTION_LABEL, breakdown_figure, efficiency_figure, throughput_figure
+from harness.study.scaling.report import scaling_report, scaling_rows
 from harness.training import contention
 from harness.training.metrics import contention_reasons, contention_summary
 from tests.helpers.handmade_records import contention_measures, record

@@ -15,8 +15,8 @@ import pytest
 import harness.training.timing
 import harness.workshop.figures
 import harness.workshop.pipeline
-from harness.study.report import scaling_report
-from harness.study.report_notes import FOOTNOTE_TERMS
+from harness.study.scaling.report import scaling_report
+from harness.study.scaling.report_notes import FOOTNOTE_TERMS
 from harness.training.metrics import AU_FORMULA, DEFINITIONS, accelerator_utilisation
 from tests.conftest import REPO
 from tests.helpers.handmade_records import weak_study

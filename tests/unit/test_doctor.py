@@ -9,7 +9,7 @@ import stat
 
 from harness.cli import main
 from harness.process.accelerator import Accelerator
-from harness.study.doctor import DoctorReport, Node, diagnose, file_system_type, identify_site
+from harness.study.jobs.doctor import DoctorReport, Node, diagnose, file_system_type, identify_site
 
 ALL_READY = {"none": None, "ddp": None, "horovod": None, "deepspeed": None, "fsdp": None}
 

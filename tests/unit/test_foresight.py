@@ -8,7 +8,7 @@ import json
 import pytest
 
 from harness.backends import BACKENDS
-from harness.study.foresight import PREDICTION_FILE, prediction_markdown, prediction_rows, write_prediction
+from harness.study.prediction.foresight import PREDICTION_FILE, prediction_markdown, prediction_rows, write_prediction
 from tests.conftest import REPO
 from tests.helpers.handmade_records import record
 
@@ -72,7 +72,7 @@ def test_a_site_without_network_figures_writes_why_and_reports_nothing(tmp_path)
 
 def test_the_plan_prices_the_runs_task_from_their_flags(tmp_path):
     from harness.backends.traffic import ModelShape
-    from harness.study.predict import backend_traffic
+    from harness.study.prediction.predict import backend_traffic
     from harness.training.plan import model_shape
     from tests.helpers.tasks import regression
 

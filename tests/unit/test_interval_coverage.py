@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.study import intervals
+from harness.study.scaling import intervals
 
 TRIALS = 1000  # a coverage of 0.95 is measured to +-0.014 (two standard errors)
 SIGMA = 0.1  # each run's throughput is the true one times exp(N(0, SIGMA))

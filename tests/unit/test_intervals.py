@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.study import intervals
-from harness.study.plot import efficiency_figure
-from harness.study.report import scaling_report, scaling_rows
+from harness.study.scaling import intervals
+from harness.study.scaling.plot import efficiency_figure
+from harness.study.scaling.report import scaling_report, scaling_rows
 from tests.helpers.handmade_records import record
 
 

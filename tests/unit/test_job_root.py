@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from harness.study.check import CheckResult, check_storage
-from harness.study.preflight import check_study
-from harness.study.settings import default_job_dir, home_warning
+from harness.study.jobs.check import CheckResult, check_storage
+from harness.study.jobs.preflight import check_study
+from harness.study.jobs.settings import default_job_dir, home_warning
 from harness.study.sites import load_site, profile_from_dict
 from tests.conftest import REPO
 

@@ -97,7 +97,7 @@ def test_every_launcher_name_in_the_package_is_a_row_of_the_one_table():
     from harness.backends import BACKENDS
     from harness.process.discovery import RANK_VARIABLES
     from harness.process.launchers import LAUNCHERS, LOCAL_LAUNCHERS, MPI_FAMILIES
-    from harness.study.sweep import PBS_TEMPLATE, SLURM_TEMPLATE
+    from harness.study.scaling.sweep import PBS_TEMPLATE, SLURM_TEMPLATE
     from harness.workshop.engines import BATCH_TEMPLATES, MPI_ARGUMENTS
 
     for backend in BACKENDS.values():

@@ -13,7 +13,7 @@ from harness.backends import BACKENDS
 from harness.backends.memory import MIB, Activations, Training, predict_memory
 from harness.backends.traffic import ModelShape
 from harness.config import TrainConfig
-from harness.study.memory import fitting, memory_rows
+from harness.study.prediction.memory import fitting, memory_rows
 from tests.helpers.tasks import TASK_FILE
 
 # 1000 float32 weights: a unit of 250 and one of 750, each one module holding its parameters.

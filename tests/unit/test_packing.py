@@ -145,7 +145,7 @@ def test_packing_rows_pair_the_rounds_and_say_whether_the_speedup_interval_leave
 
 
 def test_a_packing_study_numbers_its_runs_over_the_whole_study(monkeypatch, tmp_path, capsys):
-    from harness.study import sweep
+    from harness.study.scaling import sweep
 
     started = []
 

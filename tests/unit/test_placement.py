@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.process.discovery import node_id
-from harness.study.placement import placement_problem
+from harness.study.jobs.placement import placement_problem
 
 pytestmark = pytest.mark.timeout(60)
 

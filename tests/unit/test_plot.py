@@ -7,8 +7,8 @@ import json
 import pytest
 
 from harness.errors import UsageError
-from harness.study.plot import breakdown_figure, efficiency_figure, throughput_figure, write_figures
-from harness.study.report import scaling_rows
+from harness.study.scaling.plot import breakdown_figure, efficiency_figure, throughput_figure, write_figures
+from harness.study.scaling.report import scaling_rows
 from tests.helpers.handmade_records import record, weak_study
 
 # The hand-made study's backends, in the order of their first record: the order of every figure's series.

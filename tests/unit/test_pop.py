@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.study.report import scaling_report, scaling_rows
+from harness.study.scaling.report import scaling_report, scaling_rows
 from harness.training.metrics import (
     DEFINITIONS,
     POP_KEYS,

@@ -8,8 +8,8 @@ import json
 
 from harness.backends.traffic import ModelShape
 from harness.cli import main
-from harness.study.bench import backend_collectives, results_path
-from harness.study.predict import (
+from harness.study.prediction.bench import backend_collectives, results_path
+from harness.study.prediction.predict import (
     UNBENCHED,
     Workload,
     backend_traffic,

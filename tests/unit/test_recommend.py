@@ -12,11 +12,11 @@ import pytest
 from harness.backends.memory import GIB, Training
 from harness.cli import main
 from harness.errors import UsageError
-from harness.study.memory import backend_cases, memory_rows, task_activations
-from harness.study.predict import BACKWARD_SHARE, Workload, network_from_site, predict_scaling
-from harness.study.predict_cli import with_node_and_traffic
-from harness.study.recommend import TIE_SHARE, Capacity, choose, recommend
-from harness.study.shapes import task_shape
+from harness.study.prediction.memory import backend_cases, memory_rows, task_activations
+from harness.study.prediction.predict import BACKWARD_SHARE, Workload, network_from_site, predict_scaling
+from harness.study.prediction.predict_cli import with_node_and_traffic
+from harness.study.prediction.recommend import TIE_SHARE, Capacity, choose, recommend
+from harness.study.prediction.shapes import task_shape
 
 TASK_ARGS = {"tokens": "synthetic", "layers": 2, "width": 256, "heads": 4, "sequence_length": 64}
 NODES = [1, 2, 8, 32]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from harness.cli import main
-from harness.study.report_notes import GLOSSARY
+from harness.study.scaling.report_notes import GLOSSARY
 from harness.training.metrics import DEFINITIONS
 from harness.training.record import append_record
 from tests.helpers.handmade_records import record

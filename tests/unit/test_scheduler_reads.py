@@ -14,9 +14,9 @@ import subprocess
 import pytest
 
 from harness.errors import EXIT_PREEMPTED, UsageError
-from harness.study import continuation, scheduler
-from harness.study.job import read_own_record, warning_delay
-from harness.study.scheduler import (
+from harness.study.jobs import continuation, scheduler
+from harness.study.jobs.job import read_own_record, warning_delay
+from harness.study.jobs.scheduler import (
     JobRecord,
     ReadBound,
     parse_qstat_full,
@@ -26,8 +26,8 @@ from harness.study.scheduler import (
     read_pbs_job,
     read_slurm_job,
 )
+from harness.study.jobs.submit import qsub_resubmission, sbatch_resubmission
 from harness.study.sites import load_site
-from harness.study.submit import qsub_resubmission, sbatch_resubmission
 from tests.conftest import REPO
 from tests.helpers.study_helpers import make_job
 

@@ -11,9 +11,9 @@ import pytest
 
 from harness.errors import UsageError
 from harness.process.imports import IMPORT_FIRST_VARIABLE, import_first
-from harness.study.job import apply_site_environment
-from harness.study.network import apply_network_plugin, check_network_plugin, plugin_choice
-from harness.study.preflight import check_study
+from harness.study.jobs.job import apply_site_environment
+from harness.study.jobs.network import apply_network_plugin, check_network_plugin, plugin_choice
+from harness.study.jobs.preflight import check_study
 from harness.study.sites import load_site, site_names
 from tests.conftest import REPO
 from tests.helpers.study_helpers import make_job

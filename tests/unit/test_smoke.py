@@ -11,10 +11,10 @@ import os
 import pytest
 
 from harness.errors import UsageError
-from harness.study import smoke
-from harness.study.preflight import check_study, smoke_arguments
+from harness.study.jobs import smoke
+from harness.study.jobs.preflight import check_study, smoke_arguments
+from harness.study.jobs.submit import parse_submission
 from harness.study.sites import load_site
-from harness.study.submit import parse_submission
 from tests.conftest import REPO
 from tests.helpers.study_helpers import make_job
 from tests.unit.test_study_check import FRONTIER, PERLMUTTER, PLUGINS, POLARIS

@@ -13,11 +13,11 @@ import re
 import pytest
 
 from harness.errors import UsageError
-from harness.study.job import apply_site_environment, in_job_checks
-from harness.study.preflight import check_study
-from harness.study.scheduler import JobRecord
-from harness.study.settings import sweep_settings
-from harness.study.submit import parse_pbs_variables, parse_submission
+from harness.study.jobs.job import apply_site_environment, in_job_checks
+from harness.study.jobs.preflight import check_study
+from harness.study.jobs.scheduler import JobRecord
+from harness.study.jobs.settings import sweep_settings
+from harness.study.jobs.submit import parse_pbs_variables, parse_submission
 from tests.conftest import REPO
 from tests.helpers.study_helpers import make_job
 
@@ -372,7 +372,7 @@ REGRESSION = "tests/helpers/tasks.py:regression"
 
 
 def test_a_task_of_ones_own_becomes_every_runs_task_read_from_the_kit(tmp_path):
-    from harness.study.settings import load_settings
+    from harness.study.jobs.settings import load_settings
     from harness.training.flags import parse_train_flags
 
     job = make_job(

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from harness.errors import EXIT_PREEMPTED, UsageError
-from harness.study import continuation
-from harness.study.job import arm_warning, json_objects, warning_delay
-from harness.study.scheduler import JobRecord, parse_scontrol_json
+from harness.study.jobs import continuation
+from harness.study.jobs.job import arm_warning, json_objects, warning_delay
+from harness.study.jobs.scheduler import JobRecord, parse_scontrol_json
 from tests.helpers.study_helpers import make_job
 
 from .test_study_scheduler import data

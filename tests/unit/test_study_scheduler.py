@@ -9,7 +9,7 @@ import os
 import pytest
 
 from harness.errors import UsageError
-from harness.study.scheduler import (
+from harness.study.jobs.scheduler import (
     JobRecord,
     parse_qstat_json,
     parse_scontrol_json,
@@ -18,9 +18,9 @@ from harness.study.scheduler import (
     split_submit_arguments,
     termination_cause,
 )
+from harness.study.jobs.submit import qsub_resubmission, sbatch_resubmission
 from harness.study.sites import load_site
-from harness.study.submit import qsub_resubmission, sbatch_resubmission
-from harness.study.walltime import format_walltime, parse_walltime
+from harness.study.sites.walltime import format_walltime, parse_walltime
 from tests.conftest import REPO
 
 DATA = os.path.join(REPO, "tests", "data")

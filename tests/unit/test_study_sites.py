@@ -14,10 +14,10 @@ import pytest
 
 from harness.errors import EXIT_PREEMPTED, UsageError
 from harness.process.discovery import RENDEZVOUS_DOMAIN_VARIABLE, detect_cluster
-from harness.study import continuation
-from harness.study.job import apply_site_environment
-from harness.study.scheduler import parse_scontrol_json
-from harness.study.settings import site_launch
+from harness.study.jobs import continuation
+from harness.study.jobs.job import apply_site_environment
+from harness.study.jobs.scheduler import parse_scontrol_json
+from harness.study.jobs.settings import site_launch
 from harness.study.sites import load_site, profile_from_dict, site_names
 from tests.conftest import REPO
 from tests.helpers.study_helpers import make_job

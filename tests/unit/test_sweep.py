@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from harness.errors import UsageError
-from harness.study.sweep import PBS_TEMPLATE, SweepSettings, plan_sweep
+from harness.study.scaling.sweep import PBS_TEMPLATE, SweepSettings, plan_sweep
 from tests.conftest import REPO
 from tests.helpers.backend_cases import DISTRIBUTED
 
@@ -231,7 +231,7 @@ def test_sweep_accepts_checkpoint_every_with_a_checkpoint_root(tmp_path):
 
 def test_the_task_reaches_every_run_by_name_and_loads_once_here(tmp_path, monkeypatch, capsys):
     import harness
-    from harness.study.task_spec import sweep_spec
+    from harness.study.scaling.task_spec import sweep_spec
     from harness.tasks.loading import import_factory
     from tests.helpers import tasks
 
@@ -296,7 +296,7 @@ def test_a_task_the_runs_cannot_reach_fails_in_one_line_before_any_run(tmp_path,
 
 
 def test_records_of_different_tasks_never_pool_into_one_row():
-    from harness.study.report import scaling_report, scaling_rows
+    from harness.study.scaling.report import scaling_report, scaling_rows
     from tests.helpers.handmade_records import record
 
     def run(throughput, spec, args, sha):

@@ -10,9 +10,9 @@ import pytest
 from harness.backends import BACKENDS
 from harness.backends.traffic import Collective, ModelShape, per_step
 from harness.cli import main
-from harness.study.nccl import NcclModel
-from harness.study.predict import Network, Workload, predict_scaling
-from harness.study.stepmodel import step_communication
+from harness.study.prediction.nccl import NcclModel
+from harness.study.prediction.predict import Network, Workload, predict_scaling
+from harness.study.prediction.stepmodel import step_communication
 
 SHAPE = ModelShape(100 * 2**20, unit_bytes=(30 * 2**20, 70 * 2**20), module_bytes=(10 * 2**20,) * 10)
 POLARIS_LIKE = NcclModel("ampere", "amd", "nvlink", 8, 240.0, 40.0, ll128_across_nodes=False)
@@ -110,7 +110,7 @@ def test_a_one_gpu_figure_says_node_efficiency_is_assumed_and_shows_the_anchors(
 
 
 def test_bytes_per_kind_come_from_the_record_where_it_measured_them():
-    from harness.study.predict_cli import with_node_and_traffic
+    from harness.study.prediction.predict_cli import with_node_and_traffic
     from tests.helpers.handmade_records import record
 
     backend = sorted(n for n, c in BACKENDS.items() if c.max_world_size is None)[0]
@@ -150,7 +150,7 @@ def test_fsdp_overlaps_its_calls_on_gpus_only():
 
 
 def test_a_measured_curve_is_read_between_its_sizes_and_extended_by_its_last_slope():
-    from harness.study.predict import interpolated_seconds
+    from harness.study.prediction.predict import interpolated_seconds
 
     curve = ((1000, 0.002), (3000, 0.004), (5000, 0.010))
     assert interpolated_seconds(curve, 10) == 0.002  # latency-bound: no faster than the smallest
@@ -160,7 +160,7 @@ def test_a_measured_curve_is_read_between_its_sizes_and_extended_by_its_last_slo
 
 
 def test_a_benchmark_prices_its_own_sizes_as_it_measured_them():
-    from harness.study.predict import network_from_benches
+    from harness.study.prediction.predict import network_from_benches
 
     def bench(kind, points):
         sizes = [{"bytes": size, "seconds": seconds} for size, seconds in points]

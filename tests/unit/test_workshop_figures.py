@@ -1,4 +1,4 @@
-"""The notebooks' figures (harness.workshop.figures, harness.study.plot.loss_figure): a run keeps its
+"""The notebooks' figures (harness.workshop.figures, harness.study.scaling.run_plots.loss_figure): a run keeps its
 colour from figure to figure when given a label -> colour mapping, and the packing figure shows
 each placement's 95% interval and names its axes. Checked on the Figure objects, not on pixels."""
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ...errors import UsageError, unknown_choice
-from ..walltime import parse_walltime
+from .walltime import parse_walltime
 
 SITES_DIR = os.path.dirname(os.path.abspath(__file__))
 SCHEDULERS = ("pbs", "slurm")
@@ -148,7 +148,7 @@ class SiteProfile:
     # usable cores of each CPU socket ("1-51"): where {cpu_list} puts ranks, so none straddles two
     cpu_sockets: tuple[str, ...] = ()
     defaults: dict[str, str] = field(default_factory=dict)
-    # NICs, links and NCCL ring latencies for `harness predict` (harness.study.predict.network_from_site)
+    # NICs, links and NCCL ring latencies for `harness predict` (harness.study.prediction.predict.network_from_site)
     network: dict[str, Any] = field(default_factory=dict)
     network_plugin: Optional[NetworkPlugin] = None
     # a module every rank imports before torch: {"module": ..., "reason": ..., "source": ...}
@@ -173,7 +173,7 @@ class SiteProfile:
             return None
         return next((kind for kind in self.unlisted_queues if re.fullmatch(kind.pattern, name)), None)
 
-    # NCCL's tuner inputs (GPU generation, CPU vendor, channels, library) for harness.study.nccl
+    # NCCL's tuner inputs (GPU generation, CPU vendor, channels, library) for harness.study.prediction.nccl
     nccl: dict[str, Any] = field(default_factory=dict)
     # memory of the device one rank runs on (a GPU, a GCD, a tile): {"device", "gib", "variants":
     # {label: gib} for nodes of another size, "source"}; `harness predict` says which backends fit

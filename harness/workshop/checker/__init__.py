@@ -5,9 +5,9 @@ named by its backend in harness.backends' registry, and so its real launcher (th
 launcher, horovodrun, torchrun). Every rank runs `python -m harness.workshop.checker`, which
 installs the observers and then runs the script (runpy) in an empty working directory of its own,
 with fixed flags: seed 0, dropout off, 2 epochs of the first 5 G + 10 training images, where
-G = ranks x 16 is the global batch (5 steps an epoch, 10 in all: harness.study.equivalence's
+G = ranks x 16 is the global batch (5 steps an epoch, 10 in all: harness.study.scaling.equivalence's
 EQUIVALENCE_STEPS; the 10 left over are the drop-last tail), and --lr 0.05 / ranks, so that the
-global batch trains at harness.study.equivalence's measured LR 0.05. The framework's collectives
+global batch trains at harness.study.scaling.equivalence's measured LR 0.05. The framework's collectives
 time out (its backend's limit_collective_waits) well before the check does, and at the check's
 timeout every rank dumps its Python stack and is killed: a hung script ends with where it hung.
 With --simulate-nodes N each rank first takes the place it would have with the ranks dealt out to

@@ -24,14 +24,14 @@ from typing import Callable, Optional
 
 from ...process.launchers import launch_environment, launcher_command
 from ...process.processes import command_line
-from ...study.equivalence import EQUIVALENCE_STEPS
+from ...study.scaling.equivalence import EQUIVALENCE_STEPS
 
 RANK_MODULE = "harness.workshop.checker"  # what each rank runs: python -m RANK_MODULE (see its cli)
 CHECK_BATCH = 16  # per rank
 CHECK_EPOCHS = 2
 STEPS_PER_EPOCH = EQUIVALENCE_STEPS // CHECK_EPOCHS
 LEFTOVER_SAMPLES = 10  # after the last full global batch of an epoch: the drop-last tail
-GLOBAL_LR = 0.05  # the LR of the global batch (harness.study.equivalence measured its bound at this LR)
+GLOBAL_LR = 0.05  # the LR of the global batch (harness.study.scaling.equivalence measured its bound at this LR)
 STACK_DUMP_WAIT_S = 2.0
 # A launcher's variables from around `harness check`: the launched ranks must get their own.
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

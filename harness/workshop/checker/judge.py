@@ -3,7 +3,7 @@
 What must hold (one Failure each, with the TODO keys that govern it):
 1. every rank starts from rank 0's weights, and ends with the same weights;
 2. those weights are what one process trains on the same global batches (the union of the ranks'
-   batches at each step) at the same LRs, within harness.study.equivalence's UPDATE_BOUND of the
+   batches at each step) at the same LRs, within harness.study.scaling.equivalence's UPDATE_BOUND of the
    update; if not, the usual causes are tried to name it: gradients summed instead of averaged, or
    clipped at norm 1.0 (DeepSpeed's default);
 3. the LR is --lr scaled to the global batch by a rule the exercise accepts for its optimizer: the
@@ -37,7 +37,7 @@ import os
 import re
 from typing import Any, Optional
 
-from ...study.equivalence import UPDATE_BOUND, update_differences, worst
+from ...study.scaling.equivalence import UPDATE_BOUND, update_differences, worst
 from ...training.lr import learning_rate, scaled_lr
 from .accumulation import KEYS as ACCUMULATION_KEYS
 from .accumulation import accumulates, check_accumulation

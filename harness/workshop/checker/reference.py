@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from ...study.equivalence import UPDATE_BOUND, update_differences, worst
+from ...study.scaling.equivalence import UPDATE_BOUND, update_differences, worst
 from ...tasks.models import WorkshopCNN
 from .. import exercise
 from .observe import Observation
