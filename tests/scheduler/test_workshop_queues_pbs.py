@@ -7,12 +7,14 @@ the emulated server's to enforce."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 import pytest
 
 from tests.conftest import REPO
 from tests.scheduler.test_job_templates import (
+    EMULATION,
     JOB_TIMEOUT_S,
     POLARIS,
     POLARIS_STUDY,
@@ -105,3 +107,39 @@ def test_a_reservation_study_survives_qstat_faults_and_continues_in_its_reservat
     print(
         f"\nqsub -q {RESERVATION} polaris.sc: continued in {RESERVATION}, done in {time.monotonic() - started:.0f} s"
     )
+
+
+@pytest.mark.slow
+def test_the_smoke_run_of_polaris_sc_under_pbs_reports_the_profiles_verified_on(pbs, tmp_path):
+    """`bash submissions/polaris.sc --smoke -- QSUB_ARGS` the night before: the template itself as a
+    10-minute debug-queue job (DDP, 20 steps, every node of the request, not resubmitted), waited for
+    through qstat, its result printed as the profile's verified_on."""
+    scratch, job_dir = str(tmp_path), str(tmp_path / "smoke")
+    settings = dict(
+        POLARIS_STUDY, BACKENDS="ddp horovod", RANKS_PER_NODE="1", RENDEZVOUS_DOMAIN="", JOB_DIR=job_dir, KIT_DIR=REPO
+    )
+    login = {  # the emulated login node: its profile's `module` and `conda`, the kit's venv, the network plugin
+        "BASH_ENV": os.path.join(EMULATION, "lib", "login_profile.sh"),
+        "PYTHON_ENV": "venv",
+        "VENV": settings["VENV"],
+        "LD_LIBRARY_PATH": os.path.join(REPO, "tests", "data", "site_plugins"),
+    }
+    qsub_args = ["-A", "harness-test", "-l", "select=2:system=polaris", "-v", qsub_variables(settings)]
+    smoked = subprocess.run(
+        ["bash", POLARIS, "--smoke", "--", *qsub_args],
+        env=pbs.environ(login),
+        cwd=scratch,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
+    )
+    assert smoked.returncode == 0, smoked.stdout + smoked.stderr + job_outputs(scratch)
+    lines = smoked.stdout.strip().splitlines()
+    job = lines[-4]
+    assert lines[-3].startswith(f"smoke job {job} queued; waiting for its result in {job_dir}/verified_on.json")
+    passed = lines[-2].removeprefix("smoke job passed: ")
+    assert passed.startswith(time.strftime("%Y-%m-%d") + f": job {job}, 2 node(s) x 1 ranks, ddp 20 steps at ")
+    assert lines[-1] == f'for harness/study/sites/polaris.json: "verified_on": "{passed}"'
+    submitted = pbs_job_json(pbs, job.split(".")[0], scratch)
+    assert (submitted["queue"], submitted["Job_Name"]) == ("debug", "harness-smoke")
+    assert submitted["Resource_List"]["walltime"] == "00:10:00"
