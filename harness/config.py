@@ -87,14 +87,15 @@ class RunSection:
     cpu_malloc: str = _opt(
         "reuse",
         "CPU runs: reuse (keep freed memory for the next step instead of returning "
-        "it to the kernel; see harness/process/allocator.py) or system (glibc's defaults)",
+        "it to the kernel; see harness/process/allocator.py), system (glibc's defaults) or release "
+        "(blocks of 1 MiB or more handed back when freed; what --memory-cap uses)",
         CPU_MALLOC_MODES,
     )
     memory_cap: Optional[float] = _opt(
         None,
         "cap each rank's memory at this many GiB, set by the kit in the rank's process (CPU: the kernel's "
-        "data-segment limit; CUDA: the allocator's): a rank predicted to need more is refused before the run, "
-        "one that runs past it stops naming its rank (see harness/process/memory_cap.py)",
+        "data-segment limit, with --cpu-malloc release; CUDA: the allocator's): a rank predicted to need more "
+        "is refused before the run, one that runs past it stops naming its rank (see harness/process/memory_cap.py)",
         "positive",
         type=float,
     )

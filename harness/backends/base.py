@@ -245,20 +245,19 @@ class Backend(abc.ABC):
         """The plain model inside any wrapper."""
         return self.model
 
-    def evaluation_model(self, make_model: Callable[[], nn.Module]) -> nn.Module:
-        """A model each rank can run on its own, with no collective inside forward."""
+    def evaluation_model(self, make_model: Callable[..., nn.Module]) -> nn.Module:
+        """A model each rank can run on its own, with no collective inside forward. `make_model(weights)`
+        builds the task's model holding a whole state dict (harness.training.plan.RunPlan.make_model)."""
         return self.module()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights as plain CPU tensors (collective where weights are sharded)."""
         return {key: value.detach().cpu().clone() for key, value in self.module().state_dict().items()}
 
-    def _plain_copy(self, make_model: Callable[[], nn.Module]) -> nn.Module:
+    def _plain_copy(self, make_model: Callable[..., nn.Module]) -> nn.Module:
         """A fresh unwrapped model (on the run's device) holding the whole weights: the evaluation
         model of a backend whose forward gathers sharded weights, a collective."""
-        model = make_model()
-        model.load_state_dict(self.full_state_dict())
-        return model
+        return make_model(self.full_state_dict())
 
     # -- checkpoints and failures --------------------------------------------------------------
     def save_checkpoint(self, directory: str, rank: int) -> None:

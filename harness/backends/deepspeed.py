@@ -309,7 +309,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
         with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
             return {key: value.detach().cpu().clone() for key, value in module.state_dict().items()}
 
-    def evaluation_model(self, make_model: Callable[[], nn.Module]) -> nn.Module:
+    def evaluation_model(self, make_model: Callable[..., nn.Module]) -> nn.Module:
         if self.options.zero_stage < 3:
             return self.module()
         # ZeRO-3 gathers weights inside forward, a collective; ranks evaluate uneven shards, so

@@ -190,9 +190,10 @@ class FSDPBackend(TorchDistributedBackend):
 
         # Every rank gathers every weight (a collective on every rank, as the loop calls it).
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        return {key: value.detach().cpu().clone() for key, value in state.items()}
+        # Each gathered tensor dropped once copied: the rank holds the whole model once, not twice.
+        return {key: state.pop(key).detach().cpu().clone() for key in list(state)}
 
-    def evaluation_model(self, make_model: Callable[[], nn.Module]) -> nn.Module:
+    def evaluation_model(self, make_model: Callable[..., nn.Module]) -> nn.Module:
         # FSDP's forward all-gathers, a collective; ranks evaluate uneven shards, so each evaluates
         # a plain copy instead.
         return self._plain_copy(make_model)

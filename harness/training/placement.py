@@ -114,4 +114,6 @@ def place_process(config: TrainConfig) -> Placement:
     backend.check_launch(cluster, device)
     threads = config.threads or default_threads(cluster)
     cores = pin_to_cores(cluster.local_rank, threads) if config.pin_cores and device.type == "cpu" else None
-    return Placement(backend, cluster, device, threads, use_cpu(device, threads, config.cpu_malloc), cores)
+    # Under a memory cap, freed blocks go back to the kernel: kept ones would count against the cap.
+    malloc = "release" if config.memory_cap is not None else config.cpu_malloc
+    return Placement(backend, cluster, device, threads, use_cpu(device, threads, malloc), cores)

@@ -8,6 +8,7 @@ import re
 import subprocess
 
 from harness.training.launch import launch_command
+from harness.training.record import read_results
 from tests.helpers.checkpoint_helpers import RANKS
 from tests.helpers.memory_tasks import TASK_FILE
 
@@ -38,3 +39,24 @@ def test_a_rank_past_its_cap_stops_naming_itself_and_the_job_ends(tmp_path):
     named = TORCHRUN_REPORT.search(output) is not None or "rank 0 lost contact with a peer" in output
     assert named, output
     assert not results.exists()
+
+
+def test_a_model_refused_under_ddp_within_the_cap_trains_under_fsdp(tmp_path):
+    """67M parameters under Adam at 2 ranks: DDP's rank is predicted at about 1.7 GiB with the
+    runtime and refused before it starts; FSDP's peaks at about 1.5 GiB and trains, under 1.65 GiB."""
+    results = tmp_path / "results.jsonl"
+    flags = ["--task", f"{TASK_FILE}:wide", "--optimizer", "adam", "--batch-size", "4", "--max-steps", "3"]
+    flags += ["--memory-cap", "1.65", "--timeout", str(TIMEOUT_S), "--results", str(results)]
+    outputs = {}
+    for backend in ("ddp", "fsdp"):
+        job = subprocess.run(launch_command(RANKS, backend, flags), capture_output=True, text=True, timeout=300)
+        outputs[backend] = (job.returncode, job.stdout + job.stderr)
+    status, output = outputs["ddp"]
+    refused = [line for line in output.splitlines() if line.startswith("harness train: error: needs ")]
+    assert status != 0 and refused, output
+    assert " GiB a rank under ddp; the cap is 1.65 GiB (rank " in refused[0] and "--backend fsdp" in refused[0]
+    status, output = outputs["fsdp"]
+    assert status == 0, output
+    (record,) = read_results([str(results)])  # the refused DDP run wrote nothing
+    assert record["backend"] == "fsdp" and record["config"]["memory_cap"] == 1.65
+    assert record["tuning"]["cpu_malloc"] == "release"  # freed blocks handed back: none counts against the cap

@@ -24,5 +24,24 @@ def test_other_allocator_settings_are_named_in_the_record(monkeypatch, variable,
 
 def test_system_mode_changes_nothing(monkeypatch):
     # In a process where no earlier run set reuse (an earlier test in this process may have trained).
-    monkeypatch.setattr(allocator, "_applied_in_this_process", False)
+    monkeypatch.setattr(allocator, "_applied_in_this_process", "")
     assert reuse_freed_memory("system") == "system"
+
+
+def test_release_hands_freed_blocks_back_and_stays_until_another_mode_is_set(monkeypatch):
+    """Under release, a freed 16 MiB block leaves the data segment at once; under reuse it stays."""
+    import torch
+
+    from harness.process.memory_cap import data_segment_bytes
+
+    monkeypatch.setattr(allocator, "_applied_in_this_process", "")
+    held = {}
+    for mode in ("reuse", "release"):
+        assert reuse_freed_memory(mode) == mode
+        block = torch.ones(4 << 20)  # 16 MiB, under reuse's mmap threshold: from the heap
+        before = data_segment_bytes()
+        del block
+        held[mode] = before - data_segment_bytes()
+    assert held["release"] >= 16 << 20 and held["reuse"] < 16 << 20
+    assert reuse_freed_memory("system") == "release (set by an earlier run in this process)"
+    reuse_freed_memory("reuse")  # as the process's runs leave it
