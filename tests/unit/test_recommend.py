@@ -171,3 +171,22 @@ def test_steps_within_the_uncertainty_are_not_ranked():
     assert level.backend == "y" and "then the least sharding" in level.line  # equal bytes: the listed order
     alone = choose([rows[0], rows[2]], Capacity(40 * GIB, "40 GiB", "test"))
     assert alone.backend == "a" and alone.tied == ("a",) and "the next that fits, c, is 16% slower" in alone.line
+
+
+def test_a_backend_the_sites_software_cannot_run_is_never_a_choice_there(tmp_path, capsys):
+    """A site whose profile says its software cannot run Horovod (as Aurora's does on its XPUs): Horovod
+    is left out of the rows and the choices, and the assumptions say so."""
+    from harness.study.sites import SITES_DIR
+
+    profile = json.loads(open(f"{SITES_DIR}/polaris.json").read())
+    profile["unsupported_backends"] = ["horovod"]
+    site = tmp_path / "no-horovod.json"
+    site.write_text(json.dumps(profile))
+    out = tmp_path / "recommend.json"
+    flags = [word if word != "polaris" else str(site) for word in FLAGS]
+    assert main([*flags, "--nodes", "1,2", "--json", str(out)]) == 0
+    document = json.loads(out.read_text())
+    backends = {row["backend"].split()[0] for row in document["rows"]}
+    assert "horovod" not in backends and {"ddp", "fsdp", "deepspeed"} <= backends
+    assert all(choice["backend"] != "horovod" for choice in document["choices"])
+    assert "left out: horovod, which the site's software cannot run" in capsys.readouterr().out

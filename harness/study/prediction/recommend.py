@@ -408,6 +408,13 @@ def flag_capacity(args: Any) -> Capacity:
     return Capacity(size, label, source + (f"; other nodes of the site: {also}" if also else ""))
 
 
+def site_unsupported(site: str) -> tuple[str, ...]:
+    """The backends the profile of `site` says its software cannot run (Horovod on Aurora's XPUs)."""
+    from ..sites import load_site
+
+    return tuple(load_site(site).unsupported_backends)
+
+
 def recommend_command(args: Any) -> int:
     """`harness recommend`: print the recommendation (and write it as JSON when asked)."""
     for flag, given in (("--measured", args.measured), ("-o", args.output)):
@@ -425,7 +432,13 @@ def recommend_command(args: Any) -> int:
         )
     training = flag_training(args, records, workload.local_batch)
     cases = backend_cases(args.backend, backend_options(args.backend_option)) if args.backend else None
+    unsupported = site_unsupported(args.site) if args.site and not args.backend else ()
+    if unsupported:  # what the site's software cannot run is never a choice there
+        cases = [case for case in backend_cases(None, {}) if case[0] not in unsupported]
     found = recommend(network, workload, named[0], named[1], training, capacity, nodes, cases, records)
+    if unsupported:
+        left_out = f"left out: {', '.join(unsupported)}, which the site's software cannot run (its profile)"
+        found = replace(found, assumptions=(*found.assumptions, left_out))
     print("\n".join(recommendation_lines(found)))
     if any("published anchors" in line for line in found.assumptions):
         print("\n" + "\n".join(anchor_lines()))
