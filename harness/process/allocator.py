@@ -1,4 +1,5 @@
-"""CPU memory reuse: keep freed tensor memory in the process instead of handing it back every step.
+"""CPU memory reuse: keep freed tensor memory in the process instead of handing it back every step
+(or, under a memory cap, hand it back at once).
 
 With glibc's defaults, a CPU training step returns the memory of its large activations and
 gradients to the kernel when they are freed (heap trimming above a threshold that glibc moves as it
@@ -6,7 +7,9 @@ sees allocations), and gets fresh zeroed pages back on the next step, one page f
 the workshop CNN at batch 64 that is about 4,400 faults and 11 ms of kernel time per 85 ms step.
 `reuse_freed_memory` fixes both thresholds, as a caching allocator would: blocks under 32 MiB come
 from the heap and stay there for the next step. The cost is that the process keeps its peak
-working set (up to 1 GiB of freed heap) instead of shrinking between steps.
+working set (up to 1 GiB of freed heap) instead of shrinking between steps. `release`, the mode a
+memory cap sets (harness.process.memory_cap), does the opposite: every block of 1 MiB or more is
+mapped on its own and handed back when freed, so that the process holds what it uses.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ How the cap is set:
   kernel's OOM killer, which could pick any process of the machine, never runs. It counts memory
   allocated, not only memory touched (a torch.empty counts whole, as a GPU allocator counts it), and
   the process's own: Python, torch's libraries and its threads, about 0.75 GiB. That footprint is
-  measured (VmData) when the cap is set, and a cap at or below it is refused.
+  measured (VmData) when the cap is set, and a cap at or below it is refused. A capped CPU run
+  hands freed blocks back to the kernel (--cpu-malloc release, harness.process.allocator): kept
+  for reuse, they would count against the cap.
 - on a CUDA (or ROCm) device, the caching allocator's own limit,
   torch.cuda.set_per_process_memory_fraction(cap / the device's memory): an allocation past it
   raises torch.OutOfMemoryError. The CUDA context lies outside the allocator, so the footprint the
