@@ -157,11 +157,11 @@ def read_results(paths) -> list:
 def __getattr__(name: str):
     # SweepSettings and SweepResult live in harness.study.scaling.sweep, which imports torch: load it on first use.
     if name in ("SweepSettings", "SweepResult"):
-        from .study import sweep
+        from .study.scaling import sweep
 
         return getattr(sweep, name)
     if name == "BenchSettings":
-        from .study import allreduce
+        from .study.prediction import allreduce
 
         return allreduce.BenchSettings
     if name in ("Task", "BatchContext"):  # harness.tasks imports torch: load it on first use
