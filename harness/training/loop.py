@@ -27,6 +27,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ..backends.memory import backend_label
 from ..config import TrainConfig
 from ..data.batches import batch_to, slice_batch
 from ..data.loader import iterate_batches, to_device_ahead
@@ -46,7 +47,7 @@ from .memory import SavedActivations, WindowPeak, model_state_bytes, run_predict
 from .outputs import save_model, save_record
 from .phases import PhaseLog
 from .placement import Placement, place_process
-from .plan import RunPlan, backend_name, model_shape, optimizer_factory, plan_run, shape_record
+from .plan import RunPlan, model_shape, optimizer_factory, plan_run, shape_record
 from .probe import check_unused_alike
 from .profiling import PROFILED_STEPS, make_profiler
 from .record import run_record
@@ -75,7 +76,8 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = (), task: Any = N
             try:
                 return _train(config, placement, CallbackList(callbacks), task, cap, started)
             except Exception as exc:  # an allocation the cap refused: one line naming the rank
-                over = cap.over_budget(exc, backend_name(config), placement.cluster.rank) if cap else None
+                label = backend_label(config.backend, placement.backend.options)
+                over = cap.over_budget(exc, label, placement.cluster.rank) if cap else None
                 if over is None:
                     raise
                 raise over from None
@@ -104,7 +106,7 @@ def _train(
     shape, predicted = shape_record(model), run_prediction(plan, model, model_shape(model), saved.bytes)
     if cap is not None and predicted is not None:  # refused before any process group starts
         sharded = run_prediction(plan, model, model_shape(model), saved.bytes, FULLY_SHARDED)
-        cap.check(predicted.total(), backend_name(config), cluster.rank, sharded.total() if sharded else None)
+        cap.check(predicted.total(), predicted.backend, cluster.rank, sharded.total() if sharded else None)
     torch.manual_seed(config.seed * 1000 + cluster.rank + 1)
     pulse = Heartbeat.start(cluster, not config.no_heartbeat)  # rank 0 starts the store before init
     try:

@@ -285,8 +285,3 @@ def optimizer_factory(settings: OptimizerSection, task_factory: Any = None) -> A
         )
 
     return make
-
-
-def backend_name(config: TrainConfig) -> str:
-    """The backend with its options as given, e.g. 'deepspeed zero_stage=3', for one-line messages."""
-    return " ".join([config.backend, *(f"{key}={value}" for key, value in sorted(config.backend_options.items()))])
