@@ -59,9 +59,9 @@ workshop.todo(3, "give each rank its own part of the test set, each image exactl
 test_loader = DataLoader(test_set, batch_size=256)
 
 # %% [markdown]
-# The model and the optimizer. The global batch is `world_size` times the batch of one process,
-# so the learning rate is too (linear scaling, Goyal et al. 2017): then each step moves the weights
-# as one process with the whole global batch would.
+# The model and the optimizer. The ranks train what one process would on the `world_size` times
+# larger global batch at the same learning rate (notebook 01); the rate that batch asks for is
+# notebook 02's rule (the learning-rate TODO below).
 
 # %%
 model = workshop.build_model(args.dropout).to(device)
@@ -73,13 +73,17 @@ model = workshop.build_model(args.dropout).to(device)
 # the weights are shared, seed torch again from --seed and the rank, so that the ranks' random
 # numbers differ.
 workshop.todo(4, "wrap the model in DistributedDataParallel, then seed each rank's dropout apart")
-# TODO 5: scale the learning rate with the global batch: linearly, for SGD
-# --lr is the rate for one process's batch of --batch-size, and the global batch is world_size of
-# them. For SGD, as here, the rate grows in proportion to the global batch (the linear rule of Goyal
-# et al. 2017), so that a step moves the weights as one process with the whole global batch would.
-# For Adam, harness check accepts the square-root rule, and the linear one with a warmup: in notebook
-# 02, Adam at the linearly scaled LR stalled from its first step unless warmed up.
-workshop.todo(5, "scale the learning rate with the global batch: linearly, for SGD")
+# TODO 5: scale the learning rate for the global batch: by the square root of the number of ranks
+# --lr is the rate tuned for one process training on --batch-size samples per step. Together the
+# ranks train what one process would on their world_size times larger global batch, at the same rate
+# (notebook 01): no rate is needed to make them equal that process. The rate follows the global batch
+# because that batch takes world_size times fewer steps per epoch than one process with --batch-size.
+# Notebook 02's rule: multiply the one-process learning rate by the square root of the number of
+# ranks, and warm it up to that per step from the one-process rate over the first epoch (the warmup is
+# step 5's; without one, the scaled rate holds from the first step). For SGD, as here, notebook 02's
+# runs could not reject no scaling or the linear rule (x world_size), so harness check accepts those
+# too; for Adam they rejected both, and it accepts the square root only.
+workshop.todo(5, "scale the learning rate for the global batch: by the square root of the number of ranks")
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 
 # %% [markdown]

@@ -4,7 +4,9 @@
 # The same training as step 2, with DeepSpeed's engine in place of DDP. The engine owns model and
 # optimizer: its backward averages the gradients over the ranks, its step updates the weights.
 # Its config has two traps: its batch size is the *global* one, and it clips gradients at norm 1.0
-# unless told otherwise (DDP and Horovod do not clip, so the experiments would differ).
+# unless told otherwise (DDP and Horovod do not clip, so the experiments would differ). Each
+# process's batch is split into `--micro-batches` parts, a forward and a backward each (gradient
+# accumulation, as in step 7): the engine averages the gradients once per step, after the last.
 #
 #     deepspeed --num_gpus 2 exercises/04_deepspeed.py
 #     harness check exercises/04_deepspeed.py
@@ -23,7 +25,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from harness import workshop
 
-args = workshop.parse_args("Step 4: the workshop CNN on the embedded digits, with DeepSpeed")
+args = workshop.parse_args("Step 4: the workshop CNN on the embedded digits, with DeepSpeed", accumulation=True)
 torch.manual_seed(args.seed)
 workshop.use_launcher_environment()  # torchrun's variables under any launcher (srun, mpiexec)
 workshop.skip_deepspeed_shm_op()  # on a CPU: no 45 s compile of an op only inference uses
@@ -61,22 +63,29 @@ test_loader = DataLoader(test_set, batch_size=256)
 
 # %%
 model = workshop.build_model(args.dropout).to(device)
-# TODO 4: scale the learning rate with the global batch: linearly, for SGD
-# --lr is the rate for one process's batch of --batch-size, and the global batch is world_size of
-# them. For SGD, as here, the rate grows in proportion to the global batch (the linear rule of Goyal
-# et al. 2017), so that a step moves the weights as one process with the whole global batch would.
-# For Adam, harness check accepts the square-root rule, and the linear one with a warmup: in notebook
-# 02, Adam at the linearly scaled LR stalled from its first step unless warmed up.
-workshop.todo(4, "scale the learning rate with the global batch: linearly, for SGD")
+# TODO 4: scale the learning rate for the global batch: by the square root of the number of ranks
+# --lr is the rate tuned for one process training on --batch-size samples per step. Together the
+# ranks train what one process would on their world_size times larger global batch, at the same rate
+# (notebook 01): no rate is needed to make them equal that process. The rate follows the global batch
+# because that batch takes world_size times fewer steps per epoch than one process with --batch-size.
+# Notebook 02's rule: multiply the one-process learning rate by the square root of the number of
+# ranks, and warm it up to that per step from the one-process rate over the first epoch (the warmup is
+# step 5's; without one, the scaled rate holds from the first step). For SGD, as here, notebook 02's
+# runs could not reject no scaling or the linear rule (x world_size), so harness check accepts those
+# too; for Adam they rejected both, and it accepts the square root only.
+workshop.todo(4, "scale the learning rate for the global batch: by the square root of the number of ranks")
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
-# TODO 5: write DeepSpeed's config: per-GPU and global batch, and no gradient clipping
-# DeepSpeed reads its batch settings from the config: "train_micro_batch_size_per_gpu" is one
-# rank's batch and "train_batch_size" the global one (micro-batch x gradient accumulation steps x
-# ranks), not one rank's. "gradient_clipping" is 1.0 unless set, and DDP and Horovod do not clip:
+# TODO 5: write DeepSpeed's config: micro-batch, accumulation steps and global batch, and no gradient clipping
+# DeepSpeed reads its batch settings from the config: "train_micro_batch_size_per_gpu" is what one
+# rank's forward takes at a time (here one micro-batch: --batch-size must divide by
+# --micro-batches), "gradient_accumulation_steps" how many micro-batches make one step (the engine
+# averages the gradients over the ranks, and steps, on the last of them only), and
+# "train_batch_size" the global batch (micro-batch x gradient accumulation steps x ranks), not one
+# rank's. "gradient_clipping" is 1.0 unless set, and DDP and Horovod do not clip:
 # 0 turns it off, so the experiments compare alike. "zero_optimization" stage 0 keeps ZeRO off;
 # stages 1-3 partition the optimizer state, gradients and weights over the ranks, and then a torch
 # optimizer needs "zero_allow_untested_optimizer" set to true.
-workshop.todo(5, "write DeepSpeed's config: per-GPU and global batch, and no gradient clipping")
+workshop.todo(5, "write DeepSpeed's config: micro-batch, accumulation steps and global batch, and no gradient clipping")
 # TODO 6: wrap model and optimizer in DeepSpeed's engine, then seed each rank's dropout apart
 # DeepSpeed's initialize takes the model, the optimizer and the config, and returns the engine
 # first (then the optimizer and two things this script does not use). The engine broadcasts rank
@@ -99,13 +108,19 @@ for epoch in range(args.epochs):
     train_sums = torch.zeros(2, device=device)  # summed loss, samples
     for images, labels in train_loader:
         images, labels = images.to(device), labels.to(device)
-        loss = F.cross_entropy(engine(images), labels)
-        # TODO 8: backward and step through the engine
-        # Backward and the optimizer's step go through the engine, not the loss and the optimizer:
-        # the engine's backward averages the gradients over the ranks, and its step updates the weights
-        # and zeroes the gradients.
-        workshop.todo(8, "backward and step through the engine")
-        train_sums += torch.stack([loss.detach() * len(labels), torch.tensor(float(len(labels)), device=device)])
+        parts = list(zip(images.tensor_split(args.micro_batches), labels.tensor_split(args.micro_batches)))
+        for part_images, part_labels in parts:
+            loss = F.cross_entropy(engine(part_images), part_labels)
+            # TODO 8: backward and step through the engine, on every micro-batch
+            # Backward and the optimizer's step go through the engine, not the loss and the optimizer,
+            # on every micro-batch: the engine counts them. Its backward divides the loss by the
+            # gradient accumulation steps, so that the micro-batches' gradients add up to the batch's,
+            # and averages them over the ranks on the last micro-batch of a step only; its step then
+            # updates the weights and zeroes the gradients (and does nothing on the others).
+            workshop.todo(8, "backward and step through the engine, on every micro-batch")
+            train_sums += torch.stack(
+                [loss.detach() * len(part_labels), torch.tensor(float(len(part_labels)), device=device)]
+            )
     test_sums = workshop.evaluate(engine.module, test_loader, device)  # summed loss, correct, samples
     # TODO 9: add up the sums and counts of all ranks, then print them once
     # Each rank's sums cover only its part of the data: add the sums and counts of all ranks

@@ -66,9 +66,9 @@ test_set = Subset(test_set, range(rank, len(test_set), world_size))
 test_loader = DataLoader(test_set, batch_size=256)
 
 # %% [markdown]
-# The model and the optimizer. The global batch is `world_size` times the batch of one process,
-# so the learning rate is too (linear scaling, Goyal et al. 2017): then each step moves the weights
-# as one process with the whole global batch would.
+# The model and the optimizer. The ranks train what one process would on the `world_size` times
+# larger global batch at the same learning rate (notebook 01); the rate that batch asks for is
+# notebook 02's rule (the learning-rate TODO below).
 
 # %%
 model = workshop.build_model(args.dropout).to(device)
@@ -81,13 +81,17 @@ model = workshop.build_model(args.dropout).to(device)
 # numbers differ.
 model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
 torch.manual_seed(args.seed * 1000 + rank + 1)
-# Scale the learning rate with the global batch: linearly, for SGD
-# --lr is the rate for one process's batch of --batch-size, and the global batch is world_size of
-# them. For SGD, as here, the rate grows in proportion to the global batch (the linear rule of Goyal
-# et al. 2017), so that a step moves the weights as one process with the whole global batch would.
-# For Adam, harness check accepts the square-root rule, and the linear one with a warmup: in notebook
-# 02, Adam at the linearly scaled LR stalled from its first step unless warmed up.
-lr = args.lr * world_size
+# Scale the learning rate for the global batch: by the square root of the number of ranks
+# --lr is the rate tuned for one process training on --batch-size samples per step. Together the
+# ranks train what one process would on their world_size times larger global batch, at the same rate
+# (notebook 01): no rate is needed to make them equal that process. The rate follows the global batch
+# because that batch takes world_size times fewer steps per epoch than one process with --batch-size.
+# Notebook 02's rule: multiply the one-process learning rate by the square root of the number of
+# ranks, and warm it up to that per step from the one-process rate over the first epoch (the warmup is
+# step 5's; without one, the scaled rate holds from the first step). For SGD, as here, notebook 02's
+# runs could not reject no scaling or the linear rule (x world_size), so harness check accepts those
+# too; for Adam they rejected both, and it accepts the square root only.
+lr = args.lr * world_size**0.5
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 
 # %% [markdown]

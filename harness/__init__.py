@@ -7,6 +7,7 @@ Python API (what notebooks, exercises and job templates use; every CLI command h
     record = harness.train(harness.TrainConfig(backend="ddp", epochs=1))       # harness train
     record = harness.train(config, task=make_task)   # your own harness.Task (harness train --task FILE.py:make_task)
     result = harness.run_sweep(harness.SweepSettings(...), task=make_task)     # harness sweep --task FILE.py:make_task
+    memory = harness.memory_per_rank(config, world_size=2)   # harness predict's memory per rank
     bench = harness.bench_allreduce(harness.BenchSettings(backend="ddp", ranks=2))   # harness bench allreduce
     harness.check_study("polaris", "submissions/polaris.sc", ["-A", "proj"])    # harness study --check
     status = harness.run_study("polaris")                   # harness study, inside a batch job
@@ -44,6 +45,15 @@ def train(config: TrainConfig, callbacks=(), task=None) -> dict:
     from .training.loop import train as run
 
     return run(config, callbacks=callbacks, task=task)
+
+
+def memory_per_rank(config: TrainConfig, world_size: int):
+    """One rank's memory, predicted before any run, when `config` trains at `world_size` ranks: a
+    MemoryPrediction with its parts, total() and model_state() in bytes, and its assumptions (see
+    harness.study.prediction.memory.config_memory; `harness predict` prints it per backend)."""
+    from .study.prediction.memory import config_memory
+
+    return config_memory(config, world_size)
 
 
 def run_sweep(settings, task=None):
@@ -194,6 +204,7 @@ __all__ = [
     "bench_allreduce",
     "check_study",
     "evaluate_model_file",
+    "memory_per_rank",
     "merge_traces",
     "read_results",
     "run_study",

@@ -3,6 +3,8 @@
 #
 # The same training as step 2, with Horovod in place of DDP: Horovod's optimizer averages the
 # gradients over the ranks (allreduce), and rank 0's weights are broadcast to all ranks first.
+# Each process's batch is split into `--micro-batches` parts, a forward and a backward each (gradient
+# accumulation, as in step 7): the optimizer averages the gradients once per step, after the last.
 #
 #     horovodrun -np 2 -H localhost:2 python solutions/03_horovod.py
 #     harness check solutions/03_horovod.py
@@ -17,7 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from harness import workshop
 
-args = workshop.parse_args("Step 3: the workshop CNN on the embedded digits, with Horovod")
+args = workshop.parse_args("Step 3: the workshop CNN on the embedded digits, with Horovod", accumulation=True)
 torch.manual_seed(args.seed)
 
 # TODO(init): start Horovod; one GPU per rank
@@ -60,13 +62,17 @@ test_loader = DataLoader(test_set, batch_size=256)
 
 # %%
 model = workshop.build_model(args.dropout).to(device)
-# TODO(lr): scale the learning rate with the global batch: linearly, for SGD
-# --lr is the rate for one process's batch of --batch-size, and the global batch is world_size of
-# them. For SGD, as here, the rate grows in proportion to the global batch (the linear rule of Goyal
-# et al. 2017), so that a step moves the weights as one process with the whole global batch would.
-# For Adam, harness check accepts the square-root rule, and the linear one with a warmup: in notebook
-# 02, Adam at the linearly scaled LR stalled from its first step unless warmed up.
-lr = args.lr * world_size
+# TODO(lr): scale the learning rate for the global batch: by the square root of the number of ranks
+# --lr is the rate tuned for one process training on --batch-size samples per step. Together the
+# ranks train what one process would on their world_size times larger global batch, at the same rate
+# (notebook 01): no rate is needed to make them equal that process. The rate follows the global batch
+# because that batch takes world_size times fewer steps per epoch than one process with --batch-size.
+# Notebook 02's rule: multiply the one-process learning rate by the square root of the number of
+# ranks, and warm it up to that per step from the one-process rate over the first epoch (the warmup is
+# step 5's; without one, the scaled rate holds from the first step). For SGD, as here, notebook 02's
+# runs could not reject no scaling or the linear rule (x world_size), so harness check accepts those
+# too; for Adam they rejected both, and it accepts the square root only.
+lr = args.lr * world_size**0.5
 # END TODO
 optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 # TODO(broadcast): start every rank from rank 0's weights and optimizer state, then seed each rank's dropout apart
@@ -81,11 +87,17 @@ hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 torch.manual_seed(args.seed * 1000 + rank + 1)
 # END TODO
-# TODO(optimizer): average the gradients over the ranks at every step
+# TODO(optimizer): average the gradients over the ranks at every step, once: after the last micro-batch
 # Horovod's DistributedOptimizer wraps the optimizer: it allreduces each gradient as backward
 # produces it, before the step. It needs the model's named parameters, and its reduction must
-# average the gradients (a sum would scale every step by the number of ranks).
-optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Average)
+# average the gradients (a sum would scale every step by the number of ranks). Each step below
+# runs one backward per micro-batch: tell it how many (backward_passes_per_step), and it lets the
+# gradients add up on each rank until the last of them, then allreduces once. Left at 1, Horovod
+# stops the second backward of a step ("Gradients were computed more than backward_passes_per_step
+# times before call to step()").
+optimizer = hvd.DistributedOptimizer(
+    optimizer, named_parameters=model.named_parameters(), op=hvd.Average, backward_passes_per_step=args.micro_batches
+)
 # END TODO
 
 # %% [markdown]
@@ -101,11 +113,14 @@ for epoch in range(args.epochs):
     train_sums = torch.zeros(2, device=device)  # summed loss, samples
     for images, labels in train_loader:
         images, labels = images.to(device), labels.to(device)
-        loss = F.cross_entropy(model(images), labels)
         optimizer.zero_grad()
-        loss.backward()
+        parts = list(zip(images.tensor_split(args.micro_batches), labels.tensor_split(args.micro_batches)))
+        for part_images, part_labels in parts:
+            # This part's share of the batch's mean loss: the parts' gradients add up to the batch's.
+            loss = F.cross_entropy(model(part_images), part_labels, reduction="sum")
+            (loss / len(labels)).backward()
+            train_sums += torch.stack([loss.detach(), torch.tensor(float(len(part_labels)), device=device)])
         optimizer.step()
-        train_sums += torch.stack([loss.detach() * len(labels), torch.tensor(float(len(labels)), device=device)])
     test_sums = workshop.evaluate(model, test_loader, device)  # summed loss, correct, samples
     # TODO(metrics): add up the sums and counts of all ranks, then print them once
     # Each rank's sums cover only its part of the data: add the sums and counts of all ranks

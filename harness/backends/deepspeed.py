@@ -102,7 +102,8 @@ def check_loss_scaler(scaler: Optional[torch.amp.GradScaler]) -> None:
 
 
 class DeepSpeedScriptHooks(TorchDistributedScriptHooks):
-    """A script's DeepSpeed: its init timeout bounded, the config of every engine it builds told."""
+    """A script's DeepSpeed: its init timeout bounded, the config of every engine it builds told, and
+    each gradient averaging its engines do at a gradient accumulation boundary."""
 
     @classmethod
     def limit_collective_waits(cls, seconds: float) -> None:
@@ -127,6 +128,24 @@ class DeepSpeedScriptHooks(TorchDistributedScriptHooks):
             return initialize(*args, **kwargs)
 
         deepspeed.initialize = watched
+
+    @classmethod
+    def watch_gradient_syncs(cls, record: Callable[[], None]) -> None:
+        # The engine calls allreduce_gradients after every backward (in step() where the script
+        # manages the accumulation itself, and not inside engine.no_sync()); it averages the
+        # gradients over the ranks there only at a gradient accumulation boundary, the last of
+        # gradient_accumulation_steps backward passes. (ZeRO stages 2 and 3 also reduce-scatter
+        # every micro-batch's gradients into their partitions, by design: not counted.)
+        from deepspeed.runtime.engine import DeepSpeedEngine
+
+        allreduce = DeepSpeedEngine.allreduce_gradients
+
+        def watched(engine: DeepSpeedEngine, *args: Any, **kwargs: Any) -> Any:
+            if engine.is_gradient_accumulation_boundary():
+                record()
+            return allreduce(engine, *args, **kwargs)
+
+        DeepSpeedEngine.allreduce_gradients = watched  # type: ignore[method-assign]
 
 
 class DeepSpeedBackend(TorchDistributedBackend):
@@ -305,9 +324,14 @@ class DeepSpeedBackend(TorchDistributedBackend):
             return super().full_state_dict()
         import deepspeed
 
-        module = self.engine.module
-        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-            return {key: value.detach().cpu().clone() for key, value in module.state_dict().items()}
+        # One weight gathered at a time (a collective, in the same order on every rank) and copied:
+        # the rank holds the copy and one whole weight, not the model gathered and copied at once.
+        state = {}
+        for key, value in self.engine.module.state_dict(keep_vars=True).items():
+            gathered = [value] if isinstance(value, nn.Parameter) else []  # buffers are never partitioned
+            with deepspeed.zero.GatheredParameters(gathered, modifier_rank=None):
+                state[key] = value.detach().cpu().clone()
+        return state
 
     def evaluation_model(self, make_model: Callable[..., nn.Module]) -> nn.Module:
         if self.options.zero_stage < 3:

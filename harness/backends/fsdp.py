@@ -30,7 +30,9 @@ from ..errors import UsageError, first_line
 from ..options import BaseOptions, option
 from ..process.discovery import ClusterEnv
 from .base import OptimizerFactory
-from .torch_distributed import TorchDistributedBackend
+from .collectives import TORCH_COLLECTIVES
+from .scripts import recording
+from .torch_distributed import TorchDistributedBackend, TorchDistributedScriptHooks
 from .traffic import Collective, ModelShape
 
 DCP_DIRECTORY = "dcp"  # inside a harness checkpoint: torch.distributed.checkpoint's .metadata and one file per rank
@@ -65,11 +67,27 @@ def _first_failure(error: BaseException) -> BaseException:
     return error
 
 
+class FSDPScriptHooks(TorchDistributedScriptHooks):
+    """A script's FSDP2 models tell each reduce-scatter of gradients they issue."""
+
+    @classmethod
+    def watch_gradient_syncs(cls, record: Callable[[], None]) -> None:
+        # FSDP2 reduce-scatters a unit's gradients after its backward, through torch.distributed's
+        # reduce-scatter functions (looked up on the module when called; their name changes with
+        # the torch version), except where set_requires_gradient_sync(False) keeps them on the rank.
+        # A script's own collectives (the weights' broadcast, the metrics' all-reduce, the
+        # all-gathers of a full state dict) are none of these.
+        for name, (kind, *_) in TORCH_COLLECTIVES.items():
+            if kind == "reduce_scatter" and hasattr(dist, name):
+                setattr(dist, name, recording(getattr(dist, name), record))
+
+
 class FSDPBackend(TorchDistributedBackend):
     """fully_shard per top-level child and on the root; the harness's own step, clipping and loss scaling."""
 
     name = "fsdp"
     checkpoint_format = "torch.distributed.checkpoint"
+    script_hooks = FSDPScriptHooks
     # FSDP2 shards every weight along dim 0 into contiguous shards and all-gathers them into
     # contiguous buffers, so a channels-last weight would not stay channels-last.
     channels_last_weights = False

@@ -19,7 +19,7 @@ from ..process.launchers import MPI_FAMILIES, families
 from . import compat
 from .base import Backend, OptimizerFactory
 from .collectives import InFlight, nbytes
-from .scripts import ScriptHooks
+from .scripts import ScriptHooks, recording
 from .traffic import Collective, ModelShape, in_buckets
 
 # Ranks Horovod can join: those MPI, horovodrun or srun started, and a plain process; Horovod does
@@ -53,13 +53,26 @@ def _whole_seconds(seconds: float) -> str:
 
 
 class HorovodScriptHooks(ScriptHooks):
-    """A script's Horovod collectives bounded in time."""
+    """A script's Horovod collectives bounded in time; its DistributedOptimizer tells each gradient
+    allreduce it starts."""
 
     @classmethod
     def limit_collective_waits(cls, seconds: float) -> None:
         # hvd.init() reads it; horovodrun's own --gloo-timeout-seconds would otherwise stand. Set for
         # good, not patched: it is for the whole process of a script that runs Horovod itself.
         os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = _whole_seconds(seconds)
+
+    @classmethod
+    def watch_gradient_syncs(cls, record: Callable[[], None]) -> None:
+        # hvd.DistributedOptimizer starts a gradient's allreduce from the hook of its accumulator
+        # once backward_passes_per_step backward passes have added to it (a group of gradients: the
+        # group's, once), and in step() for a gradient no hook started. Its optimizer class is built
+        # from a copy of _DistributedOptimizer's attributes when the script calls it: these stand-ins,
+        # set first, are in that copy.
+        from horovod.torch.optimizer import _DistributedOptimizer
+
+        for name in ("_allreduce_grad_async", "_grouped_allreduce_grad_async"):
+            setattr(_DistributedOptimizer, name, recording(getattr(_DistributedOptimizer, name), record))
 
 
 class HorovodBackend(Backend):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+Function = Callable[..., Any]
+
 
 class ScriptHooks:
     """A framework with nothing to watch: every hook does nothing."""
@@ -34,3 +36,14 @@ class ScriptHooks:
         issues one of the gradient communications of a backward pass (`harness check` counts the
         backward passes that communicated per optimizer step so). A framework whose gradient
         communications cannot be told apart from the script's own watches none."""
+
+
+def recording(function: Function, record: Callable[[], None]) -> Function:
+    """`function` (a library's function, or a method once set on its class), calling `record` first:
+    what a `watch_gradient_syncs` puts in place of the call that starts a gradient communication."""
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        record()
+        return function(*args, **kwargs)
+
+    return recorded

@@ -191,6 +191,9 @@ class SyntheticTokens:
         return tokens[:, :-1], tokens[:, 1:]
 
 
-def synthetic_windows(sequence_length: int, vocab: int) -> dict[str, SyntheticTokens]:
-    """The synthetic train and test windows."""
-    return {split: SyntheticTokens(split, SYNTHETIC_WINDOWS[split], sequence_length, vocab) for split in SPLITS}
+def synthetic_windows(
+    sequence_length: int, vocab: int, test_windows: Optional[int] = None
+) -> dict[str, SyntheticTokens]:
+    """The synthetic train and test windows; `test_windows` held-out windows instead of the default's."""
+    counts = {**SYNTHETIC_WINDOWS, **({"test": test_windows} if test_windows else {})}
+    return {split: SyntheticTokens(split, counts[split], sequence_length, vocab) for split in SPLITS}

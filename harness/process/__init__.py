@@ -43,6 +43,7 @@ __getattr__, __dir__ = lazy_exports(
         "launch_environment": "launchers",
         "free_port": "launchers",
         "preserved_process_state": "state",
+        "data_segment_bytes": "memory_cap",
     },
 )
 __all__ = __dir__()

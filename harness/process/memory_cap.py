@@ -45,9 +45,9 @@ STATUS = "/proc/self/status"
 # The backend whose rank holds least of the model: FSDP2 with every weight, gradient and optimizer
 # state sharded (ZeRO-3 holds as little of the state and adds its buckets).
 FULLY_SHARDED: tuple[str, dict[str, object]] = ("fsdp", {})
-SHARD_HINT = (
-    "shard the model (--backend fsdp, or --backend deepspeed --zero-stage 3), add ranks, or raise --memory-cap"
-)
+# The sharded backends a capped run is pointed to, most sharded first, by their labels' start
+# (harness.backends.memory.backend_label): a run is pointed only to those that hold less than it.
+SHARDED = (("fsdp", "--backend fsdp"), ("deepspeed zero_stage=3", "--backend deepspeed --zero-stage 3"))
 # What torch and Python say when an allocation fails (the CPU allocator's ENOMEM, CUDA's own).
 OUT_OF_MEMORY = re.compile(r"can't allocate memory|out of memory|Cannot allocate memory", re.IGNORECASE)
 
@@ -68,7 +68,7 @@ class MemoryCap:
         needed = self.footprint_bytes + predicted_bytes
         if needed <= self.cap_bytes:
             return
-        hint = SHARD_HINT
+        hint = shard_hint(backend)
         if sharded_bytes is not None and self.footprint_bytes + sharded_bytes > self.cap_bytes:
             hint = (
                 f"even fully sharded ({FULLY_SHARDED[0]}) a rank needs "
@@ -87,12 +87,25 @@ class MemoryCap:
             return None
         return OverBudget(
             f"rank {rank} ran out of its memory cap under {backend}: it needs more than "
-            f"{self.cap_bytes / GIB:.2f} GiB a rank (the cap, set by {self.how}); {SHARD_HINT}"
+            f"{self.cap_bytes / GIB:.2f} GiB a rank (the cap, set by {self.how}); {shard_hint(backend)}"
         )
 
     def as_dict(self) -> dict[str, object]:
         """The record's memory.cap."""
         return {"cap_bytes": self.cap_bytes, "footprint_bytes": self.footprint_bytes, "how": self.how}
+
+
+def shard_hint(backend: str) -> str:
+    """The fix named to a run of `backend` (its label) that needs more than its cap: the sharded
+    backends that hold less than it, more ranks, or a higher cap."""
+    for position, (label, _) in enumerate(SHARDED):
+        if backend.startswith(label):
+            fewer = SHARDED[:position]
+            break
+    else:
+        fewer = SHARDED
+    shard = f"shard the model ({', or '.join(flags for _, flags in fewer)}), " if fewer else ""
+    return f"{shard}add ranks, or raise --memory-cap"
 
 
 def data_segment_bytes() -> int:

@@ -29,7 +29,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import DATA_DIR
-from ..data.tokens import BRANCHES, BYTE_VOCABULARY, SYNTHETIC_SEED, corpus_windows, synthetic_windows
+from ..data.tokens import (
+    BRANCHES,
+    BYTE_VOCABULARY,
+    SYNTHETIC_SEED,
+    SYNTHETIC_WINDOWS,
+    corpus_windows,
+    synthetic_windows,
+)
 from ..errors import UsageError, unknown_choice
 from ..options import BaseOptions, option
 from .images import PREPARE_WAIT_S
@@ -56,6 +63,13 @@ class TransformerOptions(BaseOptions):
     vocab: Optional[int] = option(
         None, "--vocab", "transformer: synthetic tokens' vocabulary (default 256; the corpus is bytes: 256)", type=int
     )
+    test_windows: Optional[int] = option(
+        None,
+        "--test-windows",
+        f"transformer: held-out windows of the synthetic tokens scored at each evaluation (default "
+        f"{SYNTHETIC_WINDOWS['test']}); fewer evaluate faster, with a wider spread",
+        type=int,
+    )
     dropout: float = option(
         0.0, "--transformer-dropout", "transformer: dropout of embeddings, attention and residual branches"
     )
@@ -79,6 +93,12 @@ class TransformerOptions(BaseOptions):
             raise UsageError("--vocab sets the synthetic tokens' vocabulary; drop it (the corpus is bytes: 256)")
         if self.vocab is not None and self.vocab < 2:
             raise UsageError(f"--vocab must be at least 2, got {self.vocab}")
+        if self.test_windows is not None and self.tokens != "synthetic":
+            raise UsageError(
+                "--test-windows sets the synthetic tokens' held-out windows; drop it (the corpus's test split is whole)"
+            )
+        if self.test_windows is not None and self.test_windows < 1:
+            raise UsageError(f"--test-windows must be a positive integer, got {self.test_windows}")
         if not 0 <= self.dropout < 1:
             raise UsageError(f"--transformer-dropout must be in [0, 1), got {self.dropout}")
 
@@ -209,7 +229,7 @@ def transformer_task(**arguments: Any) -> Task:
         windows: dict[str, Any] = corpus_windows(options.data_dir, options.sequence_length, PREPARE_WAIT_S)
         data, source = "stdlib-bytes", os.path.basename(os.path.dirname(windows["train"].path))
     else:
-        windows = synthetic_windows(options.sequence_length, options.vocabulary)
+        windows = synthetic_windows(options.sequence_length, options.vocabulary, options.test_windows)
         data, source = "synthetic-tokens", f"Markov chain, {BRANCHES} successors per token, seed {SYNTHETIC_SEED}"
     return Task(
         build_model=lambda: DecoderTransformer(options),

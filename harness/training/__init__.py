@@ -28,6 +28,7 @@ __getattr__, __dir__ = lazy_exports(
     {
         "train": "loop",
         "check_config": "placement",
+        "parse_train_flags": "flags",
         "launch_command": "launch",
         "run_launch": "launch",
         "evaluate_model_file": "score",

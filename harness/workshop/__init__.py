@@ -8,7 +8,8 @@
 - `engines`: ipyparallel MPI engines for the notebooks, started and stopped so that none is left;
 - `demo`: `make demo`, every backend on the embedded digits and one comparison table;
 - `figures`, `pipeline`, `packing`, `precision`: the notebooks' figures, data-pipeline and
-  ranks-per-device studies, and what the precisions do to numbers, memory and speed.
+  ranks-per-device studies, and what the precisions do to numbers, memory and speed;
+- `lr_study`: notebook 02's runs trained side by side, and what their seeds resolve about each LR rule.
 
 The top layer: it may use every layer below; nothing below imports it.
 """
@@ -48,6 +49,7 @@ __getattr__, __dir__ = lazy_exports(
                 "epoch_loss_figure",
                 "equivalence_figure",
                 "run_colours",
+                "seeds_figure",
                 "sharding_figure",
                 "padded_evaluation_figure",
                 "loading_figure",
@@ -69,6 +71,7 @@ __getattr__, __dir__ = lazy_exports(
             name: "packing"
             for name in ("Packing", "packing_rows", "packing_table", "packings", "run_packing_study", "mps_daemon")
         },
+        **{name: "lr_study" for name in ("train_side_by_side", "compare", "verdict", "accepted_rules")},
         **{name: "precision" for name in ("format_rows", "rounding_row", "saved_for_backward", "step_time_ratios")},
     },
 )

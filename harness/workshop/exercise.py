@@ -1,6 +1,6 @@
 """What the hands-on scripts share, so that neighbouring steps differ only in their distributed code.
 
-The steps in solutions/ (01_serial.py ... 07_accumulation.py) use torch, Horovod and DeepSpeed directly:
+The steps in solutions/ (01_serial.py ... 09_mixed_precision.py) use torch, Horovod and DeepSpeed directly:
 that is what attendees learn. From here they take only what is not about data parallelism:
 
 - `parse_args`: the flags every step accepts (epochs, per-process batch, LR, seed, dropout, ...);
@@ -178,10 +178,15 @@ def _in_notebook() -> bool:
 
 
 def parse_args(
-    description: str, warmup: bool = False, argv: Optional[Sequence[str]] = None, accumulation: bool = False
+    description: str,
+    warmup: bool = False,
+    argv: Optional[Sequence[str]] = None,
+    accumulation: bool = False,
+    resume: bool = False,
+    precision: bool = False,
 ) -> argparse.Namespace:
-    """The flags of a hands-on step. In a notebook the defaults, unless `argv` is given. `warmup`
-    adds --warmup-epochs (step 5), `accumulation` --micro-batches (step 7).
+    """The flags of a hands-on step (in a notebook the defaults, unless `argv` is given). `warmup` adds
+    --warmup-epochs, `accumulation` --micro-batches, `resume` the resume flags, `precision` --precision.
 
     `--batch-size` is per process and `--lr` is the learning rate for one process's batch: what
     the global batch makes of it is the script's business (that is the lesson).
@@ -224,6 +229,7 @@ def parse_args(
             default=2,
             help="micro-batches each process splits its --batch-size into, one forward and backward each (default: 2)",
         )
+    _add_step_flags(parser, resume, precision)
     if argv is None and _in_notebook():
         argv = []
     args = parser.parse_args(argv)
@@ -233,6 +239,32 @@ def parse_args(
     return args
 
 
+def _add_step_flags(parser: argparse.ArgumentParser, resume: bool, precision: bool) -> None:
+    """The flags of steps 8 (`resume`) and 9 (`precision`)."""
+    if precision:
+        parser.add_argument(
+            "--precision",
+            choices=("fp32", "bf16", "fp16"),
+            default="bf16",
+            help="forward and loss under torch.autocast in bf16 or fp16 (fp16 with a loss scaler); "
+            "the weights stay float32 (default: bf16)",
+        )
+    if not resume:
+        return
+    parser.add_argument(
+        "--checkpoint",
+        default="checkpoint.pt",
+        help="file the training state is saved to after every epoch, and resumed from (default: checkpoint.pt)",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint instead of starting afresh")
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        help="stop after this epoch, its checkpoint written, as a job whose time ran out (default: run all epochs)",
+    )
+
+
 def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Stop with the parser's one-line error at a value no step can run with."""
     training_images = len(load_digits("train"))
@@ -240,6 +272,7 @@ def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         ("--epochs", args.epochs, 1),
         ("--batch-size", args.batch_size, 1),
         ("--train-samples", args.train_samples, 1),
+        ("--stop-after", getattr(args, "stop_after", None), 1),
     ):
         if value is not None and value < low:
             parser.error(f"{flag} must be at least {low}, got {value}")

@@ -119,6 +119,39 @@ def epoch_loss_figure(
     return fig
 
 
+def seeds_figure(
+    runs: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    title: str = "Training loss after the last epoch, per seed",
+    colours: Optional[Mapping[str, str]] = None,
+) -> Any:
+    """Each run's final training loss (`train_loss`) at every seed as a dot, on a log scale, with the
+    geometric mean over the seeds and its 95% interval (harness.study.scaling.intervals.mean_interval;
+    none below 3 seeds) as a bar: `runs` is label -> seed -> record. `colours`: label -> colour."""
+    rc_context = require("matplotlib", "plotting", PLOT_INSTALL).rc_context
+    from ..study.scaling.intervals import error_bars, geometric_mean, mean_interval
+
+    labels = list(runs)
+    colours = colours or run_colours(labels)
+    losses = [[float(record["train_loss"]) for record in runs[label].values()] for label in labels]
+    centres = [geometric_mean(values) for values in losses]
+    with rc_context(SLIDE_STYLE):
+        fig = _figure()
+        ax = fig.add_subplot()
+        below, above = error_bars(centres, [mean_interval(values) for values in losses])
+        for row, (label, values) in enumerate(zip(labels, losses)):
+            bar = [[below[row]], [above[row]]]
+            ax.errorbar(centres[row], row, xerr=bar, fmt="|", markersize=22, capsize=8, color=colours[label])
+            ax.scatter(values, [row] * len(values), s=90, color=colours[label], edgecolor="black", zorder=3)
+        ax.set_xscale("log")
+        ax.set_yticks(range(len(labels)))
+        ax.set_yticklabels(labels)
+        ax.invert_yaxis()
+        ax.set_xlabel("training loss over the last epoch (dots: seeds; bar: mean and its 95% interval)")
+        ax.set_title(title)
+        ax.grid(False, axis="y")
+    return fig
+
+
 def _plain_log_labels(ax: Any, values: Sequence[float]) -> None:
     """Log-axis labels as plain numbers (0.4, 2) rather than 4x10^-1; within one decade the
     labelled ticks are minor ones, so those get plain labels too."""

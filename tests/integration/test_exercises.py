@@ -18,7 +18,9 @@ from harness import workshop
 from harness.process.launchers import free_port, launcher_command
 from harness.study.scaling.equivalence import UPDATE_BOUND, update_differences, worst
 from harness.tasks.models import WorkshopCNN
+from harness.training.lr import scaled_lr
 from harness.workshop.checker import CheckResult, check_script
+from harness.workshop.checker.autocast import TOLERANCE as AUTOCAST_TOLERANCE
 from tests.conftest import REPO, harness, run
 from tests.helpers.weights import load_weights
 from tests.unit.test_exercises import (
@@ -33,6 +35,7 @@ from tests.unit.test_exercises import (
     LAUNCHERS,
     LEARNED_ACCURACY,
     SAME_SEED,
+    SCALED_LR,
     SOLUTIONS,
     broken_variant,
 )
@@ -141,7 +144,8 @@ def test_check_refuses_a_missing_file_in_one_line():
 
 @pytest.fixture(scope="module")
 def serial_weights(tmp_path_factory) -> dict[str, torch.Tensor]:
-    """01_serial.py on the check's data with the 2-rank global batch: 2 x 16 at LR 0.05 / 2 each."""
+    """01_serial.py on the check's data with the 2-rank global batch: 2 x 16 at --lr 0.05 / 2 each, scaled by
+    notebook 02's rule (the square root of 2 ranks), as the solutions scale it."""
     directory = tmp_path_factory.mktemp("serial")
     result = run(
         [
@@ -152,7 +156,7 @@ def serial_weights(tmp_path_factory) -> dict[str, torch.Tensor]:
             "--batch-size",
             "32",
             "--lr",
-            "0.05",
+            repr(scaled_lr(0.05 / 2, 2, 1, "sqrt")),
             "--seed",
             "0",
             "--dropout",
@@ -166,18 +170,35 @@ def serial_weights(tmp_path_factory) -> dict[str, torch.Tensor]:
     return load_weights(directory / "model.pt")
 
 
+# What the PASS line says of each step's own lesson, beyond what every step passes on.
+PASS_SAYS = {
+    "03_horovod.py": "the 2 micro-batches of a step averaged their gradients over the ranks once (Horovod's "
+    "backward_passes_per_step)",
+    "04_deepspeed.py": "once (DeepSpeed's gradient_accumulation_steps)",
+    "06_fsdp.py": "once (FSDP2's set_requires_gradient_sync)",
+    "07_accumulation.py": "once (DDP's no_sync)",
+    "08_resume.py": "; stopped after epoch 1 and resumed for 1 more, it ended with the weights of the run never stopped",
+    "09_mixed_precision.py": f", within {AUTOCAST_TOLERANCE:g} of the update in float32 (the forwards ran under "
+    "autocast in bfloat16, the weights in float32)",
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", DISTRIBUTED)
 def test_each_solution_passes_the_check_and_trains_the_serial_weights(name, serial_weights):
+    """Every step passes (step 8 straight through, then stopped and resumed: three runs), and trains
+    what one process does; in bf16 (step 9) within the check's 16-bit tolerance."""
     result = check_script(str(SOLUTIONS / name), timeout=CHECK_TIMEOUT_S)
     assert result.passed, "\n".join(result.lines)
     assert result.lines[0].startswith("PASS: 2 ranks x 10 steps")
+    assert PASS_SAYS.get(name, "PASS") in result.lines[0], result.lines[0]
     if name != "05_warmup.py":  # warmup trains at other LRs than the serial step
         torch.manual_seed(0)
         initial = WorkshopCNN(dropout=0.0).state_dict()
         tensor, difference = worst(update_differences(result.weights, serial_weights, initial))
         print(f"{name}: {difference:.3g} of the update from 01_serial.py's (in {tensor})")  # pytest -rP shows it
-        assert difference <= UPDATE_BOUND, f"{name}: {tensor} is {difference:.3g} of the update from 01_serial.py's"
+        bound = AUTOCAST_TOLERANCE if name == "09_mixed_precision.py" else UPDATE_BOUND
+        assert difference <= bound, f"{name}: {tensor} is {difference:.3g} of the update from 01_serial.py's"
 
 
 @pytest.mark.slow
@@ -214,6 +235,34 @@ def test_check_names_the_todo_behind_each_mistake(variant, tmp_path):
 
 
 @pytest.mark.slow
+def test_check_names_what_a_resume_loses(tmp_path):
+    """Step 8 resumed without the optimizer's state, with the epochs counted from 0 again (the sampler deals
+    epoch 1's order) and without the random state: its three runs, one line for each loss."""
+    script = broken_variant(
+        tmp_path,
+        "08_resume.py",
+        "loses_state.py",
+        [
+            ('    optimizer.load_state_dict(checkpoint["optimizer"])\n', ""),
+            ("for epoch in range(start_epoch, args.epochs):", "for epoch in range(args.epochs - start_epoch):"),
+            ('    torch.set_rng_state(checkpoint["random_states"][rank]["cpu"])\n', ""),
+        ],
+    )
+    result = check_script(str(script), timeout=CHECK_TIMEOUT_S)
+    print("\n".join(result.lines))  # what an attendee would read (pytest -rP shows it)
+    resume, checkpoint = (f"{todo_reference('08_resume.py', key)}: " for key in ("resume", "checkpoint"))
+    expected = [
+        ("took its first step with no optimizer state, where the stopped run's optimizer held momentum_buffer", True),
+        ("'s first training forward of epoch 2 drew from another random state than in the uninterrupted run", True),
+        ("'s resumed run trained epoch 2 on its samples in the order of epoch 1 of the uninterrupted run", False),
+    ]
+    assert result.status == 1 and len(result.lines) == len(expected), result.lines
+    for line, (words, both) in zip(result.lines, expected):
+        assert line.startswith("FAIL resume: rank ") and words in line and f"-> {resume}" in line, line
+        assert (checkpoint in line) == both, line  # the loss of what the checkpoint must hold names its TODO too
+
+
+@pytest.mark.slow
 def test_check_reports_a_framework_error_at_its_line(tmp_path):
     """A ZeRO stage DeepSpeed does not have: DeepSpeed's own complaint, where the script made it."""
     script = broken_variant(
@@ -235,20 +284,25 @@ def test_check_reports_a_framework_error_at_its_line(tmp_path):
 @pytest.mark.parametrize(
     "name, replacements",
     [
-        ("02_ddp.py", [ADAM, ("lr = args.lr * world_size", "lr = args.lr * world_size ** 0.5")]),
+        ("02_ddp.py", [ADAM]),
         ("05_warmup.py", [ADAM]),
-        ("03_horovod.py", []),
+        ("03_horovod.py", [(SCALED_LR, "lr = args.lr * world_size")]),
         (
             "02_ddp.py",
-            [SAME_SEED, (PROCESS_GROUP_JOINED, PROCESS_GROUP_JOINED + "torch.manual_seed(args.seed + rank)\n")],
+            [
+                SAME_SEED,
+                (PROCESS_GROUP_JOINED, PROCESS_GROUP_JOINED + "torch.manual_seed(args.seed + rank)\n"),
+                (SCALED_LR, "lr = args.lr"),
+            ],
         ),
     ],
-    ids=["ddp-adam-sqrt", "warmup-adam-linear", "horovod", "ddp-seeded-per-rank-before-the-model"],
+    ids=["ddp-adam", "warmup-adam", "horovod-sgd-linear", "ddp-seeded-per-rank-before-the-model-sgd-unscaled"],
 )
 def test_check_accepts_what_the_exercise_asks_done_otherwise(name, replacements, tmp_path):
-    """What the exercise asks passes: Adam's LR by the square-root rule, or by the linear one with a warmup
-    (notebook 02 cannot tell them apart then), the GPU by the local rank on 2 nodes, ranks seeded apart before the model is built (the
-    broadcast gives them rank 0's weights, their dropout draws its own)."""
+    """What the exercise asks passes: Adam's LR by notebook 02's rule, without and with its warmup; SGD's by
+    the linear rule or unscaled too, which notebook 02's runs could not reject; the GPU by the local rank on
+    2 nodes; ranks seeded apart before the model is built (the broadcast gives them rank 0's weights, their
+    dropout draws its own)."""
     result = check_script(
         str(broken_variant(tmp_path, name, name, replacements)), timeout=CHECK_TIMEOUT_S, simulate_nodes=2
     )

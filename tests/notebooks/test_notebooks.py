@@ -38,6 +38,7 @@ TIMED = {
     "04_data_pipeline.ipynb",
     "05_processes_per_device.ipynb",
     "06_precision_checkpoints_profiling.ipynb",
+    "07_memory_and_sharding.ipynb",
 }
 
 

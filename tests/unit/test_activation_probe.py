@@ -37,3 +37,25 @@ def test_a_billion_parameter_model_is_probed_with_shapes_only():
     assert "with shapes only (FakeTensor)" in activations.source
     # 24 blocks of 1,024 tokens of width 2,048 save at least each block's bf16 input to its first linear.
     assert activations.per_sample > 24 * 1024 * 2048 * 2
+
+
+def test_memory_per_rank_is_what_harness_predict_prints_for_the_backend():
+    import harness
+    from harness.backends.memory import Training, predict_memory
+    from harness.study.prediction.shapes import task_shape
+
+    options = {"zero_stage": 3, "zero_bucket_mb": 4}
+    config = harness.TrainConfig(
+        backend="deepspeed",
+        backend_options=options,
+        task="transformer",
+        task_args=SMALL,
+        batch_size=3,
+        optimizer="adam",
+    )
+    found = harness.memory_per_rank(config, 4)
+    training = Training(precision="fp32", optimizer="adam", micro_batch=3, world_size=4)
+    activations = memory.task_activations("transformer", SMALL, "fp32")
+    expected = predict_memory(task_shape("transformer", SMALL), "deepspeed", options, training, activations)
+    assert found == expected and found.backend == "deepspeed zero_stage=3 zero_bucket_mb=4"
+    assert found.total() > found.model_state() > 0

@@ -1,8 +1,8 @@
 """One definition each: AU, communication, useful time, the POP metrics, scaling efficiency and
 contention are written once, in harness/training/metrics.py's docstring; the docs' measurement page
-(docs/concepts/measurement.md), notebook 03 and `harness report --explain` must say exactly the same
-(whitespace aside), and every place that computes or labels AU uses the metrics module's function
-and formula, never its own."""
+(docs/concepts/measurement.md) and `harness report --explain` must say exactly the same (whitespace
+aside), notebook 03 links that page instead of printing them again, and every place that computes or
+labels AU uses the metrics module's function and formula, never its own."""
 
 from __future__ import annotations
 
@@ -59,7 +59,6 @@ def test_the_metrics_module_defines_every_term():
     "where, text",
     [
         ("docs/concepts/measurement.md", _measurement_page),
-        ("notebook 03", _notebook_markdown),
         ("the report's footnote", lambda: scaling_report(weak_study(), explain=True)),
     ],
 )
@@ -68,6 +67,14 @@ def test_each_place_says_what_the_metrics_module_says(where, text):
     terms = REQUIRED if where != "the report's footnote" else FOOTNOTE_TERMS
     missing = [term for term in terms if _flat(DEFINITIONS[term]) not in flat]
     assert not missing, f"{where} lacks (or words otherwise) the definitions of {missing}"
+
+
+def test_notebook_03_links_the_definitions_and_repeats_none():
+    markdown = _flat(_notebook_markdown())
+    assert "](../docs/concepts/measurement.md#the-step-breakdown-and-the-metrics)" in markdown
+    assert "## The step breakdown and the metrics" in _measurement_page()  # the anchor the link names
+    repeated = [term for term in REQUIRED if _flat(DEFINITIONS[term]) in markdown]
+    assert not repeated, f"notebook 03 prints the definitions of {repeated} again: link the measurement page"
 
 
 def test_au_is_dlios_compute_time_over_total_time_everywhere():

@@ -76,3 +76,14 @@ def test_a_run_that_would_not_fit_even_fully_sharded_is_told_so_not_told_to_shar
         cap.check(2.0 * GIB, "ddp", rank=0, sharded_bytes=1.0 * GIB)
     assert "even fully sharded (fsdp) a rank needs 1.75 GiB: add ranks" in str(too_large.value)
     assert "shard the model" not in str(too_large.value)
+
+
+def test_the_fix_named_is_a_backend_that_holds_less_than_the_one_that_ran():
+    from harness.process.memory_cap import shard_hint
+
+    both = "shard the model (--backend fsdp, or --backend deepspeed --zero-stage 3), add ranks, or raise --memory-cap"
+    assert shard_hint("ddp") == shard_hint("deepspeed zero_stage=1") == both
+    assert shard_hint("deepspeed zero_stage=3 zero_bucket_mb=4.0") == (
+        "shard the model (--backend fsdp), add ranks, or raise --memory-cap"
+    )
+    assert shard_hint("fsdp") == shard_hint("fsdp keep_gathered=True") == "add ranks, or raise --memory-cap"

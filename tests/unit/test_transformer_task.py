@@ -104,6 +104,14 @@ def test_synthetic_tokens_are_the_same_windows_by_index_and_follow_the_chain():
     assert all(int(target) in successors[int(token)] for token, target in zip(inputs.flatten(), targets.flatten()))
 
 
+def test_fewer_synthetic_test_windows_are_the_first_of_the_default_ones():
+    task = load_task("transformer", {"tokens": "synthetic", "sequence_length": 16, "test_windows": 8}).task
+    default = load_task("transformer", {"tokens": "synthetic", "sequence_length": 16}).task
+    assert len(task.test_data) == 8 and len(task.train_data) == SYNTHETIC_WINDOWS["train"]
+    rows = np.arange(8)
+    assert torch.equal(task.test_data.fetch(rows)[0], default.test_data.fetch(rows)[0])
+
+
 def _library(root) -> list[str]:
     """Write a small standard library into `root`; its files that are the corpus, in order (a test
     suite, site-packages and a file that is not Python are left out)."""
@@ -179,6 +187,8 @@ def test_the_task_trains_on_the_byte_corpus(corpus_dir):
         ({"vocab": 1000}, "--vocab sets the synthetic tokens' vocabulary; drop it"),
         ({"layers": 0}, "--layers must be a positive integer"),
         ({"dropout": 1.0}, "--transformer-dropout must be in [0, 1)"),
+        ({"test_windows": 8}, "--test-windows sets the synthetic tokens' held-out windows; drop it"),
+        ({"tokens": "synthetic", "test_windows": 0}, "--test-windows must be a positive integer"),
     ],
 )
 def test_a_malformed_argument_is_one_line_naming_the_flag(args, message):

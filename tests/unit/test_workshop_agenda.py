@@ -1,5 +1,6 @@
 """WORKSHOP.md's agenda adds up: each slot starts where the one before ended, the slots fill the
-time its title promises, and every notebook and every exercise step has its slot."""
+time its title promises, every notebook and every exercise step has its slot, questions and slack have
+theirs, and set-up is done the day before."""
 
 from __future__ import annotations
 
@@ -36,3 +37,15 @@ def test_every_notebook_and_exercise_step_has_a_slot():
     for step in sorted(Path(REPO, "solutions").glob("[0-9][0-9]_*.py")):
         if step.name != "01_serial.py":  # the serial starting point, read in step 2's slot
             assert f"`{step.name}`" in slots, f"exercise {step.name} has no agenda slot"
+
+
+def test_the_day_has_question_time_and_slack_and_is_set_up_the_day_before():
+    slots = [(length, what) for _, length, what in _agenda()]
+    assert any(what.startswith("questions") for _, what in slots), "no agenda slot for questions"
+    assert any("slack" in what for _, what in slots), "no agenda slot keeps slack for a slot that ran over"
+    setup = re.search(r"^## Start JupyterLab\n(.*?)^## ", WORKSHOP, re.M | re.S)[1]
+    agenda = re.search(r"^## Agenda\n(.*?)^\| time", WORKSHOP, re.M | re.S)[1]
+    for where, text in (("the set-up section", setup), ("the agenda", agenda)):
+        assert "the day before" in text.lower() and "make setup" in text, (
+            f"{where} does not put `make setup` the day before"
+        )

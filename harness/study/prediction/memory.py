@@ -93,6 +93,25 @@ def _probe(loaded: Any, data: Any, precision: str, shapes_only: bool) -> list[in
     return saved
 
 
+def config_memory(config: TrainConfig, world_size: int) -> MemoryPrediction:
+    """One rank's memory when `config` trains at `world_size` ranks, predicted before any run: its
+    task's model shape and activations (probed as `harness predict` probes them), its backend and
+    options, precision, optimizer and micro-batch. UsageError for a backend without a memory rule."""
+    from .shapes import task_shape
+
+    training = Training(
+        precision=config.precision,
+        optimizer=config.optimizer,
+        momentum=config.momentum,
+        micro_batch=config.batch_size,
+        world_size=world_size,
+    )
+    activations = task_activations(config.task, config.task_args, config.precision)
+    return predict_memory(
+        task_shape(config.task, config.task_args), config.backend, config.backend_options, training, activations
+    )
+
+
 def backend_cases(backend: Optional[str], options: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """(backend, options) to print: the one named with its options, else every distributed
     backend's option sets that change what a rank holds (Options.examples: ZeRO's stages, FSDP

@@ -92,13 +92,18 @@ def check_global_batch(observations: list[Observation], ranks: int, framework: F
                 else f"DeepSpeed reads it as a global batch of {resolved[0]} ({resolved[1]} per rank x {resolved[2]} "
                 f"accumulation steps x {ranks} ranks)"
             )
+            per_rank = (
+                f"train_micro_batch_size_per_gpu x gradient_accumulation_steps = {batch}"
+                if settings.get("gradient_accumulation_steps", 1) > 1
+                else f"train_micro_batch_size_per_gpu {batch}"
+            )
             return [
                 Failure(
                     "global batch",
                     f"rank {observation.rank} gave deepspeed.initialize a config with {given} "
                     f"at {ranks} ranks: {how}; each rank trains on {batch} samples a step, so "
                     f"train_batch_size must be the global batch {batch} x {ranks} = "
-                    f"{batch * ranks} (train_micro_batch_size_per_gpu {batch})",
+                    f"{batch * ranks} ({per_rank})",
                     framework.config_keys,
                 )
             ]

@@ -1,8 +1,10 @@
 """`check_script`: one attendee's script in, a verdict out.
 
-It recognises the script's framework (todos), launches the script on its ranks and collects their
-records (control, observe), judges them (judge) and writes each failed property as one line naming
-the TODO that governs it (todos.TodoIndex).
+It recognises the script's framework and the step flags it takes (todos), launches the script on
+its ranks with the check's flags and collects their records (control, observe), judges them (judge)
+and writes each failed property as one line naming the TODO that governs it (todos.TodoIndex). A
+script that takes the resume flags runs twice more, stopped after an epoch and resumed (resume),
+each run with the check's timeout.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import torch
 
 from ...errors import EXIT_OK, UsageError, require
 from .. import exercise
-from .control import GLOBAL_LR, Launch, RunDirectory, launch_locally, rank_program
+from .control import GLOBAL_LR, Launch, RunDirectory, launch_locally, rank_program, step_flags
 from .judge import judge, pass_line, run_failure
 from .observe import EXIT_FAILED, Observation
-from .todos import Failure, TodoIndex, framework_of
+from .resume import check_resume, resume_flags, resumed_line
+from .todos import Failure, Framework, TodoIndex, framework_of, step_options
 
 
 @dataclass
@@ -69,6 +72,49 @@ def _check_input(path: str, ranks: int, timeout: float, simulate_nodes: int) -> 
     return source_path
 
 
+@dataclass(frozen=True)
+class _Runs:
+    """How each run of one check starts: the script, its framework, and the check's settings."""
+
+    script: Path
+    framework: Framework
+    ranks: int
+    timeout: float
+    simulate_nodes: int
+    launch: Launch
+    flags: tuple[str, ...]  # the step's own (control.step_flags)
+
+    def run(self, run: RunDirectory, extra_flags: tuple[str, ...] = ()) -> tuple[list[Observation], Optional[Failure]]:
+        """Launch the ranks in `run`: every rank's record, or the line of a run that did not finish."""
+        run.path.mkdir(parents=True, exist_ok=True)
+        flags = [*self.flags, *extra_flags]
+        backend, script = self.framework.backend, self.script
+        program = rank_program(run, self.timeout, backend, script, self.ranks, self.simulate_nodes, flags)
+        status, timed_out = self.launch(self.framework.launcher, self.ranks, program, run, self.timeout)
+        observations = {rank: Observation.read(run.observations(rank)) for rank in range(self.ranks)}
+        stopped = run_failure(
+            observations, self.ranks, status, timed_out, self.timeout, run, str(script), self.framework
+        )
+        if stopped is not None:
+            return [], stopped
+        return [observation for observation in observations.values() if observation is not None], None
+
+
+def _check_resume(runs: _Runs, run: RunDirectory, straight: list[Observation]) -> tuple[list[Failure], str]:
+    """Property 12: the script stopped after an epoch, then resumed, against the run `straight`.
+    The failures, or what the PASS line adds."""
+    stop, resume = resume_flags(run.path / "checkpoint.pt")
+    records = []
+    for name, flags in (("stopped", stop), ("resumed", resume)):
+        observations, stopped = runs.run(RunDirectory(run.path / name), tuple(flags))
+        if stopped is not None:
+            observed = f"the run with {' '.join(flags[2:])} did not finish: {stopped.observed}"
+            return [Failure("resume", observed, stopped.keys)], ""
+        records.append(observations)
+    failures = check_resume(straight, *records)
+    return failures, "" if failures else resumed_line(*records)
+
+
 def _line(failure: Failure, index: TodoIndex) -> str:
     """`harness check`'s line for a failed property: what was seen, and the TODO behind it."""
     return f"FAIL {failure.name}: {failure.observed}" + (f" -> {index.describe(failure.keys)}" if failure.keys else "")
@@ -89,24 +135,27 @@ def check_script(
     try:
         script = _script_to_run(source_path.resolve(), run)
         framework = framework_of(script.read_text(), path)
-        program = rank_program(run, timeout, framework.backend, script, ranks, simulate_nodes)
+        options = step_options(script.read_text())
+        runs = _Runs(script, framework, ranks, timeout, simulate_nodes, launch, tuple(step_flags(options)))
         # While the ranks run, this process loads what judging needs (seconds of its own otherwise).
         warm_up = threading.Thread(target=_warm_up, daemon=True)
         warm_up.start()
-        status, timed_out = launch(framework.launcher, ranks, program, run, timeout)
+        finished, stopped = runs.run(run)
         warm_up.join()
-        observations = {rank: Observation.read(run.observations(rank)) for rank in range(ranks)}
         index = TodoIndex(source_path.with_suffix(".py").name, framework)
-        stopped = run_failure(observations, ranks, status, timed_out, timeout, run, str(script), framework)
         if stopped is not None:
-            keep_run_dir = str(run.output_log) in stopped.observed
+            keep_run_dir = str(run.path) in stopped.observed
             return CheckResult(EXIT_FAILED, [_line(stopped, index)], [stopped])
-        finished = [observations[rank] for rank in range(ranks)]
         failures = judge(finished, framework, ranks, run)
+        passed = pass_line(finished, ranks, framework)
+        if "resume" in options:
+            resumed, added = _check_resume(runs, run, finished)
+            keep_run_dir = any(str(run.path) in failure.observed for failure in resumed)
+            failures, passed = failures + resumed, passed + added
         weights = finished[0].final
         if failures:
             return CheckResult(EXIT_FAILED, [_line(failure, index) for failure in failures], failures, weights)
-        return CheckResult(EXIT_OK, [pass_line(finished, ranks)], [], weights)
+        return CheckResult(EXIT_OK, [passed], [], weights)
     finally:
         if not keep_run_dir:
             shutil.rmtree(run.path, ignore_errors=True)

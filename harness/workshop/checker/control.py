@@ -32,6 +32,9 @@ CHECK_EPOCHS = 2
 STEPS_PER_EPOCH = EQUIVALENCE_STEPS // CHECK_EPOCHS
 LEFTOVER_SAMPLES = 10  # after the last full global batch of an epoch: the drop-last tail
 GLOBAL_LR = 0.05  # the LR of the global batch (harness.study.scaling.equivalence measured its bound at this LR)
+# A step's own flags (todos.step_options), as the check gives them: 2 micro-batches of 8 (the split
+# harness.study.scaling.equivalence measured its bound with), and bf16, which CPUs and recent GPUs run.
+STEP_FLAGS = {"accumulation": ("--micro-batches", "2"), "precision": ("--precision", "bf16")}
 STACK_DUMP_WAIT_S = 2.0
 # A launcher's variables from around `harness check`: the launched ranks must get their own.
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -115,12 +118,24 @@ def script_flags(ranks: int) -> list[str]:
     ]
 
 
+def step_flags(options: frozenset[str]) -> list[str]:
+    """The flags of a step's own that the check gives a script taking `options` (todos.step_options)."""
+    return [flag for option in sorted(options) for flag in STEP_FLAGS.get(option, ())]
+
+
 def rank_program(
-    run: RunDirectory, timeout: float, backend: str, script: Path, ranks: int, nodes: int = 1
+    run: RunDirectory,
+    timeout: float,
+    backend: str,
+    script: Path,
+    ranks: int,
+    nodes: int = 1,
+    extra_flags: Sequence[str] = (),
 ) -> list[str]:
     """The Python arguments of every rank (for launcher_command): the rank entry, then the script
-    and its flags. `backend` is the registry name of the script's framework; with `nodes` > 1 each
-    rank takes the place it would have with the ranks dealt out to that many nodes."""
+    and its flags (the check's, then `extra_flags`). `backend` is the registry name of the script's
+    framework; with `nodes` > 1 each rank takes the place it would have with the ranks dealt out to
+    that many nodes."""
     return [
         "-m",
         RANK_MODULE,
@@ -131,6 +146,7 @@ def rank_program(
         backend,
         str(script),
         *script_flags(ranks),
+        *extra_flags,
     ]
 
 

@@ -6,12 +6,10 @@ What must hold (one Failure each, with the TODO keys that govern it):
    batches at each step) at the same LRs, within harness.study.scaling.equivalence's UPDATE_BOUND of the
    update; if not, the usual causes are tried to name it: gradients summed instead of averaged, or
    clipped at norm 1.0 (DeepSpeed's default);
-3. the LR is --lr scaled to the global batch by a rule the exercise accepts for its optimizer: the
-   linear rule (--lr x ranks) for SGD; for Adam and the other adaptive optimizers the square-root
-   rule (--lr x sqrt(ranks)), or the linear one where the script warms up (notebook 02's Adam runs
-   stalled at the linear LR without warmup, and with it do not tell the rules apart); a warmup
-   script climbs linearly per step from --lr at step 0 to that at step round(--warmup-epochs x
-   steps per epoch), then stays there (step 5's text);
+3. the LR is --lr scaled to the global batch by notebook 02's rule (lr.RULE: --lr x sqrt(ranks),
+   warmed up) or by another rule its runs could not reject for the script's optimizer (lr.ACCEPTED);
+   a warmup script climbs linearly per step from --lr at step 0 to that at step round(--warmup-epochs
+   x steps per epoch), then stays there (step 5's text);
 4. every epoch the ranks train on disjoint samples that leave out fewer than one global batch,
    in a new order each epoch; every evaluation scores each test image exactly once;
 5. only rank 0 writes files, and it saves the model to --save;
@@ -24,11 +22,18 @@ What must hold (one Failure each, with the TODO keys that govern it):
    DeepSpeed's train_batch_size);
 9. no two ranks draw their dropout masks from the same random state (seeds);
 10. a step split into micro-batches averages the gradients over the ranks once, not after every
-   micro-batch (accumulation: DDP's no_sync).
+   micro-batch, by its framework's own mechanism (accumulation: DDP's no_sync, Horovod's
+   backward_passes_per_step, DeepSpeed's gradient_accumulation_steps, FSDP2's
+   set_requires_gradient_sync);
+11. a step that takes --precision runs its training forwards under autocast in that dtype and keeps
+   float32 weights (autocast; property 2 then allows 16-bit rounding: autocast.TOLERANCE);
+12. a step that takes the resume flags, stopped after epoch 1 and resumed, ends with the weights of
+   the run that was never stopped (resume: two more runs, which check_script starts).
 Weights are compared with the observed LRs and batches, so each mistake fails one property only.
 A run that did not finish gets one line instead (`run_failure`): the TODO it reached, the error that
 stopped it (a rank that failed because a peer did points at the peer; DeepSpeed refusing the batch
-settings is property 8's line), or where each rank hung.
+settings is property 8's line, Horovod refusing a second backward pass in a step property 10's), or
+where each rank hung.
 """
 
 from __future__ import annotations
@@ -38,22 +43,19 @@ import re
 from typing import Any, Optional
 
 from ...study.scaling.equivalence import UPDATE_BOUND, update_differences, worst
-from ...training.lr import learning_rate, scaled_lr
-from .accumulation import KEYS as ACCUMULATION_KEYS
-from .accumulation import accumulates, check_accumulation
+from .accumulation import MECHANISMS, accumulates, averaged_once, check_accumulation, stopped_accumulating
+from .autocast import check_precision, update_bound
 from .batch import BATCH_COMPLAINT, check_global_batch
 from .control import RunDirectory
 from .devices import check_devices
 from .files import check_files
+from .lr import check_lr
 from .metrics import check_metrics
 from .observe import Observation
 from .reference import check_one_process, max_gap
 from .seeds import check_rank_seeds
 from .shards import check_evaluation, check_training_data
 from .todos import Failure, Framework
-
-# The optimizers for which the exercises accept the square-root LR rule beside the linear one (lr_rules).
-SQUARE_ROOT_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop"})
 
 
 def _where(line: Optional[int], source: str, script: str) -> str:
@@ -109,6 +111,9 @@ def _stopped(
     causes = [entry for entry in errors if not entry[1]["peer"]] or errors
     rank, error = min(causes, key=lambda entry: entry[1]["time"])
     message = re.sub(r"^\[[^\]]*\]\s*", "", error["message"])  # a library's leading [source:line] tag
+    refused = stopped_accumulating(rank, message, framework)
+    if refused is not None:
+        return refused
     batch_complaint = bool(framework.config_keys) and BATCH_COMPLAINT.search(message) is not None
     if batch_complaint:  # DeepSpeed refused the batch settings: say what they should be, if they were seen
         seen = check_global_batch(
@@ -169,105 +174,16 @@ def _check_weights(observations: list[Observation], framework: Framework) -> tup
                     f"the ranks started alike but ended with different weights (rank "
                     f"{observation.rank}'s differ from rank 0's by {value:.3g} of the update, in "
                     f"{name}): the gradients are not averaged over the ranks",
-                    # A step of micro-batches averages in its last backward only: no_sync kept it local too.
-                    (ACCUMULATION_KEYS if accumulates(observations) else ()) + framework.sync_keys,
+                    # A step of micro-batches averages in its last backward only: the framework's
+                    # accumulation mechanism kept that one local too.
+                    tuple(
+                        dict.fromkeys(
+                            (framework.accumulation_keys if accumulates(observations) else ()) + framework.sync_keys
+                        )
+                    ),
                 )
             ], False
     return [], True
-
-
-def lr_rules(optimizer: Optional[dict[str, Any]], warms_up: bool) -> tuple[str, ...]:
-    """The LR scaling rules (harness.training.lr's names) the exercise accepts for this optimizer:
-    the linear rule for SGD (Goyal et al.); for the adaptive ones the square-root rule, and the
-    linear one only with warmup: notebook 02's Adam at the linear LR stalled from its first step
-    without it, and with it does not tell the two rules apart."""
-    if not (optimizer and optimizer["class"] in SQUARE_ROOT_OPTIMIZERS):
-        return ("linear",)
-    return ("sqrt", "linear") if warms_up else ("sqrt",)
-
-
-def _rule_text(optimizer: Optional[dict[str, Any]], ranks: int, base: float, warms_up: bool) -> str:
-    name = optimizer["class"] if optimizer else "its optimizer"
-    rules = lr_rules(optimizer, warms_up)
-    if rules == ("linear",):
-        return f"for {name} the exercise scales it by the linear rule: --lr x {ranks} = {base * ranks:.4g}"
-    square_root = f"for {name} the exercise scales it by the square-root rule, --lr x sqrt({ranks}) = "
-    square_root += f"{scaled_lr(base, ranks, 1, 'sqrt'):.4g}"
-    linear = f"--lr x {ranks} = {scaled_lr(base, ranks, 1, 'linear'):.4g}"
-    if "linear" in rules:
-        return f"{square_root}, or the linear one, {linear}"
-    return f"{square_root}; the linear one, {linear}, only with a warmup (notebook 02: without, {name} stalls)"
-
-
-def _check_lr(observations: list[Observation], ranks: int) -> list[Failure]:
-    """Property 3, step by step against harness.training.lr's rules (warmup from --lr at step 0):
-    the failures of the first accepted rule if no accepted rule matches."""
-    first = observations[0]
-    if not first.args or "lr" not in first.args:
-        return [
-            Failure(
-                "learning rate",
-                "the script did not read its flags with workshop.parse_args, so the checker cannot tell its --lr",
-                ("lr",),
-            )
-        ]
-    rules = lr_rules(first.optimizer, warms_up=_warmup_steps(first) > 0)
-    verdicts = [_lr_failures(observations, ranks, rule) for rule in rules]
-    return [] if not all(verdicts) else verdicts[0]
-
-
-def _lr_failures(observations: list[Observation], ranks: int, rule: str) -> list[Failure]:
-    """Property 3 against one scaling rule."""
-    first = observations[0]
-    base = first.args["lr"]
-    target = scaled_lr(base, ranks, 1, rule)  # the global batch is `ranks` processes' batches
-    warmup = _warmup_steps(first)
-    expected = [
-        learning_rate(
-            step, base_lr=base, peak_lr=target, warmup_steps=warmup, total_steps=len(first.steps), schedule="constant"
-        )
-        for step in range(len(first.steps))
-    ]
-    for observation in observations:
-        for step, (used, wanted) in enumerate(zip(observation.steps, expected)):
-            lr = used[0]
-            if abs(lr - wanted) <= 1e-6 * abs(wanted):
-                continue
-            if not warmup or abs(observation.steps[-1][0] - target) > 1e-6 * target:
-                return [
-                    Failure(
-                        "learning rate",
-                        f"rank {observation.rank} used LR {lr:g} at step {step + 1} "
-                        f"(--lr {base:g}); {_rule_text(first.optimizer, ranks, base, warmup > 0)}",
-                        ("lr",),
-                    )
-                ]
-            return [
-                Failure(
-                    "learning rate",
-                    f"rank {observation.rank} used LR {lr:g} at step {step + 1}; the "
-                    f"warmup must climb linearly from --lr {base:g} at step 1 to "
-                    f"{target:.4g} at step {warmup + 1} ({warmup} steps later), then stay "
-                    f"there: step {step + 1} trains at {wanted:.4g}",
-                    ("warmup",),
-                )
-            ]
-    return []
-
-
-def _steps_in_first_epoch(observation: Observation) -> int:
-    first_pass = next((number for split, number, _, _ in observation.fetches if split == "train"), None)
-    return len(
-        {
-            step
-            for split, number, step, _ in observation.fetches
-            if split == "train" and number == first_pass and step < len(observation.steps)
-        }
-    )
-
-
-def _warmup_steps(observation: Observation) -> int:
-    return round((observation.args.get("warmup_epochs") or 0) * _steps_in_first_epoch(observation))
 
 
 def judge(observations: list[Observation], framework: Framework, ranks: int, run: RunDirectory) -> list[Failure]:
@@ -288,8 +204,8 @@ def judge(observations: list[Observation], framework: Framework, ranks: int, run
         weight_failures, ranks_agree = _check_weights(observations, framework)
         failures += weight_failures
         if ranks_agree and len({len(observation.steps) for observation in observations}) == 1:
-            failures += check_one_process(observations, framework, ranks)
-        failures += _check_lr(observations, ranks)
+            failures += check_one_process(observations, framework, ranks, update_bound(observations))
+        failures += check_lr(observations, ranks)
     failures += check_training_data(observations, ranks)
     failures += check_evaluation(observations)
     failures += check_files(run, ranks, (first.args or {}).get("save", "model.pt"), first.final)
@@ -297,11 +213,12 @@ def judge(observations: list[Observation], framework: Framework, ranks: int, run
     failures += check_devices(observations, framework)
     failures += check_global_batch(observations, ranks, framework)
     failures += check_rank_seeds(observations, framework)
-    failures += check_accumulation(observations)
+    failures += check_accumulation(observations, framework)
+    failures += check_precision(observations)
     return failures
 
 
-def pass_line(observations: list[Observation], ranks: int) -> str:
+def pass_line(observations: list[Observation], ranks: int, framework: Framework) -> str:
     """The one line of a script that passed."""
     first = observations[0]
     batch = len(first.step_batches()[0]) * ranks
@@ -312,13 +229,20 @@ def pass_line(observations: list[Observation], ranks: int) -> str:
     )
     micro_batches = max((passes for _, passes in first.gradient_syncs), default=1)
     accumulated = (
-        f"; the {micro_batches} micro-batches of a step averaged their gradients over the ranks once"
-        if micro_batches > 1
+        f"; the {micro_batches} micro-batches of a step averaged their gradients over the ranks once "
+        f"({MECHANISMS[framework.backend].name})"
+        if averaged_once(observations)
+        else ""
+    )
+    precision = (
+        f", within {update_bound(observations):g} of the update in float32 (the forwards ran under autocast in "
+        f"{' and '.join(filter(None, first.autocast_dtypes))}, the weights in float32)"
+        if update_bound(observations) != UPDATE_BOUND
         else ""
     )
     return (
         f"PASS: {ranks} ranks x {len(first.steps)} steps ended with the same weights, those of one process on "
-        f"the same {batch}-sample global batches at the LR the exercise asks{accumulated}; each rank drew its "
+        f"the same {batch}-sample global batches at the LR the exercise asks{precision}{accumulated}; each rank drew its "
         "dropout from random numbers of its own; each epoch every training sample went to one rank at most, "
         "in a new order; each evaluation scored every test image once; only rank 0 wrote files and reported, "
         f"the sums of all ranks{nodes}"

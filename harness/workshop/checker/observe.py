@@ -8,11 +8,13 @@ an ExerciseObserver (harness.workshop.exercise.add_observer: the flags parsed, t
 workshop.digits fetch served, the model workshop.build_model made, the sums workshop.evaluate
 returned, what workshop.report reported) and also hooks every DataLoader pass over the digits,
 torch's global optimizer-step hooks (the weights before the first step and after the last, the LR
-of each step), the model's forward (the training loss, metrics.TrainLosses; the random state the
-first training forward draws from, seeds; the training forwards of each step), the rank's stdout,
-the device it picks (devices), the engine config it gives its framework (the backend's
-`watch_engine_config`) and the backward passes that communicated (its `watch_gradient_syncs`). When the script ends, the observer writes its record (observation.json,
-weights.pt), which `Observation.read` reads back in the checker.
+of each step; for a resumable script, the optimizer's state before the first step and after the
+last), the model's forward (the training loss, metrics.TrainLosses; the random state the first
+training forward of the run and of each epoch draws from, seeds; the training forwards of each step
+and the autocast dtype they ran under, autocast), the rank's stdout, the device it picks (devices),
+the engine config it gives its framework (the backend's `watch_engine_config`) and the backward
+passes that communicated (its `watch_gradient_syncs`). When the script ends, the observer writes
+its record (observation.json, weights.pt), which `Observation.read` reads back in the checker.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ...backends import Backend, backend_class
 from ...errors import EXIT_OK, first_line
 from ...process.discovery import ClusterEnv, detect_cluster
 from .. import exercise
+from .autocast import autocast_dtype
 from .batch import batch_settings
 from .control import RunDirectory, ask_peers_for_stacks, enable_stack_dumps
 from .devices import Device, DeviceExpressions, simulate_nodes, watch_set_device, weights_device
@@ -68,6 +71,17 @@ def _whole(value: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> Weights:
+    """The tensors of the optimizer's state (SGD's momentum buffers, Adam's moments) on the CPU, by
+    parameter index and name: "0.momentum_buffer"."""
+    return {
+        f"{index}.{name}": _whole(value).detach().to("cpu", copy=True)
+        for index, values in optimizer.state_dict()["state"].items()
+        for name, value in values.items()
+        if torch.is_tensor(value)
+    }
 
 
 def _optimizer_spec(optimizer: torch.optim.Optimizer) -> Optional[dict[str, Any]]:
@@ -113,6 +127,10 @@ class RankObserver:
         self.engine_configs: list[Optional[dict[str, int]]] = []  # batch settings given to the framework
         self.devices: list[Device] = []
         self.random_state: Optional[str] = None  # at the first training forward (seeds)
+        self.pass_random_states: dict[int, Optional[str]] = {}  # at the first training forward of each pass
+        self.autocast_dtypes: list[Optional[str]] = []  # those the training forwards ran under, each once
+        self.optimizer_start: Optional[Weights] = None  # a resumable script's, before its first step
+        self.optimizer_final: Optional[Weights] = None  # and after its last
         self.forwards_in_step = 0  # training forwards since the last counted step
         self.synced_in_step: set[int] = set()  # which of them had a backward that communicated
         self.gradient_syncs: list[tuple[int, int]] = []  # per counted step: (synced, forwards)
@@ -161,8 +179,16 @@ class RankObserver:
         if not (module.training and torch.is_grad_enabled() and self.fetched_for_step):
             return  # not a training forward
         self.forwards_in_step += 1
-        if self.random_state is None and inputs and torch.is_tensor(inputs[0]):
-            self.random_state = random_state(inputs[0].device)
+        if not (inputs and torch.is_tensor(inputs[0])):
+            return
+        device = inputs[0].device
+        if self.passes["train"] not in self.pass_random_states:
+            self.pass_random_states[self.passes["train"]] = random_state(device)
+        if self.random_state is None:
+            self.random_state = random_state(device)
+        dtype = autocast_dtype(device)
+        if dtype not in self.autocast_dtypes:
+            self.autocast_dtypes.append(dtype)
 
     def gradients_synced(self) -> None:
         self.synced_in_step.add(self.forwards_in_step)
@@ -175,6 +201,8 @@ class RankObserver:
             self.start = _snapshot(self.model)
             self.optimizer = _optimizer_spec(optimizer)
             self.devices += weights_device(self.model)
+            if self._resumable:
+                self.optimizer_start = _optimizer_state(optimizer)
 
     def after_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         if not self.fetched_for_step:
@@ -185,6 +213,13 @@ class RankObserver:
         self.synced_in_step = set()
         if self.model is not None:
             self.final = _snapshot(self.model)
+        if self._resumable:
+            self.optimizer_final = _optimizer_state(optimizer)
+
+    @property
+    def _resumable(self) -> bool:
+        """Whether the script takes the resume flags (a resume is judged on its optimizer's state)."""
+        return bool(self.args) and "resume" in self.args
 
     def device_chosen(self, index: int, where: str) -> None:
         self.devices.append((index, where))
@@ -244,8 +279,12 @@ class RankObserver:
             "devices": self.devices,
             "random_state": self.random_state,
             "gradient_syncs": self.gradient_syncs,
+            "pass_random_states": self.pass_random_states,
+            "autocast_dtypes": self.autocast_dtypes,
         }
-        torch.save({"start": self.start, "final": self.final}, directory / "weights.pt")
+        weights = {"start": self.start, "final": self.final}
+        weights.update(optimizer_start=self.optimizer_start, optimizer_final=self.optimizer_final)
+        torch.save(weights, directory / "weights.pt")
         (directory / "observation.json").write_text(json.dumps(record))
 
 
@@ -272,6 +311,10 @@ class Observation:
     final: Optional[Weights] = None
     random_state: Optional[str] = None
     gradient_syncs: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    pass_random_states: dict[int, Optional[str]] = dataclasses.field(default_factory=dict)
+    autocast_dtypes: list[Optional[str]] = dataclasses.field(default_factory=list)
+    optimizer_start: Optional[Weights] = None
+    optimizer_final: Optional[Weights] = None
 
     @classmethod
     def read(cls, directory: Path) -> Optional[Observation]:
@@ -283,13 +326,10 @@ class Observation:
             return None
         for name in ("fetches", "reports", "devices", "gradient_syncs"):  # JSON keeps tuples as lists
             record[name] = [tuple(entry) for entry in record[name]]
-        record["train_losses"] = {int(number): sums for number, sums in record["train_losses"].items()}
+        for name in ("train_losses", "pass_random_states"):  # JSON keeps int keys as strings
+            record[name] = {int(number): value for number, value in record[name].items()}
         names = {field.name for field in dataclasses.fields(cls)}
-        return cls(
-            **{name: value for name, value in record.items() if name in names},
-            start=weights["start"],
-            final=weights["final"],
-        )
+        return cls(**{name: value for name, value in {**record, **weights}.items() if name in names})
 
     def passes(self, split: str) -> list[list[int]]:
         """The samples fetched in each pass over `split`, in order (fetches outside a DataLoader

@@ -3,7 +3,8 @@
 A script's imports tell its framework, named by its backend in harness.backends' registry (whose
 class gives the real launcher), the solution whose TODO blocks number its TODOs, and the TODO keys
 (harness.workshop.exercise's convention) that govern the properties whose code differs between
-frameworks. A Failure is one property that does not hold, with the keys of the TODOs behind it;
+frameworks. Its call of workshop.parse_args tells which of a step's own flags it takes
+(`step_options`: --micro-batches, the resume flags, --precision), which the check then gives it. A Failure is one property that does not hold, with the keys of the TODOs behind it;
 TodoIndex turns those keys into "TODO N of FILE: title", read from the solutions the exercises
 are made from.
 """
@@ -45,6 +46,7 @@ class Framework:
     clip_keys: tuple[str, ...]  # gradient clipping
     device_keys: tuple[str, ...]  # each rank picks its GPU by its local rank
     config_keys: tuple[str, ...] = ()  # the engine's config (DeepSpeed's batch settings)
+    accumulation_keys: tuple[str, ...] = ()  # micro-batches averaged once per step, by the framework's mechanism
 
     @property
     def launcher(self) -> str:
@@ -62,6 +64,7 @@ FRAMEWORKS = (  # in the order they are recognised: DeepSpeed and FSDP scripts i
         ("config",),
         ("process-group",),
         ("config",),
+        accumulation_keys=("config", "engine-step"),
     ),
     Framework(
         "horovod",
@@ -71,6 +74,7 @@ FRAMEWORKS = (  # in the order they are recognised: DeepSpeed and FSDP scripts i
         ("optimizer",),
         ("optimizer",),
         ("init",),
+        accumulation_keys=("optimizer",),
     ),
     # An FSDP2 script imports torch.distributed too: recognised before DDP.
     Framework(
@@ -81,6 +85,7 @@ FRAMEWORKS = (  # in the order they are recognised: DeepSpeed and FSDP scripts i
         ("shard-model",),
         ("shard-model",),
         ("process-group",),
+        accumulation_keys=("gradient-sync",),
     ),
     Framework(
         "ddp",
@@ -95,8 +100,11 @@ FRAMEWORKS = (  # in the order they are recognised: DeepSpeed and FSDP scripts i
         ("wrap",),
         ("wrap",),
         ("process-group",),
+        accumulation_keys=("no-sync",),
     ),
 )
+# The workshop.parse_args keywords that add a step's own flags, as a script passes them.
+STEP_OPTIONS = re.compile(r"\b(accumulation|resume|precision)\s*=\s*True\b")
 
 
 def framework_of(source: str, path: str) -> Framework:
@@ -108,6 +116,12 @@ def framework_of(source: str, path: str) -> Framework:
         f"{path} imports none of deepspeed, horovod, torch.distributed: harness check runs "
         "data-parallel scripts such as exercises/02_ddp.py (run a serial one with python)"
     )
+
+
+def step_options(source: str) -> frozenset[str]:
+    """The parse_args keywords a script turns on ("accumulation", "resume", "precision"): the flags
+    of its step that it takes, and so that the check gives it."""
+    return frozenset(match[1] for match in STEP_OPTIONS.finditer(source))
 
 
 class TodoIndex:

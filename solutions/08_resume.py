@@ -1,0 +1,185 @@
+# %% [markdown]
+# # Step 8: a checkpoint every epoch, and an exact resume
+#
+# Step 2, saving after every epoch what the run needs to go on: a job stopped after epoch k (its
+# time ran out; here `--stop-after k`) and started again with `--resume` ends with exactly the
+# weights of a run that was never stopped.
+#
+#     torchrun --nproc-per-node 2 solutions/08_resume.py --stop-after 1
+#     torchrun --nproc-per-node 2 solutions/08_resume.py --resume
+#     harness check solutions/08_resume.py     # straight through, then stopped after epoch 1 and resumed
+#
+# `diff solutions/02_ddp.py solutions/08_resume.py` shows what resuming adds.
+
+# %%
+# exercise: only TODO(resume), TODO(checkpoint)
+import gc
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from harness import workshop
+
+args = workshop.parse_args("Step 8: DDP with a checkpoint every epoch, and resuming from it", resume=True)
+torch.manual_seed(args.seed)
+workshop.use_launcher_environment()  # torchrun's variables under any launcher (srun, mpiexec)
+
+# TODO(process-group): join the other ranks in a process group; one GPU per rank
+# The launcher tells each rank its place in environment variables (RANK, WORLD_SIZE,
+# LOCAL_RANK, MASTER_ADDR...), and torch.distributed's process group reads them as it starts: NCCL
+# talks between GPUs, gloo between CPUs. Then the group knows this rank and the world size. The
+# local rank (the rank within its node) picks the GPU, not the global rank: each node numbers its
+# GPUs from 0 (harness check --simulate-nodes 2 runs the ranks as on 2 nodes).
+dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+rank, world_size = dist.get_rank(), dist.get_world_size()
+local_rank = int(os.environ["LOCAL_RANK"])
+device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+if device.type == "cuda":
+    torch.cuda.set_device(device)
+# END TODO
+
+# %% [markdown]
+# The data. Every epoch one permutation of the training set, the same on every rank, is dealt
+# out: rank r takes every `world_size`-th sample from position r. So one step's batches of all
+# ranks together hold the samples one process would take with the `world_size` times larger batch.
+#
+# Evaluation scores every test image exactly once: DistributedSampler would pad the 297 images
+# to 298 with a duplicate so that both ranks get 149.
+
+# %%
+train_set = workshop.digits("train", args.train_samples)
+test_set = workshop.digits("test")
+# TODO(shard): give each rank its own part of every epoch's training samples
+# One permutation of the training set per epoch, the same on every rank, dealt out so that
+# each rank takes its own part: torch's DistributedSampler does this when it knows the number of
+# ranks, this rank and the seed. The DataLoader below takes it as its sampler.
+sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)
+# END TODO
+train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+# TODO(eval-shard): give each rank its own part of the test set, each image exactly once
+# Each rank scores a different part of the test set, and every image exactly once: a Subset
+# of the test set whose indices differ per rank (every world_size-th image, from this rank's). A
+# DistributedSampler would pad the set with repeated images to share it out evenly.
+test_set = Subset(test_set, range(rank, len(test_set), world_size))
+# END TODO
+test_loader = DataLoader(test_set, batch_size=256)
+
+# %% [markdown]
+# The model and the optimizer. The ranks train what one process would on the `world_size` times
+# larger global batch at the same learning rate (notebook 01); the rate that batch asks for is
+# notebook 02's rule (the learning-rate TODO below).
+
+# %%
+model = workshop.build_model(args.dropout).to(device)
+# TODO(wrap): wrap the model in DistributedDataParallel, then seed each rank's dropout apart
+# DDP broadcasts rank 0's weights to every rank when it is built, and averages the gradients over
+# the ranks during backward. Its device_ids are the rank's GPU, or None on the CPU.
+# Every rank was seeded alike, so with dropout on each rank would drop the same units at the same
+# place in its batch, where one process gives every sample of the global batch its own draw: once
+# the weights are shared, seed torch again from --seed and the rank, so that the ranks' random
+# numbers differ.
+model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+torch.manual_seed(args.seed * 1000 + rank + 1)
+# END TODO
+# TODO(lr): scale the learning rate for the global batch: by the square root of the number of ranks
+# --lr is the rate tuned for one process training on --batch-size samples per step. Together the
+# ranks train what one process would on their world_size times larger global batch, at the same rate
+# (notebook 01): no rate is needed to make them equal that process. The rate follows the global batch
+# because that batch takes world_size times fewer steps per epoch than one process with --batch-size.
+# Notebook 02's rule: multiply the one-process learning rate by the square root of the number of
+# ranks, and warm it up to that per step from the one-process rate over the first epoch (the warmup is
+# step 5's; without one, the scaled rate holds from the first step). For SGD, as here, notebook 02's
+# runs could not reject no scaling or the linear rule (x world_size), so harness check accepts those
+# too; for Adam they rejected both, and it accepts the square root only.
+lr = args.lr * world_size**0.5
+# END TODO
+optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
+# TODO(resume): with --resume, go on from the checkpoint: weights, optimizer state, epoch and this rank's random state
+# Every rank reads the checkpoint (on a cluster the ranks share the working directory; harness
+# check gives every rank the same path), onto the CPU, where torch keeps random states. It holds
+# the weights of the model inside DDP; the optimizer's state (SGD's momentum: without it the steps
+# after the resume move otherwise); the epoch to go on at (the sampler deals each epoch's order from
+# the seed and the epoch it is told); and each rank's random state (dropout draws from it: set this
+# rank's own, and on a GPU the GPU's too).
+start_epoch = 0
+if args.resume:
+    checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
+    model.module.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    start_epoch = checkpoint["epoch"]
+    torch.set_rng_state(checkpoint["random_states"][rank]["cpu"])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(checkpoint["random_states"][rank]["cuda"], device)
+# END TODO
+
+# %% [markdown]
+# Training, from the epoch the run goes on at. Only rank 0 prints, after the ranks' sums and counts
+# are added up. After every epoch the checkpoint; `--stop-after k` ends the run there.
+
+# %%
+for epoch in range(start_epoch, args.epochs):
+    # TODO(reshuffle): make the sampler deal out a new order this epoch, the same on every rank
+    # Without telling the sampler which epoch it is, every epoch repeats the first one's order.
+    # The sampler draws its permutation from the seed and the epoch number it was last told.
+    sampler.set_epoch(epoch)
+    # END TODO
+    train_sums = torch.zeros(2, device=device)  # summed loss, samples
+    for images, labels in train_loader:
+        images, labels = images.to(device), labels.to(device)
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        train_sums += torch.stack([loss.detach() * len(labels), torch.tensor(float(len(labels)), device=device)])
+    # The plain model: DDP's forward may talk to the other ranks, which score other numbers of batches.
+    test_sums = workshop.evaluate(model.module, test_loader, device)  # summed loss, correct, samples
+    # TODO(metrics): add up the sums and counts of all ranks, then print them once
+    # Each rank's sums cover only its part of the data: add the sums and counts of all ranks
+    # together in place (an all-reduce with the default sum), never average the ranks' averages; then
+    # rank 0 alone prints them, through workshop.report.
+    dist.all_reduce(train_sums)
+    dist.all_reduce(test_sums)
+    if rank == 0:
+        workshop.report(epoch, train_sums, test_sums)
+    # END TODO
+    # TODO(checkpoint): save what the run needs to go on, from rank 0, every rank's random state included
+    # The weights (of the model inside DDP), the optimizer's state, the epoch to go on at (the next
+    # one), and every rank's random state: torch's generator (its get_rng_state; on a GPU the
+    # GPU's as well), which differs per rank. Gather the ranks' states to every rank
+    # (all_gather_object), and let rank 0 alone write them all, into a temporary file renamed onto
+    # --checkpoint: a job killed while writing leaves the previous checkpoint whole.
+    random_state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        random_state["cuda"] = torch.cuda.get_rng_state(device)
+    random_states = [None] * world_size
+    dist.all_gather_object(random_states, random_state)
+    if rank == 0:
+        state = {
+            "model": model.module.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "epoch": epoch + 1,
+            "random_states": random_states,
+        }
+        torch.save(state, f"{args.checkpoint}.tmp")
+        os.replace(f"{args.checkpoint}.tmp", args.checkpoint)
+    # END TODO
+    if epoch + 1 == args.stop_after:
+        break  # as a job whose time ran out: the checkpoint of this epoch is written
+
+# TODO(save): save the weights once, from rank 0, and leave the process group
+# Every rank holds the same weights, so rank 0 alone saves them, as the state dict of the model
+# inside DDP: the wrapper's own state dict names every weight with a `module.` prefix that the
+# plain model does not load. Then leave: DDP holds on to the process group, so delete the model and
+# collect the garbage first (it sits in reference cycles), else the group's threads outlive Python
+# and the process can abort at exit ("terminate called without an active exception"); then destroy
+# the process group.
+if rank == 0:
+    torch.save(model.module.state_dict(), args.save)
+del model
+gc.collect()
+dist.destroy_process_group()
+# END TODO

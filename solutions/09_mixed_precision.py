@@ -1,0 +1,162 @@
+# %% [markdown]
+# # Step 9: mixed precision
+#
+# Step 2 with forward and loss in 16 bits (`--precision bf16`, the default; `fp16` with a loss
+# scaler; `fp32` to compare) under torch.autocast, while the weights, their gradients and the
+# optimizer's state stay float32 (the "master weights"): notebook 06 shows what each format does
+# to the numbers. bf16 runs on CPUs and recent GPUs; fp16 needs its loss scaled (GradScaler).
+#
+#     torchrun --nproc-per-node 2 solutions/09_mixed_precision.py --precision bf16
+#     harness check solutions/09_mixed_precision.py     # runs it in bf16, compares with fp32
+#
+# `diff solutions/02_ddp.py solutions/09_mixed_precision.py` shows what mixed precision adds.
+
+# %%
+# exercise: only TODO(precision), TODO(autocast)
+import gc
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from harness import workshop
+
+args = workshop.parse_args("Step 9: DDP with mixed precision", precision=True)
+torch.manual_seed(args.seed)
+workshop.use_launcher_environment()  # torchrun's variables under any launcher (srun, mpiexec)
+
+# TODO(process-group): join the other ranks in a process group; one GPU per rank
+# The launcher tells each rank its place in environment variables (RANK, WORLD_SIZE,
+# LOCAL_RANK, MASTER_ADDR...), and torch.distributed's process group reads them as it starts: NCCL
+# talks between GPUs, gloo between CPUs. Then the group knows this rank and the world size. The
+# local rank (the rank within its node) picks the GPU, not the global rank: each node numbers its
+# GPUs from 0 (harness check --simulate-nodes 2 runs the ranks as on 2 nodes).
+dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+rank, world_size = dist.get_rank(), dist.get_world_size()
+local_rank = int(os.environ["LOCAL_RANK"])
+device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+if device.type == "cuda":
+    torch.cuda.set_device(device)
+# END TODO
+
+# %% [markdown]
+# The data. Every epoch one permutation of the training set, the same on every rank, is dealt
+# out: rank r takes every `world_size`-th sample from position r. So one step's batches of all
+# ranks together hold the samples one process would take with the `world_size` times larger batch.
+#
+# Evaluation scores every test image exactly once: DistributedSampler would pad the 297 images
+# to 298 with a duplicate so that both ranks get 149.
+
+# %%
+train_set = workshop.digits("train", args.train_samples)
+test_set = workshop.digits("test")
+# TODO(shard): give each rank its own part of every epoch's training samples
+# One permutation of the training set per epoch, the same on every rank, dealt out so that
+# each rank takes its own part: torch's DistributedSampler does this when it knows the number of
+# ranks, this rank and the seed. The DataLoader below takes it as its sampler.
+sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)
+# END TODO
+train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+# TODO(eval-shard): give each rank its own part of the test set, each image exactly once
+# Each rank scores a different part of the test set, and every image exactly once: a Subset
+# of the test set whose indices differ per rank (every world_size-th image, from this rank's). A
+# DistributedSampler would pad the set with repeated images to share it out evenly.
+test_set = Subset(test_set, range(rank, len(test_set), world_size))
+# END TODO
+test_loader = DataLoader(test_set, batch_size=256)
+
+# %% [markdown]
+# The model and the optimizer. The ranks train what one process would on the `world_size` times
+# larger global batch at the same learning rate (notebook 01); the rate that batch asks for is
+# notebook 02's rule (the learning-rate TODO below).
+
+# %%
+model = workshop.build_model(args.dropout).to(device)
+# TODO(wrap): wrap the model in DistributedDataParallel, then seed each rank's dropout apart
+# DDP broadcasts rank 0's weights to every rank when it is built, and averages the gradients over
+# the ranks during backward. Its device_ids are the rank's GPU, or None on the CPU.
+# Every rank was seeded alike, so with dropout on each rank would drop the same units at the same
+# place in its batch, where one process gives every sample of the global batch its own draw: once
+# the weights are shared, seed torch again from --seed and the rank, so that the ranks' random
+# numbers differ.
+model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+torch.manual_seed(args.seed * 1000 + rank + 1)
+# END TODO
+# TODO(lr): scale the learning rate for the global batch: by the square root of the number of ranks
+# --lr is the rate tuned for one process training on --batch-size samples per step. Together the
+# ranks train what one process would on their world_size times larger global batch, at the same rate
+# (notebook 01): no rate is needed to make them equal that process. The rate follows the global batch
+# because that batch takes world_size times fewer steps per epoch than one process with --batch-size.
+# Notebook 02's rule: multiply the one-process learning rate by the square root of the number of
+# ranks, and warm it up to that per step from the one-process rate over the first epoch (the warmup is
+# step 5's; without one, the scaled rate holds from the first step). For SGD, as here, notebook 02's
+# runs could not reject no scaling or the linear rule (x world_size), so harness check accepts those
+# too; for Adam they rejected both, and it accepts the square root only.
+lr = args.lr * world_size**0.5
+# END TODO
+optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
+# TODO(precision): pick the dtype --precision asks for, and a loss scaler that works for fp16 only
+# Leave the model in float32: autocast casts each operation's inputs to 16 bits as it runs, and
+# the weights the optimizer updates stay float32 (a model cast with .to(torch.bfloat16) would lose
+# the small updates to rounding). bf16 has float32's range; fp16 does not: its small gradients
+# flush to zero unless the loss is multiplied first, which torch.amp.GradScaler does (and divides
+# out before the step, skipping a step whose gradients overflowed). A scaler made with
+# enabled=False passes everything through, so the loop below is the same for every precision.
+dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
+scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
+# END TODO
+
+# %% [markdown]
+# Training. Only rank 0 prints, after the ranks' sums and counts are added up.
+
+# %%
+for epoch in range(args.epochs):
+    # TODO(reshuffle): make the sampler deal out a new order this epoch, the same on every rank
+    # Without telling the sampler which epoch it is, every epoch repeats the first one's order.
+    # The sampler draws its permutation from the seed and the epoch number it was last told.
+    sampler.set_epoch(epoch)
+    # END TODO
+    train_sums = torch.zeros(2, device=device)  # summed loss, samples
+    for images, labels in train_loader:
+        images, labels = images.to(device), labels.to(device)
+        # TODO(autocast): run forward and loss under autocast in that dtype; backward and step through the scaler
+        # torch.autocast, given the device type and the dtype, around the forward and the loss only
+        # (on the device the model runs on; enabled=False for fp32); the backward runs outside it, in the dtypes the
+        # forward chose. Then scale the loss for its backward, and let the scaler step the optimizer
+        # and update its scale.
+        with torch.autocast(device.type, dtype=dtype, enabled=args.precision != "fp32"):
+            loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        # END TODO
+        train_sums += torch.stack([loss.detach() * len(labels), torch.tensor(float(len(labels)), device=device)])
+    # The plain model: DDP's forward may talk to the other ranks, which score other numbers of batches.
+    test_sums = workshop.evaluate(model.module, test_loader, device)  # summed loss, correct, samples
+    # TODO(metrics): add up the sums and counts of all ranks, then print them once
+    # Each rank's sums cover only its part of the data: add the sums and counts of all ranks
+    # together in place (an all-reduce with the default sum), never average the ranks' averages; then
+    # rank 0 alone prints them, through workshop.report.
+    dist.all_reduce(train_sums)
+    dist.all_reduce(test_sums)
+    if rank == 0:
+        workshop.report(epoch, train_sums, test_sums)
+    # END TODO
+
+# TODO(save): save the weights once, from rank 0, and leave the process group
+# Every rank holds the same weights, so rank 0 alone saves them, as the state dict of the model
+# inside DDP: the wrapper's own state dict names every weight with a `module.` prefix that the
+# plain model does not load. Then leave: DDP holds on to the process group, so delete the model and
+# collect the garbage first (it sits in reference cycles), else the group's threads outlive Python
+# and the process can abort at exit ("terminate called without an active exception"); then destroy
+# the process group.
+if rank == 0:
+    torch.save(model.module.state_dict(), args.save)
+del model
+gc.collect()
+dist.destroy_process_group()
+# END TODO
