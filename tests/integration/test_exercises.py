@@ -122,10 +122,11 @@ def test_make_exercises_rewrites_only_what_it_generates(tmp_path, capsys):
 
 
 def test_exercise_start_refuses_in_one_line(tmp_path):
-    result = harness("exercise", "start", "9", "--directory", str(tmp_path), timeout=120)
+    missing = str(len(list(EXERCISES.glob("*.py"))) + 1)  # one past the last step
+    result = harness("exercise", "start", missing, "--directory", str(tmp_path), timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == (
-        "harness exercise: error: unknown exercise step '9'; choose one of "
+        f"harness exercise: error: unknown exercise step '{missing}'; choose one of "
         f"{', '.join(path.stem for path in sorted(EXERCISES.glob('*.py')))}\n"
     )
     assert harness("exercise", "start", "3", "--directory", str(tmp_path), timeout=120).returncode == 0
