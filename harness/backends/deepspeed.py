@@ -23,6 +23,7 @@ from .traffic import Collective, ModelShape, evenly
 
 NO_PRINT = 1 << 30
 DEEPSPEED_BUCKET_ELEMENTS = 500_000_000  # reduce_bucket_size and allgather_bucket_size by default
+DEEPSPEED_SUB_GROUP_ELEMENTS = 1_000_000_000  # ZeRO-3's sub_group_size by default
 FLOAT32_BYTES = 4  # the harness trains float32 weights (autocast for bf16/fp16): ZeRO buckets hold float32
 # ZeRO-3 frees a gathered weight only when it will not be reused within stage3_max_reuse_distance
 # elements, or when more than stage3_max_live_parameters are gathered; both default to 1e9
@@ -31,6 +32,14 @@ FLOAT32_BYTES = 4  # the harness trains float32 weights (autocast for bf16/fp16)
 ZERO3_KEEP_GATHERED_ELEMENTS = 1_000_000_000
 # DeepSpeed's names for the autocast dtypes of --precision.
 AUTOCAST_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def zero_sub_group_elements(options: DeepSpeedBackend.Options) -> int:
+    """ZeRO-3's sub_group_size: the float32 elements of this rank's slice the optimizer steps at once
+    (DeepSpeed copies their gradients into one tensor first, and Adam makes two more of that size)."""
+    if options.zero_sub_group_mb is None:
+        return DEEPSPEED_SUB_GROUP_ELEMENTS
+    return int(options.zero_sub_group_mb * 2**20) // FLOAT32_BYTES
 
 
 def deepspeed_config(
@@ -42,6 +51,8 @@ def deepspeed_config(
     if options.zero_bucket_mb is not None:  # else DeepSpeed's defaults: 5e8 elements each
         elements = int(options.zero_bucket_mb * 2**20) // FLOAT32_BYTES
         buckets = {"reduce_bucket_size": elements, "allgather_bucket_size": elements}
+    if options.zero_sub_group_mb is not None:
+        buckets["sub_group_size"] = zero_sub_group_elements(options)
     return {
         # DeepSpeed's batch is global; the harness's --batch-size is per worker and micro-batch.
         "train_micro_batch_size_per_gpu": local_batch // settings.grad_accum,
@@ -179,14 +190,27 @@ class DeepSpeedBackend(TorchDistributedBackend):
             "(DeepSpeed's reduce_bucket_size and allgather_bucket_size; default DeepSpeed's 5e8 elements, 1.9 GiB)",
             type=float,
         )
+        zero_sub_group_mb: Optional[float] = option(
+            None,
+            "--zero-sub-group-mb",
+            "deepspeed: ZeRO-3 steps the optimizer over this rank's slice in sub-groups of this many MiB of "
+            "float32, each making three copies of its size (DeepSpeed's sub_group_size; default 1e9 elements)",
+            type=float,
+            resume_must_match=True,  # ZeRO-3's checkpoint keeps the optimizer state per sub-group
+        )
 
         def validate(self) -> None:
             if self.zero_stage not in (0, 1, 2, 3):
                 raise UsageError(f"{self.flag('zero_stage')} must be 0, 1, 2 or 3, got {self.zero_stage}")
-            if self.zero_bucket_mb is not None and not self.zero_bucket_mb * 2**20 >= FLOAT32_BYTES:
+            for name in ("zero_bucket_mb", "zero_sub_group_mb"):
+                mib = getattr(self, name)
+                if mib is not None and not mib * 2**20 >= FLOAT32_BYTES:
+                    raise UsageError(
+                        f"{self.flag(name)} must hold at least one float32 ({FLOAT32_BYTES} bytes), got {mib}"
+                    )
+            if self.zero_sub_group_mb is not None and self.zero_stage != 3:
                 raise UsageError(
-                    f"{self.flag('zero_bucket_mb')} must hold at least one float32 "
-                    f"({FLOAT32_BYTES} bytes), got {self.zero_bucket_mb}"
+                    f"{self.flag('zero_sub_group_mb')} is ZeRO-3's: give it with {self.flag('zero_stage')} 3"
                 )
 
         @classmethod
@@ -373,6 +397,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
             "gradient_allreduce": self.engine.enable_backward_allreduce,
             "zero_reduce_bucket_elements": self.engine.zero_reduce_bucket_size(),
             "zero_allgather_bucket_elements": self.engine.zero_allgather_bucket_size(),
+            "zero_sub_group_elements": self.engine.zero_sub_group_size(),
         }
 
     def versions(self) -> dict[str, str]:

@@ -21,7 +21,11 @@ It predicts what the kit configures, not a textbook ZeRO or FSDP:
   gathered weights from forward to backward;
 - FSDP2: one unit per top-level child and the root; gathered units float32 (param_dtype), resharded
   after forward unless --fsdp-keep-gathered (the root's own parameters, which FSDP2 keeps gathered,
-  are left out: ModelShape does not tell them apart).
+  are left out: ModelShape does not tell them apart);
+- the optimizer step's own temporaries, made after forward and backward have freed theirs: the
+  peak (MemoryPrediction.total) is what is kept plus the larger of the two phases. torch's Adam makes
+  two copies of each tensor it steps on the CPU, one of all of them at once on GPUs; ZeRO steps one
+  flat slice (ZeRO-3: a sub-group of it at a time), first copying its gradients into one tensor.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any, Callable, Union
 from ..errors import UsageError
 from ..options import BaseOptions
 from . import backend_class
-from .deepspeed import DEEPSPEED_BUCKET_ELEMENTS, FLOAT32_BYTES, ZERO3_KEEP_GATHERED_ELEMENTS
+from .deepspeed import DEEPSPEED_BUCKET_ELEMENTS, FLOAT32_BYTES, ZERO3_KEEP_GATHERED_ELEMENTS, zero_sub_group_elements
 from .horovod import HOROVOD_DEFAULT_FUSION_MB
 from .traffic import ModelShape
 
@@ -43,6 +47,8 @@ MIB = 2**20
 GIB = 2**30
 STEP_COUNT_BYTES = 4  # Adam's `step`: one float32 scalar per tensor it steps
 ZERO3_PERSISTENCE_ELEMENTS = 100_000  # stage3_param_persistence_threshold's default
+PHASES = ("forward and backward", "optimizer step")  # when a part not kept between steps exists
+FOREACH_DEVICES = ("cuda", "xpu")  # where torch's optimizers default to their foreach path
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,12 @@ class Training:
     world_size: int = 1
     parameter_tensors: int = 0  # the model's trainable tensors (Adam keeps a step count for each)
     buffer_bytes: int = 0  # the model's buffers and frozen parameters (batch-norm statistics), never sharded
+    device: str = "cpu"  # where the optimizer steps: torch's default steps all tensors at once on GPUs
+
+    def steps_all_at_once(self) -> bool:
+        """Whether torch's optimizer takes its foreach path (its default on cuda and xpu tensors),
+        else its loop over one tensor at a time (on the CPU)."""
+        return self.device in FOREACH_DEVICES
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,7 @@ class Part:
     bytes: int
     kind: str
     held: bool = True  # kept between steps (what the record's model_state_bytes counts), else made per step
+    phase: str = PHASES[0]  # for a part made per step: when it exists
 
 
 @dataclass(frozen=True)
@@ -90,8 +103,13 @@ class MemoryPrediction:
     assumptions: tuple[str, ...] = ()
 
     def total(self, kind: str = "") -> int:
-        """All parts' bytes, or those of one kind."""
-        return sum(part.bytes for part in self.parts if not kind or part.kind == kind)
+        """The peak: the parts kept between steps, plus those of the phase (PHASES) that makes the most
+        (the activations and buffers of forward and backward are freed before the optimizer step
+        makes its own); or, given `kind`, the bytes of every part of that kind."""
+        if kind:
+            return sum(part.bytes for part in self.parts if part.kind == kind)
+        made = [sum(part.bytes for part in self.parts if not part.held and part.phase == phase) for phase in PHASES]
+        return sum(part.bytes for part in self.parts if part.held) + max(made)
 
     def model_state(self) -> int:
         """The parts kept between steps other than activations: what the record's
@@ -104,6 +122,7 @@ class MemoryPrediction:
             "backend": self.backend,
             "parts": {part.name: part.bytes for part in self.parts},
             "kinds": {part.name: part.kind for part in self.parts},
+            "phases": {part.name: part.phase for part in self.parts if not part.held},
             **{f"{kind}_bytes": self.total(kind) for kind in KINDS},
             "total_bytes": self.total(),
             "model_state_bytes": self.model_state(),
@@ -118,8 +137,19 @@ class _Parts:
     parts: list[Part] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
 
-    def add(self, name: str, size: float, kind: str = "state", held: bool = True) -> None:
-        self.parts.append(Part(name, int(math.ceil(size)), kind, held))
+    def add(self, name: str, size: float, kind: str = "state", held: bool = True, phase: str = PHASES[0]) -> None:
+        self.parts.append(Part(name, int(math.ceil(size)), kind, held, phase))
+
+    def step_temporaries(self, training: Training, stepped: float, largest: float, flattened: float = 0.0) -> None:
+        """What the optimizer step makes and frees: torch's Adam divides the square root of its second
+        moment, a new tensor the size of those it steps (on the CPU, one tensor at a time, two
+        tensors of the `largest` at once; on GPUs all `stepped` bytes at once); SGD steps in place.
+        ZeRO first copies the gradients of the slice it steps into one `flattened` tensor."""
+        adam = 0.0
+        if training.optimizer == "adam":
+            adam = stepped if training.steps_all_at_once() else 2 * largest
+        if adam + flattened:
+            self.add("optimizer step temporaries", adam + flattened, "buffers", held=False, phase=PHASES[1])
 
 
 def optimizer_copies(training: Training) -> int:
@@ -135,6 +165,7 @@ def _replicated(shape: ModelShape, training: Training, into: _Parts) -> None:
     into.add("weights", weights + training.buffer_bytes)
     into.add("gradients", weights)
     into.add("optimizer", _optimizer_bytes(weights, training, training.parameter_tensors))
+    into.step_temporaries(training, weights, max(shape.modules()))
 
 
 def _optimizer_bytes(weights: float, training: Training, stepped_tensors: int) -> float:
@@ -173,6 +204,10 @@ def _zero_bucket_bytes(options: BaseOptions) -> int:
     return DEEPSPEED_BUCKET_ELEMENTS * FLOAT32_BYTES
 
 
+def _zero_sub_group_bytes(options: BaseOptions) -> int:
+    return zero_sub_group_elements(options) * FLOAT32_BYTES
+
+
 def _deepspeed(shape: ModelShape, options: BaseOptions, training: Training, into: _Parts) -> None:
     stage, ranks, weights = options.zero_stage, training.world_size, shape.parameter_bytes
     bucket = _zero_bucket_bytes(options)
@@ -193,10 +228,11 @@ def _deepspeed(shape: ModelShape, options: BaseOptions, training: Training, into
         into.add("gradient slices", slice_bytes + cuts * min(slice_bytes, max(shape.modules())))
         into.add("optimizer", _optimizer_bytes(slice_bytes, training, 1))
         into.add("reduce bucket", bucket, "buffers", held=False)  # contiguous_gradients: torch.empty, each backward
+        into.step_temporaries(training, slice_bytes, slice_bytes, flattened=slice_bytes)
         into.lines.append(
             f"zero-{stage}: whole weights, a float32 copy of this rank's slice, the slice's gradients and a "
             "copy of the gradient of each parameter a slice boundary cuts (told as the largest module), "
-            "the optimizer's state over the slice"
+            "the optimizer's state over the slice; its step copies the slice's gradients into one tensor"
         )
         return
     persistent = sum(size for size in shape.modules() if size <= ZERO3_PERSISTENCE_ELEMENTS * FLOAT32_BYTES)
@@ -207,10 +243,14 @@ def _deepspeed(shape: ModelShape, options: BaseOptions, training: Training, into
     into.add("reduce bucket", bucket, "buffers")
     kept = min(weights, ZERO3_KEEP_GATHERED_ELEMENTS * FLOAT32_BYTES)
     into.add("gathered weights", max(0, kept - persistent), "buffers", held=False)
+    group = min(slice_bytes, _zero_sub_group_bytes(options))
+    into.step_temporaries(training, group, group, flattened=group)
     into.lines.append(
         "zero-3: this rank's slice of every weight, and whole the modules of at most 1e5 elements "
         "(stage3_param_persistence_threshold, told per module); gathered weights kept from forward to "
-        "backward up to stage3_max_live_parameters (1e9 elements)"
+        "backward up to stage3_max_live_parameters (1e9 elements); the step goes over the slice in "
+        f"sub-groups of {group / MIB:,.0f} MiB (--zero-sub-group-mb, else DeepSpeed's 1e9 elements), "
+        "copying each one's gradients into one tensor"
     )
 
 
@@ -229,6 +269,7 @@ def _fsdp(shape: ModelShape, options: BaseOptions, training: Training, into: _Pa
     if ranks > 1:
         into.add("gathered units", gathered, "buffers", held=False)
         into.add("unsharded gradients", largest, "buffers", held=False)
+    into.step_temporaries(training, shard, _padded(max(shape.modules()), ranks) / ranks)
     into.lines.append(
         f"fsdp: float32 shards of weights, gradients and optimizer state; gathered: {how}; "
         "one unit's unsharded gradients for its reduce-scatter"
@@ -288,7 +329,10 @@ def predict_memory(
         "gradients and optimizer state float32 (autocast casts inside forward)",
         f"activations: {activations.source}",
         *found.lines,
+        f"optimizer step: torch's {'foreach' if training.steps_all_at_once() else 'one tensor at a time'} "
+        f"path on {training.device}",
         "left out: the gradients of activations during backward, the next batch prefetched to the device, "
+        "weight decay's copy of the gradients in the step, "
         "the allocator's fragmentation, the CUDA/ROCm/XPU context; on a CPU, the process itself (torch's "
         "libraries, about 750 MiB of the resident set)",
     ]

@@ -305,6 +305,7 @@ def run_prediction(
         world_size=plan.placement.cluster.world_size,
         parameter_tensors=len(trainable),
         buffer_bytes=frozen + sum(buffer.nbytes for buffer in model.buffers()),
+        device=plan.placement.device.type,
     )
     measured = Activations(
         0.0,

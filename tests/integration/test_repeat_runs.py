@@ -39,6 +39,7 @@ FIRST_RUN_TUNING = {
         "gradient_allreduce": True,
         "zero_reduce_bucket_elements": 500_000_000,
         "zero_allgather_bucket_elements": 500_000_000,
+        "zero_sub_group_elements": 1_000_000_000,
     },
 }
 

@@ -24,6 +24,10 @@ CASES = [
     (["train", "--optimizer", "lamb"], "unknown optimizer 'lamb'; choose one of sgd, adam"),
     (["train", "--backend", "deepspeed", "--zero-stage", "4"], "--zero-stage must be 0, 1, 2 or 3"),
     (["train", "--backend", "deepspeed", "--zero-bucket-mb", "0"], "--zero-bucket-mb must hold at least one float32"),
+    (
+        ["train", "--backend", "deepspeed", "--zero-sub-group-mb", "16"],
+        "--zero-sub-group-mb is ZeRO-3's: give it with",
+    ),
     (["train", "--backend", "horovod", "--hvd-cycle-time-ms", "0"], "--hvd-cycle-time-ms must be positive, got 0"),
     (["train", "--cpu-malloc", "jemalloc"], "unknown cpu-malloc 'jemalloc'; choose one of reuse, system"),
     (["train", "--batch-size", "4096"], "fewer than one global batch"),

@@ -21,17 +21,20 @@ SHAPE = ModelShape(4000, (1000, 3000), (1000, 3000))
 ACTIVATIONS = Activations(per_sample=100.0, fixed=60.0, source="given")
 BUCKET = 500_000_000 * 4  # DeepSpeed's default reduce_bucket_size, float32
 ADAM = 2 * 4000 + 4 * 4  # two moments per weight and a step count per tensor (4 tensors)
+# On the CPU torch's Adam steps one tensor at a time, making two of its size: twice the largest module.
+STEP = {"optimizer step temporaries": 2 * 3000}
 
 # backend, options -> {part: bytes} at 4 ranks, Adam, micro-batch 8, 4 parameter tensors
 EXPECTED = {
-    ("none", ()): {"weights": 4000, "gradients": 4000, "optimizer": ADAM},
-    ("ddp", ()): {"weights": 4000, "gradients": 4000, "optimizer": ADAM},
-    ("horovod", ()): {"weights": 4000, "gradients": 4000, "optimizer": ADAM, "fusion buffer": 128 * MIB},
+    ("none", ()): {"weights": 4000, "gradients": 4000, "optimizer": ADAM, **STEP},
+    ("ddp", ()): {"weights": 4000, "gradients": 4000, "optimizer": ADAM, **STEP},
+    ("horovod", ()): {"weights": 4000, "gradients": 4000, "optimizer": ADAM, "fusion buffer": 128 * MIB, **STEP},
     ("deepspeed", (("zero_stage", 0),)): {
         "weights": 4000,
         "gradients": 4000,
         "optimizer": ADAM,
         "flattened gradients": 4000,
+        **STEP,
     },
     ("deepspeed", (("zero_stage", 2),)): {
         "weights": 4000,
@@ -39,6 +42,7 @@ EXPECTED = {
         "gradient slices": 1000 + 2 * 1000,  # its slice's, and a copy at each of its 2 boundaries
         "optimizer": 2 * 1000 + 4,  # over one flat slice: one step count
         "reduce bucket": BUCKET,
+        "optimizer step temporaries": 3 * 1000,  # the slice's gradients flattened, and Adam's two
     },
     ("deepspeed", (("zero_stage", 3), ("zero_bucket_mb", 1.0))): {
         "weights": 1000 + 4000,  # the slice, and both modules whole (under 1e5 elements each)
@@ -47,6 +51,7 @@ EXPECTED = {
         "optimizer": 2 * 1000 + 4,
         "reduce bucket": MIB,
         "gathered weights": 0,  # every weight is whole already
+        "optimizer step temporaries": 3 * 1000,  # one sub-group: the whole slice
     },
     ("fsdp", ()): {
         "weights": 1000,
@@ -54,6 +59,7 @@ EXPECTED = {
         "optimizer": 2 * 1000 + 4 * 4,
         "gathered units": 4000,  # twice the largest unit, at most the model
         "unsharded gradients": 3000,
+        "optimizer step temporaries": 2 * 752,  # twice the largest module's shard (750 elements: 188 a rank)
     },
 }
 
@@ -72,8 +78,31 @@ def test_each_backends_parts_are_the_hand_computed_ones_at_every_precision(case,
     prediction = predict_memory(SHAPE, backend, dict(options), _training(precision), ACTIVATIONS)
     parts = {part.name: part.bytes for part in prediction.parts}
     assert parts == {**EXPECTED[case], "activations": 60 + 100 * 8}
-    assert prediction.total() == sum(parts.values())
+    step = parts.pop("optimizer step temporaries")
+    made = sum(parts[part.name] for part in prediction.parts if not part.held and part.name in parts)
+    assert prediction.total() == prediction.model_state() + max(made, step)
     assert any(precision in line for line in prediction.assumptions)
+
+
+def test_the_optimizer_steps_temporaries_count_at_the_peak_where_they_outgrow_forward_and_backward():
+    """Activations are freed before the step: the peak is the kept state plus the larger phase. On GPUs
+    torch's Adam steps every tensor at once (one copy of them all); ZeRO-3 steps a sub-group at a time."""
+    shape = ModelShape(4 * 8_000_000, (4 * 2_000_000, 4 * 6_000_000), (4 * 2_000_000, 4 * 6_000_000))
+
+    def predicted(backend, options, device="cpu", activations=ACTIVATIONS):
+        training = _training(world_size=2, device=device)
+        prediction = predict_memory(shape, backend, options, training, activations)
+        step = next(part.bytes for part in prediction.parts if part.name == "optimizer step temporaries")
+        return step, prediction.total() - prediction.model_state()
+
+    assert predicted("ddp", {}) == (2 * 24_000_000, 2 * 24_000_000)  # the step makes more than 860 bytes
+    assert predicted("ddp", {}, "cuda") == (32_000_000, 32_000_000)
+    big = Activations(per_sample=10_000_000.0)
+    assert predicted("ddp", {}, activations=big) == (48_000_000, 80_000_000)
+    zero3 = {"zero_stage": 3, "zero_bucket_mb": 1.0}
+    assert predicted("deepspeed", zero3)[0] == 3 * 16_000_000  # the slice's flattened gradients, Adam's two
+    assert predicted("deepspeed", {**zero3, "zero_sub_group_mb": 2.0})[0] == 3 * 2 * MIB
+    assert predicted("deepspeed", {**zero3, "zero_sub_group_mb": 2.0}, "cuda")[0] == 2 * 2 * MIB
 
 
 def test_every_registered_backend_has_a_rule_and_says_why():

@@ -31,6 +31,7 @@ DEFAULT_TUNING = {
         "throughput_timer": False,
         "zero_reduce_bucket_elements": 500_000_000,
         "zero_allgather_bucket_elements": 500_000_000,
+        "zero_sub_group_elements": 1_000_000_000,
     },
     "horovod": {"fusion_threshold_mb": 128.0, "cycle_time_ms": 5.0, "fp16_compression": False},
     "fsdp": {"reshard_after_forward": True, "fsdp_units": 3, "process_group": "gloo"},

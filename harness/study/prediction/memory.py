@@ -97,6 +97,7 @@ def config_memory(config: TrainConfig, world_size: int) -> MemoryPrediction:
     """One rank's memory when `config` trains at `world_size` ranks, predicted before any run: its
     task's model shape and activations (probed as `harness predict` probes them), its backend and
     options, precision, optimizer and micro-batch. UsageError for a backend without a memory rule."""
+    from ...process.accelerator import detect_accelerator
     from .shapes import task_shape
 
     training = Training(
@@ -105,6 +106,7 @@ def config_memory(config: TrainConfig, world_size: int) -> MemoryPrediction:
         momentum=config.momentum,
         micro_batch=config.batch_size,
         world_size=world_size,
+        device=detect_accelerator().device_type if config.device == "auto" else config.device,
     )
     activations = task_activations(config.task, config.task_args, config.precision)
     return predict_memory(

@@ -268,13 +268,15 @@ def memory_task(args: Any, records: Sequence[dict[str, Any]]) -> Optional[tuple[
 
 def flag_training(args: Any, records: Sequence[dict[str, Any]], local_batch: int) -> Training:
     """What a rank trains with: as `records` were (else as --precision, --optimizer and --momentum
-    say), a micro-batch of `local_batch` over the records' gradient accumulation."""
+    say, on GPUs, which a site's prediction is for), a micro-batch of `local_batch` over the records'
+    gradient accumulation."""
     config = records[0].get("config", {}) if records else vars(args)
     return Training(
         precision=config.get("precision", "fp32"),
         optimizer=config.get("optimizer", "sgd"),
         momentum=config.get("momentum", 0.9),
         micro_batch=local_batch // config.get("grad_accum", 1),
+        device=records[0].get("device", "cuda") if records else "cuda",
     )
 
 
