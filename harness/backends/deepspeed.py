@@ -34,12 +34,19 @@ ZERO3_KEEP_GATHERED_ELEMENTS = 1_000_000_000
 AUTOCAST_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
+def _float32_elements(mib: Optional[float], default: int) -> int:
+    return default if mib is None else int(mib * 2**20) // FLOAT32_BYTES
+
+
+def zero_bucket_elements(options: DeepSpeedBackend.Options) -> int:
+    """reduce_bucket_size and allgather_bucket_size: --zero-bucket-mb in float32 elements, else DeepSpeed's."""
+    return _float32_elements(options.zero_bucket_mb, DEEPSPEED_BUCKET_ELEMENTS)
+
+
 def zero_sub_group_elements(options: DeepSpeedBackend.Options) -> int:
     """ZeRO-3's sub_group_size: the float32 elements of this rank's slice the optimizer steps at once
     (DeepSpeed copies their gradients into one tensor first, and Adam makes two more of that size)."""
-    if options.zero_sub_group_mb is None:
-        return DEEPSPEED_SUB_GROUP_ELEMENTS
-    return int(options.zero_sub_group_mb * 2**20) // FLOAT32_BYTES
+    return _float32_elements(options.zero_sub_group_mb, DEEPSPEED_SUB_GROUP_ELEMENTS)
 
 
 def deepspeed_config(
@@ -49,7 +56,7 @@ def deepspeed_config(
     precision = Precision.of(settings.precision)
     buckets = {}
     if options.zero_bucket_mb is not None:  # else DeepSpeed's defaults: 5e8 elements each
-        elements = int(options.zero_bucket_mb * 2**20) // FLOAT32_BYTES
+        elements = zero_bucket_elements(options)
         buckets = {"reduce_bucket_size": elements, "allgather_bucket_size": elements}
     if options.zero_sub_group_mb is not None:
         buckets["sub_group_size"] = zero_sub_group_elements(options)

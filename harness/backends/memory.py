@@ -38,7 +38,7 @@ from typing import Any, Callable, Union
 from ..errors import UsageError
 from ..options import BaseOptions
 from . import backend_class
-from .deepspeed import DEEPSPEED_BUCKET_ELEMENTS, FLOAT32_BYTES, ZERO3_KEEP_GATHERED_ELEMENTS, zero_sub_group_elements
+from .deepspeed import FLOAT32_BYTES, ZERO3_KEEP_GATHERED_ELEMENTS, zero_bucket_elements, zero_sub_group_elements
 from .horovod import HOROVOD_DEFAULT_FUSION_MB
 from .traffic import ModelShape
 
@@ -198,19 +198,9 @@ def _horovod(shape: ModelShape, options: BaseOptions, training: Training, into: 
     )
 
 
-def _zero_bucket_bytes(options: BaseOptions) -> int:
-    if options.zero_bucket_mb is not None:
-        return int(options.zero_bucket_mb * MIB) // FLOAT32_BYTES * FLOAT32_BYTES
-    return DEEPSPEED_BUCKET_ELEMENTS * FLOAT32_BYTES
-
-
-def _zero_sub_group_bytes(options: BaseOptions) -> int:
-    return zero_sub_group_elements(options) * FLOAT32_BYTES
-
-
 def _deepspeed(shape: ModelShape, options: BaseOptions, training: Training, into: _Parts) -> None:
     stage, ranks, weights = options.zero_stage, training.world_size, shape.parameter_bytes
-    bucket = _zero_bucket_bytes(options)
+    bucket = zero_bucket_elements(options) * FLOAT32_BYTES
     slice_bytes = _padded(weights, ranks) / ranks
     into.lines.append(
         f"deepspeed: reduce and all-gather buckets of {bucket / MIB:,.0f} MiB (--zero-bucket-mb, else "
@@ -243,7 +233,7 @@ def _deepspeed(shape: ModelShape, options: BaseOptions, training: Training, into
     into.add("reduce bucket", bucket, "buffers")
     kept = min(weights, ZERO3_KEEP_GATHERED_ELEMENTS * FLOAT32_BYTES)
     into.add("gathered weights", max(0, kept - persistent), "buffers", held=False)
-    group = min(slice_bytes, _zero_sub_group_bytes(options))
+    group = min(slice_bytes, zero_sub_group_elements(options) * FLOAT32_BYTES)
     into.step_temporaries(training, group, group, flattened=group)
     into.lines.append(
         "zero-3: this rank's slice of every weight, and whole the modules of at most 1e5 elements "
