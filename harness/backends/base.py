@@ -133,6 +133,17 @@ class Backend(abc.ABC):
         that the ranks' first batches left the same parameters unused."""
         return False
 
+    @property
+    def forward_gathers(self) -> bool:
+        """Whether the model's forward is a collective (it gathers sharded weights: ZeRO-3, FSDP), so
+        that every rank must run as many forwards as its peers: the evaluation then keeps the ranks
+        in step (harness.training.evaluate), where each would otherwise score a block of its own size."""
+        return False
+
+    def after_evaluation(self) -> None:
+        """Called on every rank once an evaluation's forwards are done: a backend whose forward
+        gathers weights puts them back as training and saving expect them."""
+
     def check_available(self) -> None:
         """Raise UsageError if the backend's library is missing or unusable."""
         if self.library:
@@ -245,19 +256,9 @@ class Backend(abc.ABC):
         """The plain model inside any wrapper."""
         return self.model
 
-    def evaluation_model(self, make_model: Callable[..., nn.Module]) -> nn.Module:
-        """A model each rank can run on its own, with no collective inside forward. `make_model(weights)`
-        builds the task's model holding a whole state dict (harness.training.plan.RunPlan.make_model)."""
-        return self.module()
-
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights as plain CPU tensors (collective where weights are sharded)."""
         return {key: value.detach().cpu().clone() for key, value in self.module().state_dict().items()}
-
-    def _plain_copy(self, make_model: Callable[..., nn.Module]) -> nn.Module:
-        """A fresh unwrapped model (on the run's device) holding the whole weights: the evaluation
-        model of a backend whose forward gathers sharded weights, a collective."""
-        return make_model(self.full_state_dict())
 
     # -- checkpoints and failures --------------------------------------------------------------
     def save_checkpoint(self, directory: str, rank: int) -> None:

@@ -29,7 +29,9 @@ FLOAT32_BYTES = 4  # the harness trains float32 weights (autocast for bf16/fp16)
 # elements, or when more than stage3_max_live_parameters are gathered; both default to 1e9
 # (deepspeed/runtime/zero/config.py). Below that size a model's weights, gathered in forward, stay
 # for its backward: a 2-rank run of the workshop CNN gathers each weight once a step.
+# --zero-gathered-mb sets both, and stage3_prefetch_bucket_size, to its size.
 ZERO3_KEEP_GATHERED_ELEMENTS = 1_000_000_000
+ZERO3_PERSISTENCE_ELEMENTS = 100_000  # stage3_param_persistence_threshold: smaller modules stay whole
 # DeepSpeed's names for the autocast dtypes of --precision.
 AUTOCAST_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -49,6 +51,27 @@ def zero_sub_group_elements(options: DeepSpeedBackend.Options) -> int:
     return _float32_elements(options.zero_sub_group_mb, DEEPSPEED_SUB_GROUP_ELEMENTS)
 
 
+def zero_gathered_elements(options: DeepSpeedBackend.Options) -> int:
+    """The float32 elements of weights ZeRO-3 keeps gathered (stage3_max_live_parameters) and keeps
+    for reuse (stage3_max_reuse_distance): --zero-gathered-mb, else DeepSpeed's 1e9."""
+    return _float32_elements(options.zero_gathered_mb, ZERO3_KEEP_GATHERED_ELEMENTS)
+
+
+def zero_gathered_modules(shape: ModelShape) -> list[int]:
+    """The float32 bytes of the modules ZeRO-3 gathers, in forward order: those above its persistence
+    threshold (shape.modules() tells modules, not tensors: a rule of thumb for the threshold)."""
+    return [size for size in shape.modules() if size > ZERO3_PERSISTENCE_ELEMENTS * FLOAT32_BYTES]
+
+
+def zero_regathered_modules(shape: ModelShape, options: DeepSpeedBackend.Options) -> list[int]:
+    """The modules ZeRO-3 gathers again for their backward, in backward order: a module's weights
+    are freed after its forward when the weights gathered before its backward (the modules after
+    it, in forward and again in backward) pass stage3_max_reuse_distance. Measured at 2 ranks on
+    the transformer of width 1024 under --zero-gathered-mb 4: all but its last two modules."""
+    gathered, limit = zero_gathered_modules(shape), zero_gathered_elements(options) * FLOAT32_BYTES
+    return [size for i, size in enumerate(gathered) if 2 * sum(gathered[i + 1 :]) > limit][::-1]
+
+
 def deepspeed_config(
     settings: BackendSettings, options: DeepSpeedBackend.Options, local_batch: int, world_size: int
 ) -> dict[str, Any]:
@@ -60,6 +83,13 @@ def deepspeed_config(
         buckets = {"reduce_bucket_size": elements, "allgather_bucket_size": elements}
     if options.zero_sub_group_mb is not None:
         buckets["sub_group_size"] = zero_sub_group_elements(options)
+    if options.zero_gathered_mb is not None:  # else 1e9, 1e9 and 5e7 elements: a large model's weights stay
+        elements = zero_gathered_elements(options)
+        buckets |= {
+            "stage3_max_live_parameters": elements,
+            "stage3_max_reuse_distance": elements,
+            "stage3_prefetch_bucket_size": elements,
+        }
     return {
         # DeepSpeed's batch is global; the harness's --batch-size is per worker and micro-batch.
         "train_micro_batch_size_per_gpu": local_batch // settings.grad_accum,
@@ -205,20 +235,28 @@ class DeepSpeedBackend(TorchDistributedBackend):
             type=float,
             resume_must_match=True,  # ZeRO-3's checkpoint keeps the optimizer state per sub-group
         )
+        zero_gathered_mb: Optional[float] = option(
+            None,
+            "--zero-gathered-mb",
+            "deepspeed: ZeRO-3 keeps at most this many MiB of float32 weights gathered besides the module at work, "
+            "prefetches as many, and frees a weight not used again within as many (stage3_max_live_parameters, "
+            "stage3_prefetch_bucket_size, stage3_max_reuse_distance; default 1e9, 5e7, 1e9 elements): less memory, "
+            "each weight gathered again for backward",
+            type=float,
+        )
 
         def validate(self) -> None:
             if self.zero_stage not in (0, 1, 2, 3):
                 raise UsageError(f"{self.flag('zero_stage')} must be 0, 1, 2 or 3, got {self.zero_stage}")
-            for name in ("zero_bucket_mb", "zero_sub_group_mb"):
+            for name in ("zero_bucket_mb", "zero_sub_group_mb", "zero_gathered_mb"):
                 mib = getattr(self, name)
                 if mib is not None and not mib * 2**20 >= FLOAT32_BYTES:
                     raise UsageError(
                         f"{self.flag(name)} must hold at least one float32 ({FLOAT32_BYTES} bytes), got {mib}"
                     )
-            if self.zero_sub_group_mb is not None and self.zero_stage != 3:
-                raise UsageError(
-                    f"{self.flag('zero_sub_group_mb')} is ZeRO-3's: give it with {self.flag('zero_stage')} 3"
-                )
+            for name in ("zero_sub_group_mb", "zero_gathered_mb"):
+                if getattr(self, name) is not None and self.zero_stage != 3:
+                    raise UsageError(f"{self.flag(name)} is ZeRO-3's: give it with {self.flag('zero_stage')} 3")
 
         @classmethod
         def examples(cls) -> tuple[DeepSpeedBackend.Options, ...]:
@@ -297,6 +335,16 @@ class DeepSpeedBackend(TorchDistributedBackend):
         # gathers per module that runs. ZeRO-0 allreduces a zero gradient for a missing one.
         return self.options.zero_stage >= 1
 
+    @property
+    def forward_gathers(self) -> bool:
+        return self.options.zero_stage == 3
+
+    def after_evaluation(self) -> None:
+        # Forwards without a backward leave ZeRO-3's weights gathered, or in flight where it
+        # prefetched the next module: partitioning one in flight (saving the model) fails.
+        if self.options.zero_stage == 3:
+            self.engine.empty_partition_cache()
+
     def compile(self, model: nn.Module) -> nn.Module:
         # engine.compile() compiles the module inside the engine in place (nn.Module.compile), with
         # the accelerator's compile backend: the engine's forward, hooks and ZeRO stay outside the graph.
@@ -364,19 +412,12 @@ class DeepSpeedBackend(TorchDistributedBackend):
                 state[key] = value.detach().cpu().clone()
         return state
 
-    def evaluation_model(self, make_model: Callable[..., nn.Module]) -> nn.Module:
-        if self.options.zero_stage < 3:
-            return self.module()
-        # ZeRO-3 gathers weights inside forward, a collective; ranks evaluate uneven shards, so
-        # each evaluates a plain copy instead.
-        return self._plain_copy(make_model)
-
     def traffic(self, shape: ModelShape, on_gpu: bool = True) -> list[Collective]:
         # ZeRO-0 allreduces the gradients after backward; ZeRO-1 reduce-scatters them after backward,
         # ZeRO-2 in buckets during it (overlap_comm is off by default below ZeRO-3: the backward waits
         # for each), and both all-gather the updated slices after the step. ZeRO-3 gathers each
         # module's weights before its forward (prefetched, overlap_comm on by default), again before
-        # its backward only for a model too large to keep them (ZERO3_KEEP_GATHERED_ELEMENTS), and
+        # its backward those it did not keep (zero_regathered_modules), and
         # reduce-scatters the gradients in buckets as backward produces them.
         stage, total = self.options.zero_stage, shape.parameter_bytes
         mib = self.options.zero_bucket_mb
@@ -388,11 +429,12 @@ class DeepSpeedBackend(TorchDistributedBackend):
             return evenly("reduce_scatter", total, bucket, phase, overlapped=False) + evenly(
                 "all_gather", total, bucket, "after_step", overlapped=False
             )
-        modules = shape.modules()
-        regathered = modules[::-1] if total // FLOAT32_BYTES > ZERO3_KEEP_GATHERED_ELEMENTS else ()
         return (
-            [Collective("all_gather", size, 1, "forward_gather", True) for size in modules]
-            + [Collective("all_gather", size, 1, "backward_gather", True) for size in regathered]
+            [Collective("all_gather", size, 1, "forward_gather", True) for size in zero_gathered_modules(shape)]
+            + [
+                Collective("all_gather", size, 1, "backward_gather", True)
+                for size in zero_regathered_modules(shape, self.options)
+            ]
             + evenly("reduce_scatter", total, bucket, "backward_reduce", overlapped=True)
         )
 
@@ -405,6 +447,9 @@ class DeepSpeedBackend(TorchDistributedBackend):
             "zero_reduce_bucket_elements": self.engine.zero_reduce_bucket_size(),
             "zero_allgather_bucket_elements": self.engine.zero_allgather_bucket_size(),
             "zero_sub_group_elements": self.engine.zero_sub_group_size(),
+            "zero_max_live_elements": self.engine.zero_max_live_parameters(),
+            "zero_max_reuse_elements": self.engine.zero_max_reuse_distance(),
+            "zero_prefetch_elements": self.engine.zero_prefetch_bucket_size(),
         }
 
     def versions(self) -> dict[str, str]:

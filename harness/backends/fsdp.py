@@ -165,6 +165,10 @@ class FSDPBackend(TorchDistributedBackend):
     def reaches_same_parameters(self) -> bool:
         return True  # a unit that runs on one rank only reduce-scatters alone
 
+    @property
+    def forward_gathers(self) -> bool:
+        return True
+
     def compile(self, model: nn.Module) -> nn.Module:
         """Each unit's forward compiled, FSDP's hooks around it left eager. torch.compile of the root,
         or Module.compile of a unit, traces FSDP's hooks first, which dynamo refuses to trace
@@ -210,11 +214,6 @@ class FSDPBackend(TorchDistributedBackend):
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         # Each gathered tensor dropped once copied: the rank holds the whole model once, not twice.
         return {key: state.pop(key).detach().cpu().clone() for key in list(state)}
-
-    def evaluation_model(self, make_model: Callable[..., nn.Module]) -> nn.Module:
-        # FSDP's forward all-gathers, a collective; ranks evaluate uneven shards, so each evaluates
-        # a plain copy instead.
-        return self._plain_copy(make_model)
 
     def save_checkpoint(self, directory: str, rank: int) -> None:
         import torch.distributed.checkpoint as dcp

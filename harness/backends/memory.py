@@ -38,7 +38,13 @@ from typing import Any, Callable, Union
 from ..errors import UsageError
 from ..options import BaseOptions
 from . import backend_class
-from .deepspeed import FLOAT32_BYTES, ZERO3_KEEP_GATHERED_ELEMENTS, zero_bucket_elements, zero_sub_group_elements
+from .deepspeed import (
+    FLOAT32_BYTES,
+    zero_bucket_elements,
+    zero_gathered_elements,
+    zero_gathered_modules,
+    zero_sub_group_elements,
+)
 from .horovod import HOROVOD_DEFAULT_FUSION_MB
 from .traffic import ModelShape
 
@@ -46,7 +52,6 @@ KINDS = ("state", "activations", "buffers")  # a part's kind: params+grads+optim
 MIB = 2**20
 GIB = 2**30
 STEP_COUNT_BYTES = 4  # Adam's `step`: one float32 scalar per tensor it steps
-ZERO3_PERSISTENCE_ELEMENTS = 100_000  # stage3_param_persistence_threshold's default
 PHASES = ("forward and backward", "optimizer step")  # when a part not kept between steps exists
 FOREACH_DEVICES = ("cuda", "xpu")  # where torch's optimizers default to their foreach path
 
@@ -225,20 +230,25 @@ def _deepspeed(shape: ModelShape, options: BaseOptions, training: Training, into
             "the optimizer's state over the slice; its step copies the slice's gradients into one tensor"
         )
         return
-    persistent = sum(size for size in shape.modules() if size <= ZERO3_PERSISTENCE_ELEMENTS * FLOAT32_BYTES)
+    persistent = sum(shape.modules()) - sum(zero_gathered_modules(shape))
     into.add("weights", slice_bytes + persistent + training.buffer_bytes)
     into.add("float32 slice", slice_bytes)
     into.add("gradient slice", slice_bytes)
     into.add("optimizer", _optimizer_bytes(slice_bytes, training, 1))
     into.add("reduce bucket", bucket, "buffers")
-    kept = min(weights, ZERO3_KEEP_GATHERED_ELEMENTS * FLOAT32_BYTES)
-    into.add("gathered weights", max(0, kept - persistent), "buffers", held=False)
+    gathered = zero_gathered_modules(shape)
+    limit = zero_gathered_elements(options) * FLOAT32_BYTES
+    # Under the limit every gathered weight stays from its forward to its backward; over it, the
+    # limit's worth stays (kept, or prefetched) besides the module at work, gathered whole whatever its size.
+    kept = sum(gathered) if sum(gathered) <= limit else min(sum(gathered), limit + max(gathered))
+    into.add("gathered weights", kept, "buffers", held=False)
     group = min(slice_bytes, zero_sub_group_elements(options) * FLOAT32_BYTES)
     into.step_temporaries(training, group, group, flattened=group)
     into.lines.append(
         "zero-3: this rank's slice of every weight, and whole the modules of at most 1e5 elements "
         "(stage3_param_persistence_threshold, told per module); gathered weights kept from forward to "
-        "backward up to stage3_max_live_parameters (1e9 elements); the step goes over the slice in "
+        f"backward up to {limit / MIB:,.0f} MiB, besides the module at work (--zero-gathered-mb, else "
+        "stage3_max_live_parameters' 1e9 elements); the step goes over the slice in "
         f"sub-groups of {group / MIB:,.0f} MiB (--zero-sub-group-mb, else DeepSpeed's 1e9 elements), "
         "copying each one's gradients into one tensor"
     )

@@ -49,6 +49,7 @@ FULLY_SHARDED: tuple[str, dict[str, object]] = ("fsdp", {})
 # (harness.backends.memory.backend_label): a run is pointed only to those that hold less than it.
 SHARDED = (("fsdp", "--backend fsdp"), ("deepspeed zero_stage=3", "--backend deepspeed --zero-stage 3"))
 SUB_GROUP_HINT_MB = 16  # --zero-sub-group-mb named to a capped ZeRO-3 run: its step's copies 48 MiB, not 3 slices
+GATHERED_HINT_MB = 4  # --zero-gathered-mb named to it: besides the module at work, 4 MiB of weights gathered
 # What torch and Python say when an allocation fails (the CPU allocator's ENOMEM, CUDA's own).
 OUT_OF_MEMORY = re.compile(r"can't allocate memory|out of memory|Cannot allocate memory", re.IGNORECASE)
 
@@ -105,11 +106,15 @@ def shard_hint(backend: str) -> str:
             break
     else:
         fewer = SHARDED
-    shard = f"shard the model ({', or '.join(flags for _, flags in fewer)}), " if fewer else ""
-    if backend.startswith("deepspeed zero_stage=3") and "zero_sub_group_mb" not in backend:
-        # By default ZeRO-3 steps the whole slice at once, making three copies of it (harness.backends.memory)
-        shard = f"step the optimizer in smaller sub-groups (--zero-sub-group-mb {SUB_GROUP_HINT_MB}), {shard}"
-    return f"{shard}add ranks, or raise --memory-cap"
+    fixes = [f"shard the model ({', or '.join(flags for _, flags in fewer)})"] if fewer else []
+    if backend.startswith("deepspeed zero_stage=3"):
+        # By default ZeRO-3 keeps every weight it gathers from forward to backward (1e9 elements), and
+        # steps the whole slice at once, making three copies of it (harness.backends.memory).
+        if "zero_gathered_mb" not in backend:
+            fixes.insert(0, f"keep fewer weights gathered (--zero-gathered-mb {GATHERED_HINT_MB})")
+        if "zero_sub_group_mb" not in backend:
+            fixes.insert(0, f"step the optimizer in smaller sub-groups (--zero-sub-group-mb {SUB_GROUP_HINT_MB})")
+    return ", ".join([*fixes, "add ranks, or raise --memory-cap"])
 
 
 def data_segment_bytes() -> int:

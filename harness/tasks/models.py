@@ -66,7 +66,7 @@ def build_model(
     """A freshly initialised model for images of `channels` x `size` x `size`, on the CPU.
 
     With a `seed`, the weights are drawn from a generator seeded with it and torch's global random
-    state is left as it was: a model built during a run (an evaluation copy, a calibration copy)
+    state is left as it was: a model built during a run (a calibration copy)
     must not move the training run's generator, or the next epoch's dropout masks change. The
     initialisation draws only from the CPU generator (the model is built on the CPU), so only that
     one is forked. Without a seed it draws from (and advances) the global generator.

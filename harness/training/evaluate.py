@@ -3,7 +3,10 @@
 The testing phase was the scaling bottleneck of the workshop case study (one process scored the
 whole set). Here every rank scores its own contiguous block of the test set (no padding, no
 sample twice) and the task's sums and counts are reduced in one allreduce, then divided once, so
-the loss, every metric and `eval_samples` are the same at any world size. An `Evaluation` is what
+the loss, every metric and `eval_samples` are the same at any world size. Where the model's forward
+gathers sharded weights (ZeRO-3, FSDP: Backend.forward_gathers), each rank evaluates its own shards
+and the ranks stay in step: a rank with a batch fewer runs one more forward, uncounted, so that no
+rank holds the whole model to evaluate it. An `Evaluation` is what
 the training loop calls after an epoch, and what `harness evaluate` (harness.training.score) calls
 on a saved model.
 
@@ -56,28 +59,25 @@ class Evaluation:
         each sample scored exactly once across ranks."""
         was_training = model.training
         model.eval()
-        block = eval_range(len(self.data), cluster.world_size, cluster.rank)
-        batches = [
-            np.arange(start, min(start + self.batch_size, block.stop))
-            for start in range(block.start, block.stop, self.batch_size)
-        ]
+        size, ranks = len(self.data), cluster.world_size
+        batches = self._batches(eval_range(size, ranks, cluster.rank))
+        # A forward that gathers weights is a collective: a rank with fewer batches than rank 0 (whose
+        # block is the largest) runs as many more forwards, on samples it does not count.
+        unscored = len(self._batches(eval_range(size, ranks, 0))) - len(batches) if backend.forward_gathers else 0
         # Per name: (sum, count); then the samples. float64 on the device, one allreduce.
         totals = torch.zeros(2 * len(self.names) + 1, dtype=torch.float64, device=device)
         with rank0_buffers(model, backend, cluster.rank):
             for batch in iterate_batches(self.data, batches):
                 prepared = self.prepare(batch_to(batch, device))
-                with self.precision.autocast(device):
-                    scores = batch_scores(self.loaded.task, model, prepared, self.loaded.label)
-                if sorted(scores) != self.names:
-                    raise UsageError(
-                        f"{self.loaded.label}: metrics returned {', '.join(sorted(scores))} on one batch and "
-                        f"{', '.join(self.names)} on another; return the same names for every batch"
-                    )
+                scores = self._scores(model, prepared, device)
                 for position, name in enumerate(self.names):
                     total, count = scores[name]
                     totals[2 * position] += torch.as_tensor(total, dtype=torch.float64, device=device).reshape(())
                     totals[2 * position + 1] += float(count)
                 totals[-1] += batch_samples(prepared)
+            for batch in iterate_batches(self.data, [np.arange(min(size, self.batch_size))] * unscored):
+                self._scores(model, self.prepare(batch_to(batch, device)), device)
+            backend.after_evaluation()
             reduced = backend.all_reduce_sum(totals).tolist()
         model.train(was_training)
         means = {
@@ -89,6 +89,21 @@ class Evaluation:
             **{f"eval_{name}": value for name, value in {**means, **derived}.items()},
             "eval_samples": int(reduced[-1]),
         }
+
+    def _batches(self, block: range) -> list[np.ndarray]:
+        """`block`'s samples in batches of batch_size, the last one shorter."""
+        return [np.arange(start, min(start + self.batch_size, block.stop)) for start in block[:: self.batch_size]]
+
+    def _scores(self, model: nn.Module, prepared: Batch, device: torch.device) -> dict[str, Any]:
+        """The task's (sum, count) per name on one prepared batch."""
+        with self.precision.autocast(device):
+            scores = batch_scores(self.loaded.task, model, prepared, self.loaded.label)
+        if sorted(scores) != self.names:
+            raise UsageError(
+                f"{self.loaded.label}: metrics returned {', '.join(sorted(scores))} on one batch and "
+                f"{', '.join(self.names)} on another; return the same names for every batch"
+            )
+        return scores
 
     def derived(self, means: dict[str, Optional[float]]) -> dict[str, float]:
         """The task's derived metrics of the reduced means (none where a mean is missing)."""

@@ -392,9 +392,7 @@ def _end_epoch(
     )
     if evaluated:
         state.enter(phase.EVALUATION, state.step)
-        state.progress.evaluation = state.evaluation(
-            backend.evaluation_model(plan.make_model), backend, cluster, device
-        )
+        state.progress.evaluation = state.evaluation(backend.module(), backend, cluster, device)
     lr = plan.lr_at(state.step - 1)
     if cluster.is_main:
         line = (

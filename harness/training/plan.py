@@ -80,21 +80,11 @@ class RunPlan:
             {key: self.loaded.origin()[key] for key in ("spec", "args", "sha256")},
         )
 
-    def make_model(self, weights: Optional[dict[str, torch.Tensor]] = None) -> nn.Module:
+    def make_model(self) -> nn.Module:
         """A fresh model of the task, in the run's memory format, on its device: the run's initial
         weights (from --seed) every time, and the run's random state untouched, so that building
-        one for evaluation in the middle of training changes no later dropout mask. Given `weights`
-        (a whole state dict), the model holding them: built with shapes only (the meta device) and
-        the tensors assigned, so that a rank never holds the model twice (a sharded backend's
-        evaluation copy); built and loaded where the task keeps state outside its state dict."""
-        if weights is None:
-            model = seeded_model(self.loaded, self.config.seed, self.placement.device)
-        else:
-            model = _holding(self.loaded, weights)
-            if model is None:
-                model = seeded_model(self.loaded, self.config.seed)
-                model.load_state_dict(weights)
-            model = model.to(self.placement.device)
+        one in the middle of training (a calibration's) changes no later dropout mask."""
+        model = seeded_model(self.loaded, self.config.seed, self.placement.device)
         return model.to(memory_format=torch.channels_last) if self.channels_last_weights else model
 
     def prepare(self, batch: Batch, epoch: int = 0, step: int = 0, training: bool = True) -> Batch:
@@ -181,15 +171,6 @@ def seeded_model(loaded: LoadedTask, seed: int, device: torch.device = torch.dev
         model = loaded.task.build_model()
     check_parameters(model, loaded.label)
     return model.to(device)
-
-
-def _holding(loaded: LoadedTask, weights: dict[str, torch.Tensor]) -> Optional[nn.Module]:
-    """The task's model built on the meta device with `weights` assigned; None where a tensor stays
-    on the meta device (a buffer outside the state dict, which assigning cannot fill)."""
-    with torch.device("meta"):
-        model = loaded.task.build_model()
-    model.load_state_dict(weights, assign=True)
-    return None if any(t.is_meta for t in [*model.parameters(), *model.buffers()]) else model
 
 
 def initial_model(config: TrainConfig, task: Optional[TaskLike] = None) -> nn.Module:

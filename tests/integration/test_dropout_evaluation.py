@@ -2,9 +2,9 @@
 the evaluation of 2 ranks is that of one: on the test task `tokens` (tests/helpers/tasks.py), whose
 model has dropout.
 
-FSDP and DeepSpeed evaluate on a plain copy of the model (their forward gathers sharded weights, a
-collective); building that copy once drew its initialisation from the run's random generator, so
-every epoch after an evaluation trained with other dropout masks (the demo's FSDP row: train loss
+FSDP and DeepSpeed once evaluated on a plain copy of the model (now they evaluate on their shards);
+building that copy drew its initialisation from the run's random generator, so every epoch after
+an evaluation trained with other dropout masks (the demo's FSDP row: train loss
 0.6682 after epoch 2 against 0.7250 for the others). Here each backend trains with dropout on and
 an evaluation after every epoch, and its per-epoch train losses must equal those of the first
 distributed backend trained without any evaluation before the last epoch's end, at the same ranks.

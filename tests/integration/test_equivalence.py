@@ -6,7 +6,8 @@ The cases are spread over the test tasks, each where it shows most:
   every backend (ZeRO's stages and FSDP step the skipped parameters with a zero gradient, as one
   process does), and the two mistakes the bound must catch;
 - `tokens` (token ids, a GRU, a loss averaged over the tokens; dropout off here): Adam under every
-  option set, with the model state each rank holds, and gradient accumulation under every backend;
+  option set, with the model state each rank holds and the evaluation at the end (its ranks' blocks
+  take 2 and 1 batches), and gradient accumulation under every backend;
 - `regression` (batch norm): clipping, bf16 and --compile. Each rank normalises by its own batch,
   so 2 ranks x b are one process taking the two ranks' samples as two micro-batches of b
   (--grad-accum 2) in rank order; the running statistics (buffers) stay each rank's own, so only
@@ -162,7 +163,9 @@ def test_sgd_momentum_weights_match_single_process(tmp_path, one_process, backen
 @pytest.mark.slow
 @pytest.mark.parametrize("backend, backend_flags, launcher", with_options(turns=TURNS))
 def test_adam_weights_match_single_process(tmp_path, one_process, backend, backend_flags, launcher):
-    """On `tokens`, under every option set (ZeRO's stages shard Adam's state, then the weights).
+    """On `tokens`, under every option set (ZeRO's stages shard Adam's state, then the weights), with
+    the evaluation at the end equal to the saved model's at one rank: ZeRO-3 and FSDP evaluate on
+    their shards, the rank with one batch fewer running one forward more (uncounted) in step.
     Per rank, the weights, gradients and Adam's state are one process's (replicated), a half of them
     (sharded over the 2 ranks) or none (moved into the framework's own buffers, as ZeRO moves the
     averaged gradients); what the framework adds is printed (record: memory.model_state_bytes_per_rank).
@@ -172,6 +175,7 @@ def test_adam_weights_match_single_process(tmp_path, one_process, backend, backe
     weights, record = _run(tmp_path, TOKENS, backend, ADAM + backend_flags, launcher=launcher)
     reference, alone_record = one_process("tokens-adam")
     _assert_matches(TOKENS, weights, reference, what=f"{backend} {backend_flags}")
+    assert_evaluation_matches_one_rank(record, tmp_path / "model.pt", TOKENS.flags)
     alone = alone_record["memory"]["model_state_bytes_per_rank"]
     state = record["memory"]["model_state_bytes_per_rank"]
     print(
@@ -194,6 +198,20 @@ def test_builtin_transformer_weights_match_single_process(tmp_path, one_process,
     weights, record = _run(tmp_path, TRANSFORMER, backend, ADAM, launcher=launcher)
     _assert_matches(TRANSFORMER, weights, one_process("transformer-adam")[0], what=backend)
     assert_evaluation_matches_one_rank(record, tmp_path / "model.pt", TRANSFORMER.flags)
+
+
+@pytest.mark.slow
+def test_zero3_evaluates_on_its_shards_with_the_ranks_in_step(tmp_path):
+    """ZeRO-3 gathers a module's weights inside its forward once it holds more than 1e5 elements (the
+    `tokens` model's never do): at width 192 the blocks' linear layers do, and with --zero-gathered-mb
+    0.25 it frees them after use (by default a model this small stays gathered after one forward).
+    Its 9 test windows are blocks of 5 and 4 at 2 ranks, batches of 4: one rank evaluates 2 batches,
+    the other 1 and one forward more, uncounted, in step (without it, rank 0 waits in its second
+    forward's all-gather until --timeout)."""
+    task = TaskCase([*TRANSFORMER.flags, "--width", "192", "--test-windows", "9"], WHOLE)
+    _, record = _run(tmp_path, task, "deepspeed", ["--zero-stage", "3", "--zero-gathered-mb", "0.25", *ADAM], batch=4)
+    assert record["eval_samples"] == 9
+    assert_evaluation_matches_one_rank(record, tmp_path / "model.pt", task.flags)
 
 
 @pytest.mark.slow

@@ -40,6 +40,9 @@ FIRST_RUN_TUNING = {
         "zero_reduce_bucket_elements": 500_000_000,
         "zero_allgather_bucket_elements": 500_000_000,
         "zero_sub_group_elements": 1_000_000_000,
+        "zero_max_live_elements": 1_000_000_000,
+        "zero_max_reuse_elements": 1_000_000_000,
+        "zero_prefetch_elements": 50_000_000,
     },
 }
 

@@ -10,6 +10,7 @@ import pytest
 from harness.cli import main
 from tests.helpers.cli import run_cli
 from tests.helpers.data_files import random_mnist, write_cifar10, write_image_tree, write_mnist
+from tests.helpers.unprivileged import as_unprivileged_user, searchable_tmp_dir
 
 
 def one_line_error(capsys, argv) -> str:
@@ -84,16 +85,16 @@ def test_unwritable_data_dir(tmp_path, capsys):
     assert f"cannot write prepared data under {tmp_path / 'prepared'}" in line and "writable --data-dir" in line
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-def test_read_only_data_dir(tmp_path, capsys):
-    random_mnist(str(tmp_path), 20, 5)
-    tmp_path.chmod(0o555)
-    try:
-        line = one_line_error(capsys, ["data", "prepare", "mnist", "--data-dir", str(tmp_path)])
-    finally:
-        tmp_path.chmod(0o755)
-    assert "cannot write prepared data" in line
-    assert_nothing_prepared(tmp_path)
+def test_read_only_data_dir(capsys):
+    # As root too: root ignores directory modes, so the harness runs as nobody here (see the helper).
+    with searchable_tmp_dir() as base:
+        data_dir = base / "data"
+        random_mnist(str(data_dir), 20, 5)
+        data_dir.chmod(0o555)
+        with as_unprivileged_user():
+            line = one_line_error(capsys, ["data", "prepare", "mnist", "--data-dir", str(data_dir)])
+        assert f"cannot write prepared data under {data_dir / 'prepared'} (Permission denied)" in line
+        assert_nothing_prepared(data_dir)
 
 
 def test_damaged_prepared_data_is_reported_not_trained_on(tmp_path, capsys):

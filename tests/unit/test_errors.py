@@ -28,6 +28,10 @@ CASES = [
         ["train", "--backend", "deepspeed", "--zero-sub-group-mb", "16"],
         "--zero-sub-group-mb is ZeRO-3's: give it with",
     ),
+    (
+        ["train", "--backend", "deepspeed", "--zero-stage", "2", "--zero-gathered-mb", "4"],
+        "--zero-gathered-mb is ZeRO-3's: give it with --zero-stage 3",
+    ),
     (["train", "--backend", "horovod", "--hvd-cycle-time-ms", "0"], "--hvd-cycle-time-ms must be positive, got 0"),
     (["train", "--cpu-malloc", "jemalloc"], "unknown cpu-malloc 'jemalloc'; choose one of reuse, system"),
     (["train", "--batch-size", "4096"], "fewer than one global batch"),

@@ -83,10 +83,14 @@ def test_the_fix_named_is_a_backend_that_holds_less_than_the_one_that_ran():
 
     both = "shard the model (--backend fsdp, or --backend deepspeed --zero-stage 3), add ranks, or raise --memory-cap"
     assert shard_hint("ddp") == shard_hint("deepspeed zero_stage=1") == both
-    assert shard_hint("deepspeed zero_stage=3 zero_bucket_mb=4.0 zero_sub_group_mb=16.0") == (
+    assert shard_hint("deepspeed zero_stage=3 zero_bucket_mb=4.0 zero_sub_group_mb=16.0 zero_gathered_mb=4.0") == (
         "shard the model (--backend fsdp), add ranks, or raise --memory-cap"
     )
     assert shard_hint("deepspeed zero_stage=3").startswith(
-        "step the optimizer in smaller sub-groups (--zero-sub-group-mb 16), shard the model (--backend fsdp)"
+        "step the optimizer in smaller sub-groups (--zero-sub-group-mb 16), keep fewer weights gathered "
+        "(--zero-gathered-mb 4), shard the model (--backend fsdp)"
+    )
+    assert shard_hint("deepspeed zero_stage=3 zero_sub_group_mb=16.0").startswith(
+        "keep fewer weights gathered (--zero-gathered-mb 4), shard the model"
     )
     assert shard_hint("fsdp") == shard_hint("fsdp keep_gathered=True") == "add ranks, or raise --memory-cap"

@@ -105,6 +105,21 @@ def test_the_optimizer_steps_temporaries_count_at_the_peak_where_they_outgrow_fo
     assert predicted("deepspeed", {**zero3, "zero_sub_group_mb": 2.0}, "cuda")[0] == 2 * 2 * MIB
 
 
+def test_zero3_keeps_gathered_what_its_limit_allows_besides_the_module_at_work():
+    """Under --zero-gathered-mb ZeRO-3 keeps the limit's worth of gathered weights (kept or
+    prefetched) and the module at work, whole whatever its size; by default, every one."""
+    shape = ModelShape(4 * 8_000_000, (4 * 2_000_000, 4 * 6_000_000), (4 * 2_000_000, 4 * 6_000_000))
+
+    def gathered(options):
+        prediction = predict_memory(shape, "deepspeed", options, _training(world_size=2), ACTIVATIONS)
+        return next(part.bytes for part in prediction.parts if part.name == "gathered weights")
+
+    zero3 = {"zero_stage": 3, "zero_bucket_mb": 1.0}
+    assert gathered(zero3) == 4 * 8_000_000
+    assert gathered({**zero3, "zero_gathered_mb": 4.0}) == 4 * MIB + 4 * 6_000_000
+    assert gathered({**zero3, "zero_gathered_mb": 100.0}) == 4 * 8_000_000
+
+
 def test_every_registered_backend_has_a_rule_and_says_why():
     for name, cls in BACKENDS.items():
         for options in cls.Options.examples():

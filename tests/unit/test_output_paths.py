@@ -11,6 +11,7 @@ import pytest
 from harness.config import TrainConfig
 from harness.errors import UsageError
 from harness.training.placement import check_config, check_output_file
+from tests.helpers.unprivileged import as_unprivileged_user, searchable_tmp_dir
 
 
 def test_a_model_or_results_path_through_a_file_is_refused_before_training(tmp_path):
@@ -40,9 +41,17 @@ def test_paths_still_to_be_made_and_existing_files_pass(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["results.jsonl"]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
-def test_a_directory_that_denies_writing_is_named(tmp_path):
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
-    with pytest.raises(UsageError, match=rf"--results {locked / 'r.jsonl'} is not writable \({locked} denies it\)"):
-        check_output_file("--results", str(locked / "r.jsonl"), replaced=False)
+def test_a_directory_that_denies_writing_is_named():
+    # As root too: root may write anywhere, so the check runs as nobody here (see the helper).
+    with searchable_tmp_dir() as base:
+        locked, open_ = base / "locked", base / "open"
+        locked.mkdir()
+        locked.chmod(0o555)
+        open_.mkdir()
+        open_.chmod(0o777)
+        with as_unprivileged_user():
+            check_output_file("--results", str(open_ / "r.jsonl"), replaced=False)  # the same user may write here
+            with pytest.raises(
+                UsageError, match=rf"--results {locked / 'r.jsonl'} is not writable \({locked} denies it\)"
+            ):
+                check_output_file("--results", str(locked / "r.jsonl"), replaced=False)

@@ -138,7 +138,18 @@ def test_zero3_gathers_a_weight_again_in_backward_only_when_deepspeed_would_free
     # The workshop CNN's 2-rank run gathers each weight once a step (DeepSpeed's reuse distance).
     assert phases.count("forward_gather") == len(SHAPE.modules()) and "backward_gather" not in phases
     huge = ModelShape(8 * ZERO3_KEEP_GATHERED_ELEMENTS, module_bytes=(4 * ZERO3_KEEP_GATHERED_ELEMENTS,) * 2)
-    assert [call.phase for call in zero3.traffic(huge)].count("backward_gather") == 2
+    # The last module's backward follows its forward: only the first is freed and gathered again.
+    assert [call.phase for call in zero3.traffic(huge)].count("backward_gather") == 1
+    # The transformer of width 1024 (4 blocks; embeddings, LayerNorms and head between them) under
+    # --zero-gathered-mb 4 at 2 ranks all-gathered 389,373,952 bytes a step: each module once in
+    # forward, and again in backward all but the last two (the head, and the last linear layer, whose
+    # reuse distance is the head's 262,144 elements twice).
+    block = (8192, 12595200, 4198400, 8192, 16793600, 16781312)
+    width_1024 = ModelShape(203776000, module_bytes=(1048576, 131072, *block * 4, 8192, 1048576))
+    limited = DeepSpeedBackend(DeepSpeedBackend.parse_options({"zero_stage": 3, "zero_gathered_mb": 4}))
+    gathered = sum(call.bytes for call in limited.traffic(width_1024) if call.kind == "all_gather")
+    assert gathered == 2 * 203571200 - 16781312 - 1048576
+    assert gathered == pytest.approx(389373952, rel=1e-3)
 
 
 def test_fsdp_overlaps_its_calls_on_gpus_only():
