@@ -238,9 +238,9 @@ def _deepspeed(shape: ModelShape, options: BaseOptions, training: Training, into
     into.add("reduce bucket", bucket, "buffers")
     gathered = zero_gathered_modules(shape)
     limit = zero_gathered_elements(options) * FLOAT32_BYTES
-    # Under the limit every gathered weight stays from its forward to its backward; over it, the
+    # Every gathered weight stays from its forward to its backward up to the limit; beyond it, the
     # limit's worth stays (kept, or prefetched) besides the module at work, gathered whole whatever its size.
-    kept = sum(gathered) if sum(gathered) <= limit else min(sum(gathered), limit + max(gathered))
+    kept = min(sum(gathered), limit + max(gathered, default=0))
     into.add("gathered weights", kept, "buffers", held=False)
     group = min(slice_bytes, zero_sub_group_elements(options) * FLOAT32_BYTES)
     into.step_temporaries(training, group, group, flattened=group)
