@@ -62,6 +62,8 @@ TRAIN = [
     "1",
     "--eval-every",
     "0",
+    "--eval-batch-size",  # the last evaluation in one forward a rank: FSDP and ZeRO-3 gather weights for each
+    "1000",
 ]
 BENCH_SIZES = "16K,64K,256K,1M,4M,8M"  # around every call of the CNN (the largest: 4.8 MB)
 

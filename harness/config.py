@@ -102,6 +102,13 @@ class RunSection:
     eval_every: int = _opt(
         1, "evaluate every N epochs (the last epoch is always evaluated; 0 = only the last)", "non_negative"
     )
+    eval_batch_size: int = _opt(
+        0,
+        "samples per rank in each evaluation forward (0 = the training micro-batch); the result is the same at "
+        "any size, but fewer forwards are faster, and under ZeRO-3 and FSDP each forward gathers the weights. "
+        "The memory prediction covers it: activations at the larger of the two batches",
+        "non_negative",
+    )
     tags: dict[str, str] = field(
         default_factory=dict,
         metadata={

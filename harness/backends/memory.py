@@ -77,6 +77,7 @@ class Training:
     optimizer: str = "sgd"  # sgd or adam (a task's own optimizer: assumed as this one)
     momentum: float = 0.9
     micro_batch: int = 1  # samples per forward (the local batch over --grad-accum)
+    eval_batch: int = 0  # samples per evaluation forward (0: the micro-batch)
     world_size: int = 1
     parameter_tensors: int = 0  # the model's trainable tensors (Adam keeps a step count for each)
     buffer_bytes: int = 0  # the model's buffers and frozen parameters (batch-norm statistics), never sharded
@@ -322,9 +323,13 @@ def predict_memory(
     parsed = options if isinstance(options, BaseOptions) else cls.parse_options(options or {})
     found = _Parts()
     RULES[backend](shape, parsed, training, found)
-    found.add("activations", activations.at(training.micro_batch), "activations", held=False)
+    # An evaluation forward keeps no tensors for a backward, so training's activations at the larger
+    # batch bound it too.
+    batch = max(training.micro_batch, training.eval_batch)
+    found.add("activations", activations.at(batch), "activations", held=False)
+    evaluated = f" (evaluation batch {training.eval_batch})" if training.eval_batch > training.micro_batch else ""
     lines = [
-        f"{training.world_size} rank(s), micro-batch {training.micro_batch}, {training.optimizer} "
+        f"{training.world_size} rank(s), micro-batch {training.micro_batch}{evaluated}, {training.optimizer} "
         f"({optimizer_copies(training)} float32 value(s) per weight), {training.precision}: weights, "
         "gradients and optimizer state float32 (autocast casts inside forward)",
         f"activations: {activations.source}",

@@ -302,6 +302,7 @@ def run_prediction(
         optimizer=config.optimizer,
         momentum=config.momentum,
         micro_batch=plan.micro_batch,
+        eval_batch=plan.eval_batch,
         world_size=plan.placement.cluster.world_size,
         parameter_tensors=len(trainable),
         buffer_bytes=frozen + sum(buffer.nbytes for buffer in model.buffers()),

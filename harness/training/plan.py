@@ -56,6 +56,11 @@ class RunPlan:
         return self.local_batch // self.config.grad_accum
 
     @property
+    def eval_batch(self) -> int:
+        """Samples per rank in each evaluation forward: --eval-batch-size, or the micro-batch."""
+        return self.config.eval_batch_size or self.micro_batch
+
+    @property
     def num_epochs(self) -> int:
         return math.ceil(self.total_steps / self.epoch_steps)
 
@@ -139,7 +144,7 @@ class RunPlan:
             self.test_set,
             model,
             lambda batch: self.prepare(batch, training=False),
-            self.micro_batch,
+            self.eval_batch,
             self.precision,
             self.where,
         )

@@ -60,7 +60,7 @@ def evaluate_model_file(config: TrainConfig, model_file: str, task: Any = None) 
             plan.test_set,
             model,
             lambda batch: plan.prepare(batch, training=False),
-            plan.micro_batch,
+            plan.eval_batch,
             plan.precision,
             where,
         )

@@ -129,6 +129,8 @@ def test_a_slow_link_is_communication_as_long_as_its_rate_allows(shaped_link, tm
     results = tmp_path / "results.jsonl"
     args = ["train", "--backend", backend, *flags, "--model", "cnn", "--dataset", "synthetic", "--batch-size", "4"]
     args += ["--max-steps", "5", "--timing-warmup-steps", "2", "--threads", "1", "--eval-every", "0"]
+    # The last epoch's evaluation in one forward per rank: FSDP gathers the weights for each (~1 s here).
+    args += ["--eval-batch-size", "1000"]
     commands = _one_rank_per_node(cluster, [*args, "--results", str(results)])
     # the tree under test on node 2 too; one thread per rank
     job = ClusterJob(cluster, commands, env={"PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}, cwd=REPO)

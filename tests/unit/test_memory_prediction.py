@@ -153,6 +153,14 @@ def test_sharding_divides_the_sharded_parts_by_the_world_size(backend, options, 
     assert one.total("activations") == eight.total("activations")
 
 
+def test_an_evaluation_batch_larger_than_the_micro_batch_is_held_at_training_activations_per_sample():
+    def activations(**changes) -> int:
+        return predict_memory(SHAPE, "ddp", {}, _training(**changes), ACTIVATIONS).total("activations")
+
+    assert activations(eval_batch=4) == activations() == ACTIVATIONS.at(8)
+    assert activations(eval_batch=32) == ACTIVATIONS.at(32)
+
+
 def test_sgd_keeps_momentum_only_when_it_has_momentum():
     def optimizer_bytes(momentum: float) -> int:
         training = _training(optimizer="sgd", momentum=momentum)

@@ -12,6 +12,7 @@ from torch.utils.data import DistributedSampler
 
 from harness import TrainConfig
 from harness.errors import UsageError
+from harness.training.evaluate import Evaluation
 from harness.training.plan import initial_model
 from harness.training.score import evaluate_model_file
 from harness.workshop.pipeline import (
@@ -61,6 +62,23 @@ def test_padded_accuracy_is_correct_among_the_scored_duplicates_included():
 def test_padded_evaluation_refuses_a_world_size_below_one():
     with pytest.raises(UsageError, match="world_size"):
         padded_evaluation(np.ones(5, dtype=bool), 0)
+
+
+def test_the_evaluation_batch_changes_how_many_forwards_not_the_result(tmp_path, monkeypatch):
+    config = TrainConfig(backend="none", threads=1)
+    model_file = str(tmp_path / "model.pt")
+    torch.save(initial_model(config).state_dict(), model_file)
+    forwards = []
+    scores = Evaluation._scores
+    monkeypatch.setattr(Evaluation, "_scores", lambda *args: forwards.append(1) or scores(*args))
+    default = evaluate_model_file(config, model_file)
+    assert len(forwards) == -(-DIGITS_TEST_SAMPLES // config.batch_size)
+    forwards.clear()
+    whole = evaluate_model_file(TrainConfig(backend="none", threads=1, eval_batch_size=1000), model_file)
+    assert len(forwards) == 1
+    assert whole["eval_samples"] == default["eval_samples"] == DIGITS_TEST_SAMPLES
+    assert whole["eval_accuracy"] == default["eval_accuracy"]
+    assert whole["eval_loss"] == pytest.approx(default["eval_loss"], rel=1e-6)  # summed in another order
 
 
 def test_sample_correctness_reproduces_the_harness_exact_evaluation(tmp_path):

@@ -105,6 +105,7 @@ def config_memory(config: TrainConfig, world_size: int) -> MemoryPrediction:
         optimizer=config.optimizer,
         momentum=config.momentum,
         micro_batch=config.batch_size,
+        eval_batch=config.eval_batch_size,
         world_size=world_size,
         device=detect_accelerator().device_type if config.device == "auto" else config.device,
     )

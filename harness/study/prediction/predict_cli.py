@@ -276,6 +276,7 @@ def flag_training(args: Any, records: Sequence[dict[str, Any]], local_batch: int
         optimizer=config.get("optimizer", "sgd"),
         momentum=config.get("momentum", 0.9),
         micro_batch=local_batch // config.get("grad_accum", 1),
+        eval_batch=config.get("eval_batch_size", 0),
         device=records[0].get("device", "cuda") if records else "cuda",
     )
 
