@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness import Task
+from harness.process.discovery import detect_cluster
 
 TASK_FILE = os.path.abspath(__file__)
 MIB = 2**20
@@ -46,8 +47,8 @@ class Leak(nn.Module):
         self.kept: list[torch.Tensor] = []
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        if self.mib and self.training and rank == self.rank:
+        # The launcher's rank: Horovod's ranks start no torch.distributed process group.
+        if self.mib and self.training and detect_cluster().rank == self.rank:
             self.kept.append(torch.ones(self.mib * MIB // 4))  # written, so resident as well
         return inputs
 

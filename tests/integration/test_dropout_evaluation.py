@@ -74,3 +74,25 @@ def test_evaluating_every_epoch_leaves_the_dropout_masks_alone(tmp_path, referen
     # The same weights evaluated: the same loss.
     assert record["eval_loss"] == pytest.approx(expected["eval_loss"], rel=LOSS_TOLERANCE)
     assert_evaluation_matches_one_rank(record, tmp_path / "model.pt", TASK)
+
+
+# ZeRO-3 gathers a module's weights inside its forward once it holds more than 1e5 elements: the GRU's
+# at width 192 (3 x 192 x 192 per matrix); --zero-gathered-mb 0.25 has it free them after use, so that
+# every evaluation forward gathers them again, as training's do.
+ZERO3_GATHERING = ["--zero-stage", "3", "--zero-gathered-mb", "0.25", "--task-arg", "width=192"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_zero3_evaluating_on_its_shards_mid_run_changes_nothing(tmp_path):
+    """An evaluation after epoch 1, each rank's forwards gathering weights in step with the other's,
+    leaves ZeRO-3's training as it was without it, and evaluates as one rank does."""
+    runs = {}
+    for eval_every in (0, 1):
+        results = tmp_path / f"eval{eval_every}.jsonl"
+        args = [*FLAGS, *ZERO3_GATHERING, "--eval-every", str(eval_every), "--save-model", str(tmp_path / "model.pt")]
+        launch(2, "deepspeed", [*args, "--results", str(results)])
+        runs[eval_every] = read_records([str(results)])[0]
+    assert runs[1]["train_losses"] == pytest.approx(runs[0]["train_losses"], rel=LOSS_TOLERANCE)
+    assert runs[1]["eval_loss"] == pytest.approx(runs[0]["eval_loss"], rel=LOSS_TOLERANCE)
+    assert_evaluation_matches_one_rank(runs[1], tmp_path / "model.pt", [*TASK, "--task-arg", "width=192"])
