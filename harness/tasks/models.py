@@ -13,10 +13,18 @@ CNN_DROPOUT = (0.25, 0.5)  # the workshop CNN's rates after the conv block and a
 
 
 class WorkshopCNN(nn.Module):
-    """conv32-conv64-maxpool-dropout-fc128-dropout-fc10, the classic MNIST example network."""
+    """conv32-conv64-maxpool-dropout-fc128-dropout-fc10, the classic MNIST example network; `width`
+    and `hidden_layers` widen fc1 and add width x width layers after it (each with a ReLU), for a
+    model whose memory matters (the workshop's sharding step)."""
 
     def __init__(
-        self, channels: int = 1, size: int = 28, num_classes: int = 10, dropout: Optional[float] = None
+        self,
+        channels: int = 1,
+        size: int = 28,
+        num_classes: int = 10,
+        dropout: Optional[float] = None,
+        width: int = 128,
+        hidden_layers: int = 0,
     ) -> None:
         super().__init__()
         conv_dropout, fc_dropout = CNN_DROPOUT if dropout is None else (dropout, dropout)
@@ -30,11 +38,13 @@ class WorkshopCNN(nn.Module):
             nn.Dropout(conv_dropout),
             nn.Flatten(),
         )
+        hidden = [layer for _ in range(hidden_layers) for layer in (nn.Linear(width, width), nn.ReLU())]
         self.classifier = nn.Sequential(
-            nn.Linear(64 * pooled * pooled, 128),
+            nn.Linear(64 * pooled * pooled, width),
             nn.ReLU(),
             nn.Dropout(fc_dropout),
-            nn.Linear(128, num_classes),
+            *hidden,
+            nn.Linear(width, num_classes),
         )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

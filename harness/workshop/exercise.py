@@ -184,9 +184,11 @@ def parse_args(
     accumulation: bool = False,
     resume: bool = False,
     precision: bool = False,
+    memory: bool = False,
 ) -> argparse.Namespace:
     """The flags of a hands-on step (in a notebook the defaults, unless `argv` is given). `warmup` adds
-    --warmup-epochs, `accumulation` --micro-batches, `resume` the resume flags, `precision` --precision.
+    --warmup-epochs, `accumulation` --micro-batches, `resume` the resume flags, `precision` --precision,
+    `memory` the model's --width and --hidden-layers.
 
     `--batch-size` is per process and `--lr` is the learning rate for one process's batch: what
     the global batch makes of it is the script's business (that is the lesson).
@@ -222,14 +224,7 @@ def parse_args(
             default=1.0,
             help="epochs over which the LR ramps up from --lr to the scaled LR (default: 1)",
         )
-    if accumulation:
-        parser.add_argument(
-            "--micro-batches",
-            type=int,
-            default=2,
-            help="micro-batches each process splits its --batch-size into, one forward and backward each (default: 2)",
-        )
-    _add_step_flags(parser, resume, precision)
+    _add_step_flags(parser, accumulation, memory, resume, precision)
     if argv is None and _in_notebook():
         argv = []
     args = parser.parse_args(argv)
@@ -239,8 +234,26 @@ def parse_args(
     return args
 
 
-def _add_step_flags(parser: argparse.ArgumentParser, resume: bool, precision: bool) -> None:
-    """The flags of steps 8 (`resume`) and 9 (`precision`)."""
+def _add_step_flags(
+    parser: argparse.ArgumentParser, accumulation: bool, memory: bool, resume: bool, precision: bool
+) -> None:
+    """The flags of steps 3, 4, 6 and 7 (`accumulation`), 6 (`memory`), 8 (`resume`) and 9 (`precision`)."""
+    if accumulation:
+        parser.add_argument(
+            "--micro-batches",
+            type=int,
+            default=2,
+            help="micro-batches each process splits its --batch-size into, one forward and backward each (default: 2)",
+        )
+    if memory:
+        parser.add_argument("--width", type=int, default=128, help="units of the CNN's hidden layers (default: 128)")
+        parser.add_argument(
+            "--hidden-layers",
+            type=int,
+            default=0,
+            help="width x width layers added after the first hidden layer, for a model whose memory matters "
+            "(default: 0)",
+        )
     if precision:
         parser.add_argument(
             "--precision",
@@ -273,6 +286,8 @@ def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         ("--batch-size", args.batch_size, 1),
         ("--train-samples", args.train_samples, 1),
         ("--stop-after", getattr(args, "stop_after", None), 1),
+        ("--width", getattr(args, "width", None), 1),
+        ("--hidden-layers", getattr(args, "hidden_layers", None), 0),
     ):
         if value is not None and value < low:
             parser.error(f"{flag} must be at least {low}, got {value}")
@@ -322,9 +337,10 @@ def digits(split: str, samples: Optional[int] = None) -> Digits:
     return Digits(split, samples)
 
 
-def build_model(dropout: Optional[float] = None) -> nn.Module:
-    """A freshly initialised workshop CNN (from torch's global RNG: seed it first)."""
-    model = WorkshopCNN(dropout=dropout)
+def build_model(dropout: Optional[float] = None, width: int = 128, hidden_layers: int = 0) -> nn.Module:
+    """A freshly initialised workshop CNN (from torch's global RNG: seed it first); `width` and
+    `hidden_layers` make it larger (WorkshopCNN)."""
+    model = WorkshopCNN(dropout=dropout, width=width, hidden_layers=hidden_layers)
     for observer in _observers:
         observer.model_built(model)
     return model

@@ -25,13 +25,14 @@ from harness.backends import backend_class
 from harness.process.launchers import free_port
 from harness.study.scaling.equivalence import UPDATE_BOUND, update_differences, worst
 from harness.tasks.models import WorkshopCNN
-from harness.workshop.checker import check_script
+from harness.workshop.checker import check_script, memory
 from harness.workshop.checker.accumulation import MECHANISMS, check_accumulation, stopped_accumulating
 from harness.workshop.checker.autocast import TOLERANCE as AUTOCAST_TOLERANCE
 from harness.workshop.checker.autocast import check_precision
 from harness.workshop.checker.batch import resolve as resolve_batch
 from harness.workshop.checker.control import GLOBAL_LR, step_flags
 from harness.workshop.checker.devices import DeviceExpressions, simulate_nodes
+from harness.workshop.checker.memory import MEMORY_BUDGET_MIB
 from harness.workshop.checker.metrics import check_metrics
 from harness.workshop.checker.observe import Observation
 from harness.workshop.checker.reference import _train_reference
@@ -125,6 +126,21 @@ def test_an_exercise_leaves_out_the_code_of_each_block_and_keeps_its_hint():
 def test_a_malformed_todo_block_is_refused(text, complaint):
     with pytest.raises(ValueError, match=re.escape(complaint)):
         workshop.todo_blocks(text)
+
+
+def test_the_sharding_step_states_the_figures_of_its_memory_run():
+    """Step 6's text and the exercises tutorial give the size, ranks and budget the check uses."""
+    parameters, whole = memory.model_parameters(), 3 * 4 * memory.model_parameters() / 2**20
+    figures = [
+        f"{memory.MEMORY_RANKS} ranks",
+        f"{parameters / 1e6:.1f}M parameters",
+        f"`--width {memory.WIDTH} --hidden-layers {memory.HIDDEN_LAYERS}`",
+        f"{memory.MEMORY_BUDGET_MIB:,.0f} MiB",
+        f"{whole:,.0f} MiB",
+    ]
+    for text in ((SOLUTIONS / "06_fsdp.py").read_text(), Path(REPO, "docs/tutorials/exercises.md").read_text()):
+        flat = " ".join(line.lstrip("# ") for line in text.splitlines())
+        assert all(figure in flat for figure in figures), [figure for figure in figures if figure not in flat]
 
 
 def test_every_distributed_solution_marks_its_distributed_code():
@@ -686,9 +702,11 @@ BROKEN: dict[str, tuple[str, list[tuple[str, str]], dict[str, tuple[str, str]]]]
         [("torch.save(model.module.state_dict()", "torch.save(model.state_dict()")],
         {"rank 0 writes": ("save", "has keys the plain model lacks (module.")},
     ),
-    "fsdp-saves-its-shards-same-seed-reduces-every-micro-batch": (  # its own state dict: each rank's pieces
+    # Its own state dict: each rank's pieces. Only the root sharded: one unit, gathered whole.
+    "fsdp-saves-its-shards-same-seed-reduces-every-micro-batch-shards-only-the-root": (
         "06_fsdp.py",
         [
+            ("for layer in model.modules():\n", "for layer in []:\n"),
             (
                 "weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))",
                 "weights = model.state_dict()",
@@ -700,6 +718,7 @@ BROKEN: dict[str, tuple[str, list[tuple[str, str]], dict[str, tuple[str, str]]]]
             "rank 0 writes": ("save", "as a DTensor, the ranks' pieces of a sharded weight, not a whole tensor"),
             "rank seeds": ("shard-model", SAME_SEED_WORDS),
             "accumulation": ("gradient-sync", EVERY_MICRO_BATCH + MECHANISMS["fsdp"].fix),
+            "memory": ("shard-model", f"did not fit in {MEMORY_BUDGET_MIB:,.0f} MiB a rank"),
         },
     ),
     "warmup-missing": (

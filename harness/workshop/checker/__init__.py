@@ -10,7 +10,9 @@ EQUIVALENCE_STEPS; the 10 left over are the drop-last tail), and --lr 0.05 / ran
 global batch trains at most at harness.study.scaling.equivalence's measured LR 0.05 (the linear rule's
 LR; notebook 02's rule, lr.RULE, gives 0.05 / sqrt(ranks)). With them go the flags
 of its step that its workshop.parse_args call takes (--micro-batches 2, --precision bf16); a step
-that takes the resume flags runs twice more, stopped after its first epoch, then resumed. The
+that takes the resume flags runs twice more, stopped after its first epoch, then resumed; one that
+takes the model's size (step 6) once more, on a 70.9M-parameter CNN at 4 ranks within a memory budget
+a rank that only a model sharded layer by layer fits (memory). The
 framework's collectives time out (its backend's limit_collective_waits) well before the check does, and at the check's
 timeout every rank dumps its Python stack and is killed: a hung script ends with where it hung.
 With --simulate-nodes N each rank first takes the place it would have with the ranks dealt out to
@@ -31,7 +33,7 @@ accumulation boundary, FSDP2's reduce-scatters); a resumable script's optimizer 
 first step and after its last; the files written into the rank's working directory; its error, and
 whether its backend calls it a peer's failure.
 
-What must hold is judge's docstring: twelve properties, one FAIL line each (the resume's, one per
+What must hold is judge's docstring: thirteen properties, one FAIL line each (the resume's, one per
 thing it lost), naming the TODO that governs it.
 
 The modules, one job each:
@@ -44,8 +46,10 @@ The modules, one job each:
   dropout draws from, the backward passes that communicated, the dtype the forwards ran in: each
   watched in the ranks and judged;
 - `resume`: a resumable step stopped and resumed, against the run never stopped;
+- `memory`: a step that takes the model's size, trained large within a memory budget a rank;
 - `todos`: which framework a script uses, and which TODO governs each property (a Failure's keys);
-- `check`: `check_script`, which runs the others in turn (and a resumable step's two more runs);
+- `check`: `check_script`, which runs the others in turn (and a resumable step's two more runs, a
+  memory step's one);
 - `cli`: `harness check`'s verdict lines and the ranks' command line (`__main__`).
 """
 

@@ -3,12 +3,14 @@
 It recognises the script's framework and the step flags it takes (todos), launches the script on
 its ranks with the check's flags and collects their records (control, observe), judges them (judge)
 and writes each failed property as one line naming the TODO that governs it (todos.TodoIndex). A
-script that takes the resume flags runs twice more, stopped after an epoch and resumed (resume),
+script that takes the resume flags runs twice more, stopped after an epoch and resumed (resume); one
+that takes the model's size once more, on a large model within a memory budget a rank (memory);
 each run with the check's timeout.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import threading
@@ -22,6 +24,7 @@ from ...errors import EXIT_OK, UsageError, require
 from .. import exercise
 from .control import GLOBAL_LR, Launch, RunDirectory, launch_locally, rank_program, step_flags
 from .judge import judge, pass_line, run_failure
+from .memory import MEMORY_BUDGET_MIB, MEMORY_FLAGS, MEMORY_RANKS, memory_failure, memory_line
 from .observe import EXIT_FAILED, Observation
 from .resume import check_resume, resume_flags, resumed_line
 from .todos import Failure, Framework, TodoIndex, framework_of, step_options
@@ -84,12 +87,16 @@ class _Runs:
     launch: Launch
     flags: tuple[str, ...]  # the step's own (control.step_flags)
 
-    def run(self, run: RunDirectory, extra_flags: tuple[str, ...] = ()) -> tuple[list[Observation], Optional[Failure]]:
+    def run(
+        self, run: RunDirectory, extra_flags: tuple[str, ...] = (), memory_budget_mib: Optional[float] = None
+    ) -> tuple[list[Observation], Optional[Failure]]:
         """Launch the ranks in `run`: every rank's record, or the line of a run that did not finish."""
         run.path.mkdir(parents=True, exist_ok=True)
         flags = [*self.flags, *extra_flags]
         backend, script = self.framework.backend, self.script
-        program = rank_program(run, self.timeout, backend, script, self.ranks, self.simulate_nodes, flags)
+        program = rank_program(
+            run, self.timeout, backend, script, self.ranks, self.simulate_nodes, flags, memory_budget_mib
+        )
         status, timed_out = self.launch(self.framework.launcher, self.ranks, program, run, self.timeout)
         observations = {rank: Observation.read(run.observations(rank)) for rank in range(self.ranks)}
         stopped = run_failure(
@@ -113,6 +120,16 @@ def _check_resume(runs: _Runs, run: RunDirectory, straight: list[Observation]) -
         records.append(observations)
     failures = check_resume(straight, *records)
     return failures, "" if failures else resumed_line(*records)
+
+
+def _check_memory(runs: _Runs, run: RunDirectory, _: list[Observation]) -> tuple[list[Failure], str]:
+    """Property 13: the script on a large model within the memory budget. The failures, or what the
+    PASS line adds."""
+    memory_runs = dataclasses.replace(runs, ranks=MEMORY_RANKS, simulate_nodes=1)
+    _, stopped = memory_runs.run(RunDirectory(run.path / "memory"), MEMORY_FLAGS, MEMORY_BUDGET_MIB)
+    if stopped is not None:
+        return [memory_failure(stopped)], ""
+    return [], memory_line()
 
 
 def _line(failure: Failure, index: TodoIndex) -> str:
@@ -148,10 +165,11 @@ def check_script(
             return CheckResult(EXIT_FAILED, [_line(stopped, index)], [stopped])
         failures = judge(finished, framework, ranks, run)
         passed = pass_line(finished, ranks, framework)
-        if "resume" in options:
-            resumed, added = _check_resume(runs, run, finished)
-            keep_run_dir = any(str(run.path) in failure.observed for failure in resumed)
-            failures, passed = failures + resumed, passed + added
+        for option, extra_check in (("resume", _check_resume), ("memory", _check_memory)):
+            if option in options:
+                found, added = extra_check(runs, run, finished)
+                keep_run_dir = keep_run_dir or any(str(run.path) in failure.observed for failure in found)
+                failures, passed = failures + found, passed + added
         weights = finished[0].final
         if failures:
             return CheckResult(EXIT_FAILED, [_line(failure, index) for failure in failures], failures, weights)

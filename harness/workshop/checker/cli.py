@@ -1,5 +1,5 @@
 """The checker's command lines: `harness check FILE` (check_command, which harness.cli runs) and
-`python -m harness.workshop.checker [--simulate-nodes N] RUN_DIR TIMEOUT BACKEND SCRIPT ARGS...`,
+`python -m harness.workshop.checker [--simulate-nodes N] [--memory-budget-mib M] RUN_DIR TIMEOUT BACKEND SCRIPT ARGS...`,
 one rank of a check, which the script's launcher starts on every rank (control.rank_program
 writes its arguments)."""
 
@@ -29,10 +29,21 @@ def rank_main(argv: Sequence[str]) -> NoReturn:
         prog=f"python -m {RANK_MODULE}", description="one rank of `harness check` (started by its launcher)"
     )
     parser.add_argument("--simulate-nodes", type=int, default=1, help="nodes the ranks are dealt out to")
+    parser.add_argument(
+        "--memory-budget-mib", type=float, default=None, help="memory the script may hold beyond the rank's own"
+    )
     parser.add_argument("run_dir")
     parser.add_argument("collective_timeout", type=float)
     parser.add_argument("backend", help="the registry name of the script's framework")
     parser.add_argument("script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    run_rank(args.run_dir, args.collective_timeout, args.backend, args.script, args.script_args, args.simulate_nodes)
+    run_rank(
+        args.run_dir,
+        args.collective_timeout,
+        args.backend,
+        args.script,
+        args.script_args,
+        args.simulate_nodes,
+        args.memory_budget_mib,
+    )

@@ -131,16 +131,19 @@ def rank_program(
     ranks: int,
     nodes: int = 1,
     extra_flags: Sequence[str] = (),
+    memory_budget_mib: Optional[float] = None,
 ) -> list[str]:
     """The Python arguments of every rank (for launcher_command): the rank entry, then the script
     and its flags (the check's, then `extra_flags`). `backend` is the registry name of the script's
     framework; with `nodes` > 1 each rank takes the place it would have with the ranks dealt out to
-    that many nodes."""
+    that many nodes; with `memory_budget_mib`, the script may hold that much beyond the rank's own."""
+    budget = [] if memory_budget_mib is None else ["--memory-budget-mib", repr(memory_budget_mib)]
     return [
         "-m",
         RANK_MODULE,
         "--simulate-nodes",
         str(nodes),
+        *budget,
         str(run.path),
         repr(collective_timeout(timeout)),
         backend,

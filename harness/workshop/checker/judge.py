@@ -29,6 +29,8 @@ What must hold (one Failure each, with the TODO keys that govern it):
    float32 weights (autocast; property 2 then allows 16-bit rounding: autocast.TOLERANCE);
 12. a step that takes the resume flags, stopped after epoch 1 and resumed, ends with the weights of
    the run that was never stopped (resume: two more runs, which check_script starts).
+13. a step that takes the model's size (--width, --hidden-layers) trains a large one at 4 ranks within
+   a memory budget per rank that only a model sharded layer by layer fits (memory: one more run).
 Weights are compared with the observed LRs and batches, so each mistake fails one property only.
 A run that did not finish gets one line instead (`run_failure`): the TODO it reached, the error that
 stopped it (a rank that failed because a peer did points at the peer; DeepSpeed refusing the batch

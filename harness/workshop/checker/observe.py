@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -29,7 +30,7 @@ import runpy
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional
@@ -40,7 +41,10 @@ from torch.utils.data import DataLoader
 
 from ...backends import Backend, backend_class
 from ...errors import EXIT_OK, first_line
+from ...process.allocator import reuse_freed_memory
 from ...process.discovery import ClusterEnv, detect_cluster
+from ...process.environment import patched_environ
+from ...process.memory_cap import GIB, capped, data_segment_bytes
 from .. import exercise
 from .autocast import autocast_dtype
 from .batch import batch_settings
@@ -105,8 +109,17 @@ class RankObserver:
     `place` is the rank's place as the script sees it; `is_peer_failure` tells an error caused by
     another rank (the script's backend says)."""
 
-    def __init__(self, place: ClusterEnv, script: str, is_peer_failure: Callable[[BaseException], bool]) -> None:
+    def __init__(
+        self,
+        place: ClusterEnv,
+        script: str,
+        is_peer_failure: Callable[[BaseException], bool],
+        keeps_weights: bool = True,
+    ) -> None:
         self.rank, self.world_size, self.local_rank = place.rank, place.world_size, place.local_rank
+        # Whole copies of the weights at the first and last step, for the judge; not in a memory run,
+        # which is judged on finishing within its budget, and would hold them inside it.
+        self.keeps_weights = keeps_weights
         self.script, self.script_path = script, os.path.abspath(script)
         self.is_peer_failure = is_peer_failure
         self.args: Optional[dict[str, Any]] = None
@@ -198,7 +211,7 @@ class RankObserver:
 
     def before_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         if self.fetched_for_step and self.start is None and self.model is not None:
-            self.start = _snapshot(self.model)
+            self.start = _snapshot(self.model) if self.keeps_weights else {}
             self.optimizer = _optimizer_spec(optimizer)
             self.devices += weights_device(self.model)
             if self._resumable:
@@ -211,7 +224,7 @@ class RankObserver:
         self.gradient_syncs.append((len(self.synced_in_step), self.forwards_in_step))
         self.fetched_for_step, self.forwards_in_step = 0, 0
         self.synced_in_step = set()
-        if self.model is not None:
+        if self.model is not None and self.keeps_weights:
             self.final = _snapshot(self.model)
         if self._resumable:
             self.optimizer_final = _optimizer_state(optimizer)
@@ -392,13 +405,35 @@ def _run_script(observer: RankObserver, run: RunDirectory, script: str, script_a
     return EXIT_OK
 
 
+@contextlib.contextmanager
+def _memory_budget(budget_mib: Optional[float]) -> Iterator[None]:
+    """The rank capped at `budget_mib` MiB beyond its runtime's footprint (None: not capped), as
+    --memory-cap caps a CPU rank (harness.process.memory_cap): its data segment, freed
+    blocks handed back to the kernel. On the CPU on any machine, where the budget was measured: the
+    script sees no GPU (CUDA reads the variable when the script first asks for a device)."""
+    if budget_mib is None:
+        yield
+        return
+    reuse_freed_memory("release")
+    with patched_environ({"CUDA_VISIBLE_DEVICES": ""}):
+        with capped((data_segment_bytes() + budget_mib * 2**20) / GIB, torch.device("cpu")):
+            yield
+
+
 def run_rank(
-    run_dir: str, collective_timeout: float, backend: str, script: str, script_args: Sequence[str], nodes: int = 1
+    run_dir: str,
+    collective_timeout: float,
+    backend: str,
+    script: str,
+    script_args: Sequence[str],
+    nodes: int = 1,
+    memory_budget_mib: Optional[float] = None,
 ) -> NoReturn:
     """One rank of a check: observe, run `script` with `script_args` in this rank's own working
     directory under the collective timeout of `backend` (the registry name of its framework), as if
     its ranks were dealt out to `nodes` nodes, write what was observed, and exit: with 1 if the
-    script failed (its traceback printed), else 0."""
+    script failed (its traceback printed), else 0. With `memory_budget_mib`, the script may hold that
+    much memory beyond what the rank holds before it starts (_memory_budget)."""
     # First, before anything reads the launcher's variables or starts CUDA.
     place = simulate_nodes(nodes) if nodes > 1 else detect_cluster()
     run = RunDirectory(Path(run_dir))
@@ -408,10 +443,11 @@ def run_rank(
     enable_stack_dumps(observations)
     framework = backend_class(backend)
     framework.script_hooks.limit_collective_waits(collective_timeout)
-    observer = RankObserver(place, script, framework.is_peer_failure)
+    observer = RankObserver(place, script, framework.is_peer_failure, keeps_weights=memory_budget_mib is None)
     _watch(observer, framework)
     os.chdir(files)
-    status = _run_script(observer, run, script, script_args)
+    with _memory_budget(memory_budget_mib):
+        status = _run_script(observer, run, script, script_args)
     observer.write(observations)
     # As harness.cli.run_and_exit: leave without interpreter finalization, whose library teardown
     # (gloo threads, Horovod's exit hooks) can take seconds, wait on a dead peer, or abort.

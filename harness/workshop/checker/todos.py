@@ -104,7 +104,7 @@ FRAMEWORKS = (  # in the order they are recognised: DeepSpeed and FSDP scripts i
     ),
 )
 # The workshop.parse_args keywords that add a step's own flags, as a script passes them.
-STEP_OPTIONS = re.compile(r"\b(accumulation|resume|precision)\s*=\s*True\b")
+STEP_OPTIONS = re.compile(r"\b(accumulation|resume|precision|memory)\s*=\s*True\b")
 
 
 def framework_of(source: str, path: str) -> Framework:
