@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -67,3 +68,31 @@ def test_a_model_refused_under_ddp_within_the_cap_trains_under_fsdp(tmp_path):
     (record,) = read_results([str(results)])  # the refused DDP run wrote nothing
     assert record["backend"] == "fsdp" and record["config"]["memory_cap"] == 1.65
     assert record["tuning"]["cpu_malloc"] == "release"  # freed blocks handed back: none counts against the cap
+
+
+# A fresh process, as a capped rank is: in one whose heap earlier work left with free chunks of 16 MiB
+# or more (pytest's worker, after other tests), glibc serves the block from one, and freeing it hands
+# nothing back whatever the mode.
+HANDED_BACK = """
+import torch
+from harness.process.allocator import reuse_freed_memory
+from harness.process.memory_cap import data_segment_bytes
+
+def handed_back_by_freeing_16_mib():
+    block = torch.ones(4 << 20)  # 16 MiB, under reuse's mmap threshold: from the heap
+    before = data_segment_bytes()
+    del block
+    return before - data_segment_bytes()
+
+for mode in ("reuse", "release"):
+    assert reuse_freed_memory(mode) == mode
+    # the most of three tries: another thread (torch's) may map memory between the two readings
+    print(max(handed_back_by_freeing_16_mib() for _ in range(3)))
+"""
+
+
+def test_release_hands_a_freed_block_back_where_reuse_keeps_it():
+    job = subprocess.run([sys.executable, "-c", HANDED_BACK], capture_output=True, text=True, timeout=120)
+    assert job.returncode == 0, job.stderr
+    reuse, release = map(int, job.stdout.split())
+    assert release >= 16 << 20 and reuse < 16 << 20, (reuse, release)
